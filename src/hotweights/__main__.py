@@ -1,0 +1,3 @@
+from hotweights.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,236 @@
+"""``hotweights`` command line: parse, build the config dataclass, call. Nothing else.
+
+Heavy imports (torch, transformers) happen inside the subcommands that need them, so
+``hotweights daemon``, ``status``, ``release`` and ``stop`` start fast and torch-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from . import __version__, evidence
+
+logger = logging.getLogger("hotweights")
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _socket_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--socket-dir", default=None,
+                   help="daemon directory (default: $HOTWEIGHTS_SOCKET_DIR, $XDG_RUNTIME_DIR/hotweights, "
+                        "/tmp/hotweights-<uid>)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hotweights", description="Keep LLM weights resident across restarts.")
+    parser.add_argument("--version", action="version", version=f"hotweights {__version__}")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("daemon", help="run the keeper daemon in the foreground")
+    _socket_dir(p)
+    p.add_argument("--max-bytes", type=int, default=0, help="refuse publishes beyond this many bytes (0: no cap)")
+
+    p = sub.add_parser("preload", help="load a checkpoint into the cache (starts the daemon if needed)")
+    p.add_argument("--model", required=True, help="checkpoint directory (safetensors)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float16", "bfloat16", "float32"])
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--pool-mib", type=int, default=1024, help="size cap of one pool in MiB (default 1024)")
+    p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
+    _socket_dir(p)
+
+    p = sub.add_parser("status", help="what the daemon holds")
+    p.add_argument("--json", action="store_true")
+    _socket_dir(p)
+
+    p = sub.add_parser("release", help="drop an entry (engines that attached keep their mapping)")
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("key", nargs="?", help="short key from `hotweights status`")
+    group.add_argument("--all", action="store_true")
+    p.add_argument("--json", action="store_true")
+    _socket_dir(p)
+
+    p = sub.add_parser("stop", help="stop the daemon (engines that attached keep their weights)")
+    _socket_dir(p)
+
+    p = sub.add_parser("demo-model", help="write a deterministic Qwen3-architecture demo checkpoint")
+    p.add_argument("directory")
+    p.add_argument("--size", default="tiny", choices=["tiny", "small", "1g", "0.6b", "8b"])
+
+    p = sub.add_parser("generate", help="load a model (cache or disk) with transformers and complete a prompt")
+    p.add_argument("--model", required=True)
+    p.add_argument("--prompt", default="The weight cache says")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float16", "bfloat16", "float32"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--load-format", default="hotweights", choices=["hotweights", "auto"])
+    p.add_argument("--model-loader-extra-config", default="{}", help="JSON: mode, fallback, socket_dir, ...")
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _configure_logging(args.log_level)
+    from .errors import HotweightsError
+
+    try:
+        return COMMANDS[args.command](args)
+    except HotweightsError as exc:
+        print(f"hotweights {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"hotweights {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
+    print(json.dumps(data, sort_keys=True) if getattr(args, "json", False) else text, flush=True)
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    from .daemon import DaemonAlreadyRunning, DaemonConfig, run
+    from .paths import daemon_paths
+
+    try:
+        return run(DaemonConfig(daemon_paths(args.socket_dir), max_bytes=args.max_bytes))
+    except DaemonAlreadyRunning as exc:
+        print(f"hotweights daemon: {exc}", file=sys.stderr)
+        return 3
+
+
+def cmd_preload(args: argparse.Namespace) -> int:
+    from .loading.preload import preload
+
+    with _progress_bar(enabled=sys.stderr.isatty() and not args.json) as progress:
+        result = preload(args.model, dtype=args.dtype, device=args.device, tp_size=args.tensor_parallel_size,
+                         pool_bytes=args.pool_mib << 20, socket_dir=args.socket_dir, progress=progress)
+    key = result.key
+    line = (f"Already cached: {key.model} [{key.short}] on {key.device}" if result.already_cached else
+            evidence.published(result.num_tensors, result.nbytes, key.model, key.short, key.device, result.seconds)
+            + f" ({result.gbps:.2f} GB/s)")
+    _emit(args, {"key": key.short, "model": key.model, "dtype": key.dtype, "device": key.device,
+                 "num_tensors": result.num_tensors, "nbytes": result.nbytes, "seconds": result.seconds,
+                 "gbps": result.gbps, "already_cached": result.already_cached,
+                 "socket": str(result.socket_path)}, line)
+    return 0
+
+
+class _progress_bar:
+    """A rich progress bar with throughput when stderr is a terminal; a no-op otherwise."""
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.enabled = enabled
+        self._progress: Any = None
+        self._task: Any = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return None
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TimeRemainingColumn,
+                                   TransferSpeedColumn)
+
+        self._progress = Progress("[bold]preload", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                                  TimeRemainingColumn(), transient=True)
+        self._progress.start()
+        self._task = self._progress.add_task("preload", total=None)
+        return self.update
+
+    def update(self, done: int, total: int) -> None:
+        self._progress.update(self._task, completed=done, total=total)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .client import connect
+    from .paths import daemon_paths
+
+    with connect(daemon_paths(args.socket_dir)) as client:
+        status = client.status()
+    data = {"pid": status.pid, "version": status.daemon_version, "uptime_s": round(status.uptime_s, 1),
+            "entries": status.entries, "bytes_by_device": status.bytes_by_device,
+            "torch_imported": status.torch_imported, "socket": str(client.socket_path)}
+    lines = [f"daemon pid={status.pid} version={status.daemon_version} uptime={status.uptime_s:.0f}s "
+             f"socket={client.socket_path}"]
+    for dev, nbytes in sorted(status.bytes_by_device.items()):
+        lines.append(f"  {dev}: {nbytes / 2**30:.2f} GiB")
+    lines.append(f"{'KEY':<14}{'MODEL':<24}{'DTYPE':<10}{'DEVICE':<16}{'GiB':>8}{'TENSORS':>9}{'ATTACHES':>10}")
+    for e in status.entries:
+        lines.append(f"{e['key']:<14}{e['model'][:23]:<24}{e['dtype']:<10}{e['device'][:15]:<16}"
+                     f"{e['nbytes'] / 2**30:>8.2f}{e['num_tensors']:>9}{e['num_attaches']:>10}")
+    if not status.entries:
+        lines.append("(no entries)")
+    _emit(args, data, "\n".join(lines))
+    return 0
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    from .client import connect
+    from .paths import daemon_paths
+
+    with connect(daemon_paths(args.socket_dir)) as client:
+        released = client.release(None if args.all else args.key).released
+    _emit(args, {"released": released}, f"released {len(released)} entries: {' '.join(released) or '-'}")
+    return 0 if released or args.all else 1
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from .client import connect
+    from .paths import daemon_paths
+
+    with connect(daemon_paths(args.socket_dir)) as client:
+        client.stop()
+    print("daemon stopped")
+    return 0
+
+
+def cmd_demo_model(args: argparse.Namespace) -> int:
+    from .demo_model import write_demo_model
+
+    out = write_demo_model(args.directory, args.size)
+    print(f"wrote {args.size} demo model to {out}")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import time
+
+    import torch
+
+    from .engines.transformers import load_model
+
+    start = time.perf_counter()
+    model, report = load_model(args.model, dtype=args.dtype, device=args.device,
+                               config=json.loads(args.model_loader_extra_config), load_format=args.load_format)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    ids = tokenizer(args.prompt, return_tensors="pt").input_ids.to(model.device)
+    with torch.inference_mode():
+        out = model.generate(ids, max_new_tokens=args.max_tokens, do_sample=False,
+                             pad_token_id=tokenizer.pad_token_id)
+    text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    data = {"source": report.source, "weights_s": report.weights_s, "build_s": report.build_s,
+            "total_s": time.perf_counter() - start, "key": report.key_short, "completion": text,
+            "token_ids": out[0, ids.shape[1]:].tolist()}
+    _emit(args, data, f"[{report.source}] weights in {report.weights_s * 1e3:.1f} ms: {text!r}")
+    return 0
+
+
+COMMANDS = {
+    "daemon": cmd_daemon, "preload": cmd_preload, "status": cmd_status, "release": cmd_release,
+    "stop": cmd_stop, "demo-model": cmd_demo_model, "generate": cmd_generate,
+}

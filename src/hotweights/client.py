@@ -1,0 +1,172 @@
+"""Client side of the protocol: connect, hello, status, attach, publish, release, stop.
+
+Stdlib + msgpack only (no torch): the CLI's ``status``/``release``/``stop`` stay fast.
+Fds returned by ``attach`` belong to the caller, who must close them (the pool
+importers do). An ``error`` reply is raised as ``ProtocolError`` carrying its code.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+from pathlib import Path
+
+from .errors import DaemonUnavailable, ProtocolError
+from .key import CacheKey
+from .manifest import Manifest
+from .paths import DaemonPaths
+from .protocol import (
+    PROTOCOL_VERSION, Attach, AttachMismatch, AttachMiss, AttachOk, Error, Hello, HelloOk, Message,
+    Publish, PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk, close_fds, recv_message, send_message,
+)
+
+
+class Client:
+    """One connection to the daemon. Use as a context manager."""
+
+    def __init__(self, sock: socket.socket, socket_path: Path) -> None:
+        self.sock = sock
+        self.socket_path = socket_path
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def request(self, msg: Message, fds: list[int] | tuple[int, ...] = ()) -> tuple[Message, list[int]]:
+        send_message(self.sock, msg, fds)
+        try:
+            reply, reply_fds = recv_message(self.sock)
+        except EOFError:
+            raise ProtocolError("the daemon closed the connection without a reply", code="closed") from None
+        if isinstance(reply, Error):
+            close_fds(reply_fds)
+            raise ProtocolError(f"daemon refused {type(msg).__name__.lower()}: {reply.message}", code=reply.code)
+        return reply, reply_fds
+
+    def _expect(self, msg: Message, cls: type) -> Message:
+        reply, fds = self.request(msg)
+        if fds or not isinstance(reply, cls):
+            close_fds(fds)
+            raise ProtocolError(f"unexpected reply {type(reply).__name__} to {type(msg).__name__}", code="bad_reply")
+        return reply
+
+    def hello(self) -> HelloOk:
+        return self._expect(Hello(PROTOCOL_VERSION), HelloOk)
+
+    def status(self) -> StatusOk:
+        return self._expect(Status(), StatusOk)
+
+    def attach(self, key: CacheKey) -> tuple[AttachOk | AttachMiss | AttachMismatch, list[int]]:
+        reply, fds = self.request(Attach(key, os.getpid()))
+        if isinstance(reply, AttachOk) and len(fds) == len(reply.manifest.pools):
+            return reply, fds
+        if isinstance(reply, (AttachMiss, AttachMismatch)) and not fds:
+            return reply, fds
+        close_fds(fds)
+        raise ProtocolError(f"bad attach reply {type(reply).__name__} with {len(fds)} fds", code="bad_reply")
+
+    def publish(self, manifest: Manifest, fds: list[int]) -> PublishOk:
+        reply, extra = self.request(Publish(manifest), fds)
+        close_fds(extra)
+        if not isinstance(reply, PublishOk):
+            raise ProtocolError(f"unexpected reply {type(reply).__name__} to publish", code="bad_reply")
+        return reply
+
+    def release(self, key_short: str | None) -> ReleaseOk:
+        return self._expect(Release(key_short or "", key_short is None), ReleaseOk)
+
+    def stop(self) -> None:
+        self._expect(Stop(), StopOk)
+
+
+def connect(paths: DaemonPaths, *, socket_path: str | os.PathLike[str] | None = None,
+            timeout_s: float = 2.0) -> Client:
+    """Connect and say hello; DaemonUnavailable says why not (absent, stale, refused)."""
+    path = Path(socket_path) if socket_path else paths.socket
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.settimeout(timeout_s)
+    try:
+        sock.connect(str(path))
+        client = Client(sock, path)
+        client.hello()
+        return client
+    except FileNotFoundError:
+        sock.close()
+        raise DaemonUnavailable(f"no daemon socket at {path}") from None
+    except ConnectionRefusedError:
+        sock.close()
+        raise DaemonUnavailable(f"daemon socket {path} refuses connections (stale socket?)") from None
+    except (TimeoutError, ProtocolError, OSError) as exc:
+        sock.close()
+        raise DaemonUnavailable(f"daemon at {path} did not answer hello: {exc}") from None
+
+
+def is_daemon_starting(paths: DaemonPaths) -> bool:
+    """True while some process holds the daemon lock (a daemon is up or coming up)."""
+    try:
+        fd = os.open(paths.lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def wait_for_daemon(paths: DaemonPaths, *, socket_path: str | os.PathLike[str] | None = None,
+                    connect_timeout_s: float = 2.0, state_timeout_s: float = 0.0) -> Client:
+    """Connect; while a daemon is starting (lock held), retry up to ``state_timeout_s``."""
+    deadline = time.monotonic() + state_timeout_s
+    while True:
+        try:
+            return connect(paths, socket_path=socket_path, timeout_s=connect_timeout_s)
+        except DaemonUnavailable as exc:
+            starting = socket_path is None and is_daemon_starting(paths)
+            if time.monotonic() >= deadline or not (starting or socket_path):
+                if starting:
+                    raise DaemonUnavailable(f"{exc}; a daemon holds the lock but was not ready "
+                                            f"within state_timeout_s={state_timeout_s}") from None
+                raise
+            time.sleep(0.05)
+
+
+def ensure_daemon(paths: DaemonPaths, *, timeout_s: float = 15.0) -> Client:
+    """Connect, starting a detached daemon (own session, log in the socket dir) if none runs."""
+    import subprocess
+    import sys
+
+    from .paths import ensure_socket_dir
+
+    try:
+        return connect(paths)
+    except DaemonUnavailable:
+        pass
+    proc = None
+    if not is_daemon_starting(paths):
+        ensure_socket_dir(paths.directory)
+        with open(paths.log, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "hotweights", "daemon", "--socket-dir", str(paths.directory)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True,
+            )
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return connect(paths)
+        except DaemonUnavailable as exc:
+            exited = proc is not None and proc.poll() is not None and not is_daemon_starting(paths)
+            if exited or time.monotonic() > deadline:
+                tail = paths.log.read_text(errors="replace").splitlines()[-5:] if paths.log.exists() else []
+                raise DaemonUnavailable(f"could not start the daemon ({exc}); last lines of {paths.log}: "
+                                        + " | ".join(tail)) from None
+            time.sleep(0.05)

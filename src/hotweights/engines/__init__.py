@@ -1,0 +1,1 @@
+"""Engine adapters: transformers (also used by the embedded server) and vLLM."""

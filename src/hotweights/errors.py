@@ -1,0 +1,60 @@
+"""Exception types. A class exists only where a caller acts differently on it.
+
+Expected outcomes of an attach (miss, mismatch, daemon absent) are values, not
+exceptions: see ``hotweights.loading.attach.AttachResult``. These types are for
+the exceptional paths and for the strict (fallback disabled) policy.
+"""
+
+from __future__ import annotations
+
+
+class HotweightsError(Exception):
+    """Base class of every error hotweights raises on purpose."""
+
+
+class ProtocolError(HotweightsError):
+    """A frame or message broke the wire contract (size, type, fds, unknown op)."""
+
+    def __init__(self, message: str, *, code: str = "protocol") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ManifestError(HotweightsError):
+    """A manifest or tensor spec is inconsistent (bad dtype, overflow, out of pool)."""
+
+
+class KeyMismatch(HotweightsError):
+    """The cached entry was built for something else; ``diffs`` lists every field."""
+
+    def __init__(self, diffs: list[str]) -> None:
+        super().__init__("; ".join(diffs))
+        self.diffs = list(diffs)
+
+
+class CacheMiss(HotweightsError):
+    """The daemon holds no entry for the requested key."""
+
+
+class DaemonUnavailable(HotweightsError):
+    """No daemon answers on the socket (absent, starting, or refused)."""
+
+
+class TrustError(HotweightsError):
+    """The socket directory or a peer failed an ownership or permission check."""
+
+
+class PoolError(HotweightsError):
+    """A shareable allocation could not be created, exported, imported or mapped."""
+
+
+class CheckpointError(HotweightsError):
+    """A checkpoint directory cannot be read as safetensors (missing, corrupt, dtype)."""
+
+
+class WeightCacheUnusable(HotweightsError):
+    """Strict policy: the cache could not be used and fallback is disabled."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -1,0 +1,1 @@
+"""Engine/loader side: checkpoint reading, preload, attach. Imports torch."""

@@ -1,0 +1,170 @@
+"""Engine side: attach an entry (fds -> mapped pools -> named tensors) and fill a module.
+
+``attach_tensors`` returns an ``AttachResult`` whose status is ``ok``, ``miss``,
+``mismatch``, ``absent`` or ``unusable``; the fallback policy (``policy.py``) reads it
+and logs. Expected outcomes are values; only broken invariants raise.
+
+Lifetime: the fds from the daemon are closed as soon as each pool is mapped; the
+mapping lives as long as any tensor view over it (each view holds its pool's base).
+After ``attach_module`` the module's parameters are those views, so the module keeps
+the weights alive: an engine keeps working when the daemon dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .. import evidence
+from ..client import wait_for_daemon
+from ..config import AttachConfig
+from ..errors import DaemonUnavailable, ManifestError, PoolError, ProtocolError
+from ..key import CacheKey
+from ..manifest import Manifest
+from ..paths import daemon_paths
+from ..pools import backend, tensor_views
+from ..protocol import AttachMismatch, AttachMiss, close_fds
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AttachResult:
+    status: str  # ok | miss | mismatch | absent | unusable
+    reason: str = ""
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    manifest: Manifest | None = None
+    diffs: tuple[str, ...] = ()
+    socket_path: str = ""
+    ms: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def attach_tensors(key: CacheKey, config: AttachConfig | None = None) -> AttachResult:
+    """Ask the daemon for ``key`` and map it (zero_copy) or clone it (copy)."""
+    config = config or AttachConfig()
+    start = time.perf_counter()
+    paths = daemon_paths(config.socket_dir)
+    try:
+        client = wait_for_daemon(paths, socket_path=config.socket_path, connect_timeout_s=config.connect_timeout_s,
+                                 state_timeout_s=0.0 if config.fallback else config.state_timeout_s)
+    except DaemonUnavailable as exc:
+        return AttachResult("absent", f"daemon unavailable: {exc}")
+    with client:
+        socket_path = str(client.socket_path)
+        try:
+            reply, fds = client.attach(key)
+        except (ProtocolError, OSError) as exc:
+            return AttachResult("absent", f"daemon failed the attach: {exc}", socket_path=socket_path)
+    if isinstance(reply, AttachMiss):
+        return AttachResult("miss", f"cache miss for {key.model} [{key.short}]: {reply.reason}",
+                            socket_path=socket_path)
+    if isinstance(reply, AttachMismatch):
+        reason = f"cached entry {reply.model} [{reply.key_short}] differs: " + "; ".join(reply.diffs)
+        return AttachResult("mismatch", reason, diffs=tuple(reply.diffs), socket_path=socket_path)
+    manifest = reply.manifest
+    if manifest.key != key:  # the daemon must never serve another key; refuse if it does
+        close_fds(fds)
+        raise ProtocolError(f"daemon answered key {manifest.key.short} for {key.short}", code="bad_reply")
+    try:
+        flat = _map_pools(manifest, fds, copy=config.mode == "copy")
+    except PoolError as exc:
+        return AttachResult("unusable", str(exc), socket_path=socket_path)
+    tensors = tensor_views(manifest, flat)
+    ms = (time.perf_counter() - start) * 1e3
+    logger.info(evidence.mapped(len(manifest.tensors), manifest.tensor_nbytes, socket_path, config.mode, ms))
+    return AttachResult("ok", tensors=tensors, manifest=manifest, socket_path=socket_path, ms=ms)
+
+
+def _map_pools(manifest: Manifest, fds: list[int], *, copy: bool) -> list[torch.Tensor]:
+    impl = backend(manifest.pools[0].device)
+    if copy:
+        need = manifest.nbytes
+        free = impl.available_bytes() if manifest.pools[0].device == "cpu" else impl.available_bytes(
+            manifest.pools[0].device)
+        if need > free:
+            close_fds(fds)
+            raise PoolError(f"copy mode needs {need / 2**30:.2f} GiB on {manifest.key.device} but only "
+                            f"{free / 2**30:.2f} GiB is free; use mode=zero_copy or free memory")
+    flat: list[torch.Tensor] = []
+    for i, (fd, spec) in enumerate(zip(fds, manifest.pools)):
+        try:
+            flat.append(impl.import_pool(fd, spec, copy=copy))
+        except BaseException:
+            close_fds(fds[i + 1:])
+            raise
+    return flat
+
+
+@contextlib.contextmanager
+def meta_parameters() -> Iterator[None]:
+    """Build modules with parameters on the meta device (no memory, no init) but real buffers.
+
+    Buffers such as rotary ``inv_freq`` are computed from the config and are not in a
+    checkpoint, so they must exist for real; parameters come from the cache.
+    """
+    original = nn.Module.register_parameter
+
+    def register(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        original(self, name, param)
+
+    nn.Module.register_parameter = register  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+def attach_module(module: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Make ``tensors`` the parameters and persistent buffers of ``module``, without copies.
+
+    Tied parameters (one object under several names) stay one object. Every missing
+    name and every shape/dtype disagreement is reported at once.
+    """
+    slots: dict[int, list[tuple[nn.Module, str, str, bool]]] = {}
+    for prefix, owner in module.named_modules(remove_duplicate=False):
+        for leaf, p in owner._parameters.items():
+            if p is not None:
+                slots.setdefault(id(p), []).append((owner, leaf, f"{prefix}.{leaf}" if prefix else leaf, True))
+        for leaf, b in owner._buffers.items():
+            if b is not None and (leaf not in owner._non_persistent_buffers_set or b.device.type == "meta"):
+                slots.setdefault(id(b), []).append((owner, leaf, f"{prefix}.{leaf}" if prefix else leaf, False))
+    problems: list[str] = []
+    used: set[str] = set()
+    plan: list[tuple[list[tuple[nn.Module, str, str, bool]], torch.Tensor]] = []
+    for places in slots.values():
+        names = [full for _, _, full, _ in places]
+        found = next((n for n in names if n in tensors), None)
+        if found is None:
+            problems.append(f"missing {names[0]}")
+            continue
+        tensor = tensors[found]
+        used.update(n for n in names if n in tensors)
+        current = getattr(places[0][0], places[0][1])
+        if tuple(current.shape) != tuple(tensor.shape) or current.dtype != tensor.dtype:
+            problems.append(f"{found}: model expects {tuple(current.shape)} {current.dtype}, "
+                            f"cache has {tuple(tensor.shape)} {tensor.dtype}")
+            continue
+        plan.append((places, tensor))
+    if problems:
+        more = f"; ... and {len(problems) - 8} more" if len(problems) > 8 else ""
+        raise ManifestError(f"{len(problems)} cached tensors do not fit {type(module).__name__}: "
+                            + "; ".join(problems[:8]) + more)
+    unused = sorted(set(tensors) - used)
+    if unused:
+        logger.warning("cached tensors not used by the model: count=%d first=%s", len(unused), unused[:3])
+    for places, tensor in plan:
+        param = nn.Parameter(tensor, requires_grad=False) if places[0][3] else tensor
+        for owner, leaf, _, is_param in places:
+            (owner._parameters if is_param else owner._buffers)[leaf] = param

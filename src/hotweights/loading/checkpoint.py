@@ -1,0 +1,218 @@
+"""Safetensors checkpoints: find the shards, validate headers, build the cache key.
+
+A checkpoint is a directory with ``model.safetensors`` or shards listed by
+``model.safetensors.index.json``, plus ``config.json``. Headers are parsed and checked
+here (length cap, JSON, known dtypes, offsets inside the file and consistent with the
+shape) because the key needs the raw header bytes anyway; tensors are then read through
+an ``mmap`` of the file with no intermediate copy.
+
+Not covered: ``.bin``/pickle checkpoints (never unpickled), GGUF.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from ..errors import CheckpointError
+from ..key import CacheKey, ShardId
+from ..manifest import DTYPE_ITEMSIZE
+from .digest import DigestCache
+
+INDEX_NAME = "model.safetensors.index.json"
+MAX_HEADER_BYTES = 100 << 20
+ST_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+}
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+TARGET_DTYPES = ("auto", "float16", "bfloat16", "float32")
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTensor:
+    """A tensor as stored: byte range ``begin..end`` of the file (absolute offsets)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    path: Path
+    name: str
+    stat: os.stat_result
+    header_bytes: bytes
+    tensors: tuple[StoredTensor, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    directory: Path
+    shards: tuple[Shard, ...]
+    config: dict[str, Any]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.stat.st_size for s in self.shards)
+
+    @property
+    def arch(self) -> str:
+        archs = self.config.get("architectures") or [self.config.get("model_type", "unknown")]
+        return str(archs[0])
+
+    def resolve_dtype(self, dtype: str) -> str:
+        """``auto`` -> the config's dtype, else the most common floating dtype stored."""
+        if dtype not in TARGET_DTYPES:
+            raise CheckpointError(f"unsupported dtype {dtype!r}; use one of {', '.join(TARGET_DTYPES)}")
+        if dtype != "auto":
+            return dtype
+        configured = self.config.get("torch_dtype") or self.config.get("dtype")
+        if isinstance(configured, str) and configured.replace("torch.", "") in FLOAT_DTYPES[:3]:
+            return configured.replace("torch.", "")
+        counts: dict[str, int] = {}
+        for shard in self.shards:
+            for t in shard.tensors:
+                if t.dtype in FLOAT_DTYPES:
+                    counts[t.dtype] = counts.get(t.dtype, 0) + t.end - t.begin
+        return max(counts, key=counts.__getitem__) if counts else "float32"
+
+    @property
+    def quantization(self) -> tuple[str, str]:
+        quant = self.config.get("quantization_config")
+        if not quant:
+            return "none", ""
+        text = json.dumps(quant, sort_keys=True).encode()
+        return str(quant.get("quant_method", "unknown")), xxhash.xxh3_128_hexdigest(text)
+
+
+def open_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
+    """Find and validate every shard; CheckpointError names the file and the problem."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise CheckpointError(f"model directory {root} does not exist or is not a directory")
+    config_path = root / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        config = {}
+    except ValueError as exc:
+        raise CheckpointError(f"{config_path} is not valid JSON: {exc}") from None
+    shards = tuple(_read_shard(root, name) for name in _shard_names(root))
+    seen: dict[str, str] = {}
+    for shard in shards:
+        for t in shard.tensors:
+            if t.name in seen:
+                raise CheckpointError(f"tensor {t.name!r} is stored in both {seen[t.name]} and {shard.name}")
+            seen[t.name] = shard.name
+    return Checkpoint(root, shards, config)
+
+
+def _shard_names(root: Path) -> list[str]:
+    index = root / INDEX_NAME
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CheckpointError(f"{index} has no valid weight_map: {exc}") from None
+        missing = [n for n in names if not (root / n).is_file()]
+        if missing:
+            raise CheckpointError(f"{index} lists shards that are missing: {missing}")
+        return names
+    names = sorted(p.name for p in root.glob("*.safetensors"))
+    if not names:
+        raise CheckpointError(f"no *.safetensors files in {root}; hotweights reads safetensors checkpoints only")
+    if len(names) > 1:
+        raise CheckpointError(f"{root} has {len(names)} safetensors files but no {INDEX_NAME}")
+    return names
+
+
+def _read_shard(root: Path, name: str) -> Shard:
+    path = root / name
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise CheckpointError(f"{path}: file of {st.st_size} bytes is too short for a safetensors header")
+        (length,) = struct.unpack("<Q", prefix)
+        if length > MAX_HEADER_BYTES or 8 + length > st.st_size:
+            raise CheckpointError(f"{path}: header length {length} is beyond the file ({st.st_size} bytes); "
+                                  f"the file is truncated or not safetensors")
+        header_bytes = f.read(length)
+    try:
+        header = json.loads(header_bytes)
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: header is not valid JSON ({exc}); the file is corrupt") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: header is not a JSON object")
+    data_start = 8 + length
+    tensors = []
+    for tname, info in header.items():
+        if tname == "__metadata__":
+            continue
+        tensors.append(_stored_tensor(path, tname, info, data_start, st.st_size))
+    tensors.sort(key=lambda t: t.begin)
+    return Shard(path, name, st, bytes(header_bytes), tuple(tensors))
+
+
+def _stored_tensor(path: Path, name: str, info: Any, data_start: int, file_size: int) -> StoredTensor:
+    where = f"{path}: tensor {name!r}"
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{where}: entry is not an object")
+    dtype = ST_DTYPES.get(info.get("dtype"))
+    if dtype is None:
+        raise CheckpointError(f"{where}: unsupported dtype {info.get('dtype')!r}; supported: {sorted(ST_DTYPES)}")
+    shape, offsets = info.get("shape"), info.get("data_offsets")
+    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+        raise CheckpointError(f"{where}: bad shape {shape!r}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
+        raise CheckpointError(f"{where}: bad data_offsets {offsets!r}")
+    numel = 1
+    for d in shape:
+        numel *= d
+    begin, end = data_start + offsets[0], data_start + offsets[1]
+    if not data_start <= begin <= end <= file_size or end - begin != numel * DTYPE_ITEMSIZE[dtype]:
+        raise CheckpointError(f"{where}: data_offsets {offsets} do not fit shape {shape} {dtype} in a file of "
+                              f"{file_size} bytes; the file is truncated or corrupt")
+    return StoredTensor(name, dtype, tuple(shape), begin, end)
+
+
+def checkpoint_key(ckpt: Checkpoint, *, dtype: str, device_kind: str = "cpu", device_id: str = "host",
+                   digests: dict[str, str] | None = None, cache: DigestCache | None = None,
+                   tp_size: int = 1, tp_rank: int = 0, layout: str = "checkpoint") -> CacheKey:
+    """The key of ``ckpt`` as loaded with ``dtype`` on a device.
+
+    Shard content digests come from ``digests`` (name -> digest, fresh from a preload)
+    or else from the digest cache by file identity; only a cache miss reads the file.
+    """
+    cache = cache or DigestCache()
+    shards = []
+    for shard in ckpt.shards:
+        content = (digests or {}).get(shard.name) or cache.digest(shard.path, shard.stat)
+        shards.append(ShardId(shard.name, shard.stat.st_size, xxhash.xxh3_128_hexdigest(shard.header_bytes),
+                              content))
+    quant, quant_digest = ckpt.quantization
+    return CacheKey(
+        shards=tuple(shards), arch=ckpt.arch, dtype=ckpt.resolve_dtype(dtype), quantization=quant,
+        quantization_digest=quant_digest, revision=str(ckpt.config.get("_commit_hash") or ""), layout=layout,
+        tp_size=tp_size, tp_rank=tp_rank, device_kind=device_kind, device_id=device_id,
+        model=ckpt.directory.name,
+    )
+
+
+def target_dtype(stored: str, requested: str, quantized: bool) -> str:
+    """Floating tensors take the requested dtype; integer, bool and quantized stay as stored."""
+    if quantized or stored not in FLOAT_DTYPES:
+        return stored
+    return requested

@@ -1,0 +1,53 @@
+"""Devices by physical identity: a CUDA device is named by its GPU UUID, never an index.
+
+``CUDA_VISIBLE_DEVICES`` reorders indices between processes; the UUID is what the
+cache key stores, so an engine with another visible-device order still finds its entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    kind: str  # "cpu" | "cuda"
+    uuid: str  # "host" for cpu, "GPU-..." for cuda
+    index: int  # torch index in this process (-1 for cpu)
+
+    @property
+    def pool_device(self) -> str:
+        return "cpu" if self.kind == "cpu" else f"cuda:{self.uuid}"
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device("cpu") if self.kind == "cpu" else torch.device("cuda", self.index)
+
+
+def resolve_device(device: str) -> Device:
+    """``cpu``, ``cuda`` (current device) or ``cuda:N`` -> Device with its UUID."""
+    if device == "cpu":
+        return Device("cpu", "host", -1)
+    if device == "cuda" or device.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} requested but torch sees no CUDA device")
+        index = torch.cuda.current_device() if device == "cuda" else int(device.split(":", 1)[1])
+        if not 0 <= index < torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} CUDA devices are visible")
+        return Device("cuda", gpu_uuid(index), index)
+    raise ValueError(f"unknown device {device!r}; use cpu, cuda or cuda:N")
+
+
+def gpu_uuid(index: int) -> str:
+    uuid = str(torch.cuda.get_device_properties(index).uuid)
+    return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+
+
+def index_of_uuid(uuid: str) -> int:
+    """This process's torch index of the GPU with ``uuid``; ValueError if not visible."""
+    for i in range(torch.cuda.device_count()):
+        if gpu_uuid(i) == uuid:
+            return i
+    raise ValueError(f"GPU {uuid} is not visible to this process (check CUDA_VISIBLE_DEVICES)")

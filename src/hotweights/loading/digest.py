@@ -1,0 +1,86 @@
+"""Content digests of checkpoint files, cached by file identity.
+
+The loader hashes each file (xxh3-128) while it reads it anyway, and records the
+digest under the file's identity ``(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)``.
+An engine's warm path looks the digest up by ``stat`` alone and never reads weight
+bytes. A file rewritten or replaced in place changes its identity (ctime cannot be set
+by a user), so the lookup misses and the engine hashes the file: the changed bytes
+can never match the cached entry.
+
+Not covered: a change made below the file system (raw block writes).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+import xxhash
+
+from ..paths import digest_cache_path
+
+logger = logging.getLogger(__name__)
+CHUNK_BYTES = 16 << 20
+_lock = threading.Lock()
+
+
+def file_identity(st: os.stat_result) -> str:
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def new_hasher() -> xxhash.xxh3_128:
+    return xxhash.xxh3_128()
+
+
+def hash_file(path: Path) -> str:
+    """Read and hash a whole file (the slow path: only when the cache has no entry)."""
+    h = new_hasher()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(CHUNK_BYTES)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+class DigestCache:
+    """A JSON map identity -> digest in the user's cache directory."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or digest_cache_path()
+        self._data: dict[str, str] | None = None
+
+    def _load(self) -> dict[str, str]:
+        if self._data is None:
+            try:
+                data = json.loads(self.path.read_text())
+                self._data = {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
+            except (FileNotFoundError, ValueError, AttributeError):
+                self._data = {}
+        return self._data
+
+    def get(self, st: os.stat_result) -> str | None:
+        return self._load().get(file_identity(st))
+
+    def put(self, st: os.stat_result, digest: str) -> None:
+        with _lock:
+            data = self._load()
+            data[file_identity(st)] = digest
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, self.path)
+
+    def digest(self, path: Path, st: os.stat_result) -> str:
+        """Cached digest, else hash the file now (logged: it reads every byte)."""
+        cached = self.get(st)
+        if cached is not None:
+            return cached
+        logger.info("digest cache miss: file=%s bytes=%d; hashing it", path, st.st_size)
+        digest = hash_file(path)
+        if os.stat(path).st_mtime_ns == st.st_mtime_ns:
+            self.put(st, digest)
+        return digest

@@ -1,0 +1,202 @@
+"""Preload: read a checkpoint into pools, publish them to the daemon, exit.
+
+The loader is the only process that reads weight bytes. Per shard it walks the file
+through an ``mmap`` in offset order, hashing every byte (xxh3-128, for the cache key)
+and copying each tensor into its pool slot with the dtype cast, so each page is read
+from disk once. ``PoolWriter`` is shared with write-through publish: lay out, fill,
+export, publish.
+
+Not covered: tensor-parallel sharding of checkpoint-layout entries (an engine's TP
+ranks slice the checkpoint tensors themselves), quantized re-packing.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .. import evidence
+from ..client import Client, ensure_daemon
+from ..errors import CheckpointError, PoolError
+from ..key import CacheKey
+from ..manifest import Manifest, pack
+from ..paths import daemon_paths
+from ..pools import backend, torch_dtype
+from ..protocol import AttachOk, close_fds
+from .checkpoint import Checkpoint, checkpoint_key, open_checkpoint, target_dtype
+from .devices import resolve_device
+from .digest import DigestCache, new_hasher
+
+logger = logging.getLogger(__name__)
+DEFAULT_POOL_BYTES = 1 << 30
+_HASH_STEP = 64 << 20
+
+
+class PoolWriter:
+    """Pools laid out for a list of tensors; ``dest(name)`` is where each one goes."""
+
+    def __init__(self, items: list[tuple[str, str, tuple[int, ...]]], *, device: str, pool_bytes: int) -> None:
+        self.pool_specs, self.specs = pack(items, pool_bytes=pool_bytes, device=device)
+        self.device = device
+        need = sum(p.nbytes for p in self.pool_specs)
+        impl = backend(device)
+        free = impl.available_bytes() if device == "cpu" else impl.available_bytes(device)
+        if need > free:
+            raise PoolError(f"not enough memory on {device}: the entry needs {need / 2**30:.2f} GiB, "
+                            f"{free / 2**30:.2f} GiB is available; free memory or release entries")
+        self.pools = []
+        try:
+            for p in self.pool_specs:
+                self.pools.append(impl.create(p.nbytes, device))
+        except BaseException:
+            self.close()
+            raise
+        self._flat = [p.as_tensor() for p in self.pools]
+        self._by_name = {s.name: s for s in self.specs}
+
+    def dest(self, name: str) -> torch.Tensor:
+        s = self._by_name[name]
+        return self._flat[s.pool][s.offset: s.offset + s.nbytes].view(torch_dtype(s.dtype)).view(s.shape)
+
+    def export(self, key: CacheKey, *, load_s: float, aliases: dict[str, str] | None = None) -> tuple[Manifest, list[int]]:
+        """Finish writing; the returned fds belong to the caller (send, then close)."""
+        manifest = Manifest(key, self.pool_specs, self.specs, dict(aliases or {}), load_s)
+        self._flat.clear()
+        fds: list[int] = []
+        try:
+            for pool in self.pools:
+                fds.append(pool.export())
+        except BaseException:
+            close_fds(fds)
+            raise
+        finally:
+            self.close()
+        return manifest, fds
+
+    def close(self) -> None:
+        self._flat = []
+        for pool in self.pools:
+            pool.close()
+        self.pools = []
+
+
+def publish(client: Client, writer: PoolWriter, key: CacheKey, *, load_s: float,
+            aliases: dict[str, str] | None = None) -> Manifest:
+    manifest, fds = writer.export(key, load_s=load_s, aliases=aliases)
+    try:
+        client.publish(manifest, fds)
+    finally:
+        close_fds(fds)
+    return manifest
+
+
+@dataclass(frozen=True, slots=True)
+class PreloadResult:
+    key: CacheKey
+    num_tensors: int
+    nbytes: int
+    seconds: float
+    already_cached: bool
+    socket_path: Path
+
+    @property
+    def gbps(self) -> float:
+        return self.nbytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+
+def preload(model_dir: str | os.PathLike[str], *, dtype: str = "auto", device: str = "cpu", tp_size: int = 1,
+            pool_bytes: int = DEFAULT_POOL_BYTES, socket_dir: str | None = None,
+            progress: Callable[[int, int], None] | None = None) -> PreloadResult:
+    """Load ``model_dir`` into pools on ``device`` and publish; no-op if already cached.
+
+    ``progress(done_bytes, total_bytes)`` is called as shards are read.
+    """
+    if tp_size != 1:
+        raise CheckpointError(
+            f"--tensor-parallel-size {tp_size}: checkpoint-layout entries hold whole tensors and every TP rank "
+            f"slices them itself; preload with --tensor-parallel-size 1 (engine-layout TP entries come from "
+            f"the vLLM plugin)")
+    if pool_bytes <= 0:
+        raise ValueError(f"pool_bytes must be > 0, got {pool_bytes}")
+    ckpt = open_checkpoint(model_dir)
+    dtype = ckpt.resolve_dtype(dtype)
+    dev = resolve_device(device)
+    paths = daemon_paths(socket_dir)
+    cache = DigestCache()
+    with ensure_daemon(paths) as client:
+        known = {s.name: d for s in ckpt.shards if (d := cache.get(s.stat))}
+        if len(known) == len(ckpt.shards):
+            key = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid, digests=known)
+            reply, fds = client.attach(key)
+            close_fds(fds)
+            if isinstance(reply, AttachOk):
+                logger.info("already cached: key=%s model=%s", key.short, key.model)
+                return PreloadResult(key, len(reply.manifest.tensors), reply.manifest.tensor_nbytes, 0.0, True,
+                                     client.socket_path)
+        start = time.perf_counter()
+        writer, digests = load_checkpoint(ckpt, dtype=dtype, device=dev.pool_device, pool_bytes=pool_bytes,
+                                          progress=progress)
+        for shard in ckpt.shards:
+            cache.put(shard.stat, digests[shard.name])
+        key = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid, digests=digests)
+        seconds = time.perf_counter() - start
+        manifest = publish(client, writer, key, load_s=seconds)
+        return PreloadResult(key, len(manifest.tensors), manifest.tensor_nbytes, seconds, False, client.socket_path)
+
+
+def load_checkpoint(ckpt: Checkpoint, *, dtype: str, device: str, pool_bytes: int,
+                    progress: Callable[[int, int], None] | None = None) -> tuple[PoolWriter, dict[str, str]]:
+    """Fill pools with every tensor (cast to ``dtype``); returns the writer and shard digests."""
+    quantized = ckpt.quantization[0] != "none"
+    items = [(t.name, target_dtype(t.dtype, dtype, quantized), t.shape) for s in ckpt.shards for t in s.tensors]
+    writer = PoolWriter(items, device=device, pool_bytes=pool_bytes)
+    digests: dict[str, str] = {}
+    done, total = 0, ckpt.nbytes
+    try:
+        for shard in ckpt.shards:
+            digests[shard.name] = _copy_shard(shard, writer, lambda n: progress(done + n, total) if progress else None)
+            done += shard.stat.st_size
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    except BaseException:
+        writer.close()
+        raise
+    return writer, digests
+
+
+def _copy_shard(shard, writer: PoolWriter, progress: Callable[[int], None]) -> str:
+    hasher = new_hasher()
+    with open(shard.path, "rb") as f:
+        if os.fstat(f.fileno()).st_mtime_ns != shard.stat.st_mtime_ns:
+            raise CheckpointError(f"{shard.path} changed while it was being read; run preload again")
+        size = shard.stat.st_size
+        with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # read-only buffer: we never write to it
+                raw = torch.frombuffer(mm, dtype=torch.uint8)
+            hashed, src = 0, None
+            try:
+                for t in shard.tensors:
+                    while hashed < t.end:
+                        step = min(t.end, hashed + _HASH_STEP)
+                        hasher.update(view[hashed:step])
+                        hashed = step
+                        progress(hashed)
+                    src = raw[t.begin:t.end].view(torch_dtype(t.dtype)).view(t.shape)
+                    writer.dest(t.name).copy_(src)
+                hasher.update(view[hashed:])
+                progress(size)
+            finally:
+                del raw, src
+                view.release()
+    return hasher.hexdigest()
+

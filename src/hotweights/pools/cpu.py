@@ -1,0 +1,105 @@
+"""CPU pools: ``memfd`` + ``mmap``, shared between processes as file descriptors.
+
+Writer (loader): ``memfd_create`` with sealing allowed, ``MAP_SHARED`` while filling;
+``export`` unmaps, then seals the memfd against write, shrink and grow, so no process
+(the loader included) can change the bytes after publish. The daemon refuses an
+unsealed or wrongly sized memfd.
+
+Reader (engine): ``MAP_PRIVATE`` with read+write protection. A write from an engine
+lands in its own copy-on-write page: it cannot corrupt weights other engines share.
+
+Lifetime: the memfd lives while any process holds an fd or a mapping. ``import_pool``
+closes the fd it is given right after mapping; the mapping lives as long as the
+returned tensor (torch keeps a reference to the ``mmap`` object).
+
+Not covered: huge pages (pages are faulted in lazily on first touch).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+
+import torch
+
+from ..errors import PoolError
+from ..manifest import PoolSpec
+
+_SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
+class Pool:
+    def __init__(self, nbytes: int, device: str = "cpu") -> None:
+        if device != "cpu":
+            raise PoolError(f"cpu pool asked for device {device!r}")
+        self.nbytes = nbytes
+        self.device = device
+        self.fd = os.memfd_create("hotweights-pool", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(self.fd, nbytes)
+            self._map: mmap.mmap | None = mmap.mmap(self.fd, nbytes, mmap.MAP_SHARED,
+                                                    mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as exc:
+            os.close(self.fd)
+            raise PoolError(f"cannot allocate a {nbytes}-byte cpu pool: {exc}") from None
+
+    def as_tensor(self) -> torch.Tensor:
+        if self._map is None:
+            raise PoolError("pool was already exported")
+        return torch.frombuffer(self._map, dtype=torch.uint8)
+
+    def export(self) -> int:
+        """Seal and hand over the fd; every tensor from ``as_tensor`` must be gone."""
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:
+                raise PoolError("a tensor view of the pool is still alive; drop it before export") from None
+            self._map = None
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, _SEALS)
+        fd, self.fd = self.fd, -1
+        return fd
+
+    def close(self) -> None:
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:
+                pass  # a live view keeps the mapping; it goes with the view
+            self._map = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def create(nbytes: int, device: str = "cpu") -> Pool:
+    return Pool(nbytes, device)
+
+
+def import_pool(fd: int, spec: PoolSpec, *, copy: bool = False) -> torch.Tensor:
+    """Map ``fd`` (closing it) and return a flat uint8 tensor over the pool.
+
+    Zero-copy maps ``MAP_PRIVATE``: writes stay in this process. ``copy=True``
+    returns an engine-owned clone; the mapping goes as soon as the clone is made.
+    """
+    try:
+        size = os.fstat(fd).st_size
+        if size != spec.nbytes:
+            raise PoolError(f"pool fd is {size} bytes, manifest says {spec.nbytes}")
+        mapping = mmap.mmap(fd, spec.nbytes, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+    except OSError as exc:
+        raise PoolError(f"cannot map a {spec.nbytes}-byte cpu pool: {exc}") from None
+    finally:
+        os.close(fd)
+    shared = torch.frombuffer(mapping, dtype=torch.uint8)
+    return shared.clone() if copy else shared
+
+
+def available_bytes() -> int:
+    """MemAvailable from /proc/meminfo: what a copy attach may use without swapping."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0

@@ -1,0 +1,126 @@
+"""The daemon's registry: cache key -> entry (manifest + the daemon's own pool fds).
+
+Lifetime: the registry owns exactly one fd per pool of each ready entry. An attach
+gets ``os.dup`` copies that the client owns; the registry's fds are closed only on
+release or shutdown. Physical memory lives while any process holds an fd or a
+mapping, so engines that attached keep their weights after a release or a daemon
+death. Entries move ``ready -> released`` (publishing happens in one message);
+an illegal move raises ``InvalidTransition`` naming the state, event and entry.
+
+Thread-safety: every public method takes the registry lock.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .key import CacheKey
+from .manifest import Manifest
+from .protocol import close_fds
+
+
+class State(enum.Enum):
+    READY = "ready"
+    RELEASED = "released"
+
+
+TRANSITIONS: dict[tuple[State, str], State] = {
+    (State.READY, "release"): State.RELEASED,
+}
+
+
+class InvalidTransition(RuntimeError):
+    pass
+
+
+@dataclass
+class Entry:
+    manifest: Manifest
+    fds: list[int]
+    published_at: float = field(default_factory=time.time)
+    state: State = State.READY
+    num_attaches: int = 0
+
+    def move(self, event: str) -> None:
+        nxt = TRANSITIONS.get((self.state, event))
+        if nxt is None:
+            raise InvalidTransition(f"entry {self.manifest.key.short}: no move from {self.state.value} on {event}")
+        self.state = nxt
+
+    def describe(self) -> dict[str, Any]:
+        key = self.manifest.key
+        return {
+            "key": key.short, "model": key.model, "dtype": key.dtype, "arch": key.arch,
+            "layout": key.layout, "device": key.device, "tp": f"{key.tp_rank}/{key.tp_size}",
+            "nbytes": self.manifest.nbytes, "num_tensors": len(self.manifest.tensors),
+            "num_pools": len(self.manifest.pools), "num_attaches": self.num_attaches,
+            "state": self.state.value, "published_at": self.published_at,
+        }
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[CacheKey, Entry] = {}
+
+    def add(self, manifest: Manifest, fds: list[int]) -> bool:
+        """Take ownership of ``fds``. False (fds closed) if the key is already ready."""
+        with self._lock:
+            if manifest.key in self._entries:
+                close_fds(fds)
+                return False
+            self._entries[manifest.key] = Entry(manifest, list(fds))
+            return True
+
+    def lookup(self, key: CacheKey) -> tuple[Manifest, list[int]] | None:
+        """The manifest and fresh dups of the pool fds, which the caller must close."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            dups: list[int] = []
+            try:
+                for fd in entry.fds:
+                    dups.append(os.dup(fd))
+            except OSError:
+                close_fds(dups)
+                raise
+            entry.num_attaches += 1
+            return entry.manifest, dups
+
+    def closest(self, key: CacheKey) -> tuple[Manifest, list[str]] | None:
+        """The entry with the fewest differing fields, and those fields; None if empty."""
+        with self._lock:
+            best: tuple[Manifest, list[str]] | None = None
+            for entry in self._entries.values():
+                diffs = entry.manifest.key.diff(key)
+                if best is None or len(diffs) < len(best[1]):
+                    best = (entry.manifest, diffs)
+            return best
+
+    def release(self, key_short: str | None) -> list[str]:
+        """Release one entry by short key (or all with None); returns the released keys."""
+        with self._lock:
+            keys = [k for k in self._entries if key_short is None or k.short == key_short]
+            for k in keys:
+                entry = self._entries.pop(k)
+                entry.move("release")
+                close_fds(entry.fds)
+            return [k.short for k in keys]
+
+    def describe(self) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        with self._lock:
+            entries = [e.describe() for e in self._entries.values()]
+        per_device: dict[str, int] = {}
+        for e in entries:
+            per_device[e["device"]] = per_device.get(e["device"], 0) + e["nbytes"]
+        return entries, per_device
+
+    def total_nbytes(self) -> int:
+        with self._lock:
+            return sum(e.manifest.nbytes for e in self._entries.values())
