@@ -1,0 +1,101 @@
+"""Shared fixtures: private socket dirs, real daemons in subprocesses, demo checkpoints."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from hotweights.client import connect
+from hotweights.errors import DaemonUnavailable
+from hotweights.paths import DaemonPaths
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_digest_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    os.environ["HOTWEIGHTS_CACHE_DIR"] = str(tmp_path_factory.mktemp("digests"))
+    os.environ.pop("HOTWEIGHTS_SOCKET_DIR", None)
+
+
+@pytest.fixture
+def socket_dir() -> Path:
+    # AF_UNIX paths are capped at 108 bytes: keep them short, not under pytest's tmp_path
+    d = Path(tempfile.mkdtemp(prefix="hw-", dir="/tmp"))
+    os.chmod(d, 0o700)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+class DaemonProc:
+    def __init__(self, socket_dir: Path, *extra: str) -> None:
+        self.paths = DaemonPaths(socket_dir)
+        self.log_path = socket_dir / "test-daemon.log"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "hotweights", "daemon", "--socket-dir", str(socket_dir),
+                                      *extra], stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                connect(self.paths).close()
+                return
+            except DaemonUnavailable:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"daemon did not start: {self.log()}")
+                time.sleep(0.02)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def num_fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def daemon(socket_dir: Path) -> DaemonProc:
+    d = DaemonProc(socket_dir)
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from hotweights.demo_model import write_demo_model
+
+    root = tmp_path_factory.mktemp("models")
+    return {size: write_demo_model(root / size, size) for size in ("tiny", "small")}
+
+
+@pytest.fixture
+def model_copy(models: dict[str, Path], tmp_path: Path):
+    """A private copy of a demo model that a test may modify."""
+    def make(size: str) -> Path:
+        dst = tmp_path / f"{size}-copy"
+        shutil.copytree(models[size], dst)
+        return dst
+    return make
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hotweights", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})

@@ -1,0 +1,247 @@
+"""The keeper daemon, run for real in a subprocess: trust rules, lifecycle, hostile input.
+
+Property: the daemon never dies on a request, never leaks an fd, never imports torch.
+Run: pytest tests/test_daemon.py
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import signal
+import socket
+import stat
+import struct
+import time
+
+import msgpack
+import pytest
+
+from conftest import DaemonProc, run_cli
+from hotweights import evidence
+from hotweights.client import connect
+from hotweights.errors import ProtocolError
+from hotweights.key import CacheKey, ShardId
+from hotweights.manifest import Manifest, pack
+from hotweights.protocol import Publish, encode, recv_message, send_frame
+
+KEY = CacheKey(shards=(ShardId("m", 1, "h", "c"),), arch="A", dtype="float16", model="m")
+
+
+def raw(daemon: DaemonProc) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(str(daemon.paths.socket))
+    return s
+
+
+def sealed_memfd(nbytes: int, *, seal: bool = True) -> int:
+    fd = os.memfd_create("t", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, nbytes)
+    if seal:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    return fd
+
+
+def settle_fds(daemon: DaemonProc, expected: int) -> int:
+    deadline = time.monotonic() + 3
+    while daemon.num_fds() != expected and time.monotonic() < deadline:
+        time.sleep(0.02)  # connection threads close their sockets asynchronously
+    return daemon.num_fds()
+
+
+def test_ready_line_and_private_permissions(daemon):
+    assert evidence.daemon_ready(str(daemon.paths.socket), daemon.pid) in daemon.log()
+    assert stat.S_IMODE(os.stat(daemon.paths.directory).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(daemon.paths.socket).st_mode) == 0o600
+
+
+def test_daemon_never_imports_torch_or_cuda(daemon):
+    with connect(daemon.paths) as c:
+        assert c.status().torch_imported is False
+    maps = open(f"/proc/{daemon.pid}/maps").read()
+    assert "libtorch" not in maps and "libcuda" not in maps
+
+
+def test_second_daemon_is_refused(daemon):
+    result = run_cli("daemon", "--socket-dir", str(daemon.paths.directory))
+    assert result.returncode == 3
+    assert f"another weight cache daemon (pid {daemon.pid}) already serves" in result.stderr
+    with connect(daemon.paths) as c:
+        assert c.hello().pid == daemon.pid
+
+
+def test_stale_socket_is_recovered(socket_dir):
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(socket_dir / "daemon.sock"))
+    stale.close()  # the file stays: what a crashed daemon leaves behind
+    d = DaemonProc(socket_dir)
+    try:
+        assert "removing stale socket" in d.log()
+    finally:
+        assert d.stop() == 0
+
+
+@pytest.mark.parametrize("mode, message", [(0o777, "group/world accessible (mode 0777)"), ("link", "is a symlink")])
+def test_untrusted_socket_dir_is_refused(socket_dir, mode, message):
+    target = socket_dir / "d"
+    if mode == "link":
+        (socket_dir / "real").mkdir(mode=0o700)
+        target.symlink_to(socket_dir / "real")
+    else:
+        target.mkdir()
+        os.chmod(target, mode)
+    result = run_cli("daemon", "--socket-dir", str(target))
+    assert result.returncode == 1 and message in result.stderr
+
+
+def test_sigterm_shuts_down_cleanly(daemon):
+    daemon.proc.send_signal(signal.SIGTERM)
+    assert daemon.proc.wait(10) == 0
+    assert not daemon.paths.socket.exists()
+    assert "Weight cache daemon stopped" in daemon.log()
+
+
+def test_hostile_frames_get_errors_and_the_daemon_keeps_serving(daemon):
+    baseline = daemon.num_fds()
+    replies = []
+    cases = [
+        msgpack.packb({"op": "format_disk"}),
+        msgpack.packb({"op": "hello", "version": "1"}),
+        msgpack.packb({"op": "attach", "key": {"x": 1}, "client_pid": 1}),
+        msgpack.packb({"op": "hello_ok", "version": 1, "daemon_version": "x", "pid": 1}),
+        msgpack.packb({"op": "hello", "version": 99}),
+        b"\xc1\xc1",
+    ]
+    with raw(daemon) as s:
+        for payload in cases:
+            send_frame(s, payload)
+            replies.append(recv_message(s)[0])
+    assert [r.code for r in replies] == ["unknown_op", "bad_message", "bad_message", "bad_message", "version",
+                                         "bad_frame"]
+    with raw(daemon) as s:  # oversized length: error reply, then the connection is closed
+        s.sendall(struct.pack(">I", 1 << 31))
+        assert recv_message(s)[0].code == "frame_too_large"
+        assert s.recv(1) == b""
+    with raw(daemon) as s:  # truncated frame with fds attached
+        r, w = os.pipe()
+        s.sendmsg([struct.pack(">I", 50) + b"abc"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("ii", r, w))])
+        os.close(r)
+        os.close(w)
+    with raw(daemon) as s:  # fds on an op that takes none
+        r, w = os.pipe()
+        send_frame(s, encode_hello(), [r, w])
+        os.close(r)
+        os.close(w)
+        assert recv_message(s)[0].code == "bad_message"
+    with connect(daemon.paths) as c:
+        assert c.status().entries == []
+    assert settle_fds(daemon, baseline) == baseline
+
+
+def encode_hello() -> bytes:
+    return msgpack.packb({"op": "hello", "version": 1})
+
+
+@pytest.mark.parametrize("problem, message", [
+    ("count", "manifest names 1 pools but 2 fds came with it"),
+    ("size", "fd is not a memfd of 1024 bytes (size 256)"),
+    ("unsealed", "memfd is not sealed against write/shrink/grow"),
+])
+def test_liar_publish_is_rejected_without_leaking(daemon, problem, message):
+    baseline = daemon.num_fds()
+    pools, specs = pack([("w", "float16", (512,))], pool_bytes=1024, device="cpu")
+    manifest = Manifest(KEY, pools, specs)
+    fds = {"count": [sealed_memfd(1024), sealed_memfd(1024)], "size": [sealed_memfd(256)],
+           "unsealed": [sealed_memfd(1024, seal=False)]}[problem]
+    try:
+        with connect(daemon.paths) as c, pytest.raises(ProtocolError) as err:
+            c.publish(manifest, fds)
+        assert message in str(err.value) and err.value.code == "bad_manifest"
+    finally:
+        for fd in fds:
+            os.close(fd)
+    with connect(daemon.paths) as c:
+        assert c.status().entries == []
+    assert settle_fds(daemon, baseline) == baseline
+    assert "publish rejected" in daemon.log()
+
+
+def test_manifest_beyond_its_pool_is_rejected(daemon):
+    pools, specs = pack([("w", "float16", (512,))], pool_bytes=1024, device="cpu")
+    wire = Manifest(KEY, pools, specs).to_wire()
+    wire["tensors"][0][5] = 512  # offset: now ends at 1536 in a 1024-byte pool
+    body = msgpack.unpackb(encode(Publish(Manifest(KEY, pools, specs))))
+    body["manifest"] = wire
+    fd = sealed_memfd(1024)
+    with raw(daemon) as s:
+        send_frame(s, msgpack.packb(body), [fd])
+        reply = recv_message(s)[0]
+    os.close(fd)
+    assert reply.code == "bad_message" and "tensor 'w': bytes 512..1536 exceed pool 0 of 1024 bytes" in reply.message
+
+
+def test_publish_attach_release_and_memory_lifetime(daemon):
+    pools, specs = pack([("w", "float16", (512,))], pool_bytes=1024, device="cpu")
+    fd = sealed_memfd(1024)
+    with connect(daemon.paths) as c:
+        assert c.publish(Manifest(KEY, pools, specs), [fd]).key_short == KEY.short
+        os.close(fd)
+        with pytest.raises(ProtocolError, match="already published"):
+            fd2 = sealed_memfd(1024)
+            try:
+                c.publish(Manifest(KEY, pools, specs), [fd2])
+            finally:
+                os.close(fd2)
+        reply, fds = c.attach(KEY)
+        assert reply.manifest.key == KEY and len(fds) == 1
+        held = mmap.mmap(fds[0], 1024, mmap.MAP_PRIVATE, mmap.PROT_READ)
+        os.close(fds[0])
+        assert c.release(KEY.short).released == [KEY.short]
+        reply, fds = c.attach(KEY)
+        assert type(reply).__name__ == "AttachMiss" and fds == []
+    assert held[:4] == b"\0\0\0\0"  # the mapping outlives the release
+    held.close()
+
+
+def test_budget_refuses_oversized_publish(socket_dir):
+    d = DaemonProc(socket_dir, "--max-bytes", "512")
+    try:
+        pools, specs = pack([("w", "float16", (512,))], pool_bytes=1024, device="cpu")
+        fd = sealed_memfd(1024)
+        with connect(d.paths) as c, pytest.raises(ProtocolError, match="exceed the daemon budget of 512") as err:
+            c.publish(Manifest(KEY, pools, specs), [fd])
+        os.close(fd)
+        assert err.value.code == "budget"
+    finally:
+        d.stop()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to switch to another uid")
+def test_client_of_another_uid_is_rejected(daemon):
+    os.chmod(daemon.paths.directory, 0o711)  # let uid 65534 reach the socket: the uid check must stop it
+    os.chmod(daemon.paths.socket, 0o666)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: only raw syscalls, then _exit
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(5)
+            s.connect(str(daemon.paths.socket))
+            send_frame(s, encode_hello())
+            os.write(w, encode(recv_message(s)[0]))
+        except BaseException as exc:  # report, never return into pytest
+            os.write(w, repr(exc).encode())
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    answer = os.read(r, 4096)
+    os.close(r)
+    os.chmod(daemon.paths.directory, 0o700)
+    reply = msgpack.unpackb(answer)
+    assert reply["op"] == "error" and reply["code"] == "forbidden", answer
+    assert "connection rejected: peer_uid=65534" in daemon.log()

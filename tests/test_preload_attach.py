@@ -1,0 +1,213 @@
+"""Preload in one process, attach in others: the bytes are exactly a disk load's.
+
+Also: tied weights stay one object, casts are exact, a modified checkpoint never
+matches, and an attached engine outlives the daemon.
+Run: pytest tests/test_preload_attach.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import DaemonProc, run_cli
+from hotweights import evidence
+from hotweights.config import AttachConfig
+from hotweights.loading.attach import attach_tensors
+from hotweights.loading.checkpoint import checkpoint_key, open_checkpoint
+from hotweights.loading.preload import preload
+
+
+def disk_tensors(model_dir, dtype: str) -> dict[str, torch.Tensor]:
+    out = {}
+    for shard in open_checkpoint(model_dir).shards:
+        for name, t in load_file(shard.path).items():
+            out[name] = t.to(getattr(torch, dtype)) if t.is_floating_point() else t
+    return out
+
+
+def key_for(model_dir, dtype: str):
+    return checkpoint_key(open_checkpoint(model_dir), dtype=dtype)
+
+
+@pytest.mark.parametrize("size, dtype", [("tiny", "float16"), ("tiny", "bfloat16"), ("tiny", "float32"),
+                                         ("small", "float16"), ("small", "bfloat16")])
+def test_attach_is_bitwise_equal_to_disk_load(models, daemon, size, dtype):
+    result = run_cli("preload", "--model", str(models[size]), "--dtype", dtype, "--json",
+                     "--socket-dir", str(daemon.paths.directory))
+    assert result.returncode == 0, result.stderr
+    line = json.loads(result.stdout)
+    assert line["dtype"] == dtype and not line["already_cached"]
+    attached = attach_tensors(key_for(models[size], dtype), AttachConfig(socket_dir=str(daemon.paths.directory)))
+    assert attached.ok, attached.reason
+    expected = disk_tensors(models[size], dtype)
+    assert sorted(attached.tensors) == sorted(expected)
+    for name, t in expected.items():
+        got = attached.tensors[name]
+        assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got.view(torch.uint8), t.view(torch.uint8)), name
+
+
+def test_preload_prints_publish_line_and_is_idempotent(models, daemon):
+    args = ("preload", "--model", str(models["small"]), "--dtype", "float16", "--socket-dir",
+            str(daemon.paths.directory))
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("Published 47 tensors (0.01 GiB) to weight cache: small [")
+    assert "Published 47 tensors" in daemon.log()
+    second = run_cli(*args)
+    assert second.returncode == 0 and second.stdout.startswith("Already cached: small [")
+
+
+def test_preload_starts_a_detached_daemon(models, socket_dir):
+    result = run_cli("preload", "--model", str(models["tiny"]), "--socket-dir", str(socket_dir), "--json")
+    assert result.returncode == 0, result.stderr
+    status = run_cli("status", "--json", "--socket-dir", str(socket_dir))
+    data = json.loads(status.stdout)
+    assert [e["key"] for e in data["entries"]] == [json.loads(result.stdout)["key"]]
+    assert data["torch_imported"] is False
+    assert run_cli("stop", "--socket-dir", str(socket_dir)).returncode == 0
+    deadline = time.monotonic() + 5
+    while (socket_dir / "daemon.sock").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not (socket_dir / "daemon.sock").exists()
+
+
+def test_miss_and_mismatch_report_fields(models, daemon):
+    config = AttachConfig(socket_dir=str(daemon.paths.directory))
+    miss = attach_tensors(key_for(models["tiny"], "float16"), config)
+    assert miss.status == "miss" and "the daemon holds no entries" in miss.reason
+    preload(models["tiny"], dtype="float16", socket_dir=str(daemon.paths.directory))
+    mismatch = attach_tensors(key_for(models["tiny"], "bfloat16"), config)
+    assert mismatch.status == "mismatch"
+    assert mismatch.diffs == ("dtype: cached=float16 requested=bfloat16",)
+
+
+@pytest.mark.parametrize("keep_mtime", [False, True])
+def test_checkpoint_modified_in_place_never_matches(model_copy, daemon, keep_mtime):
+    model = model_copy("tiny")
+    preload(model, dtype="float32", socket_dir=str(daemon.paths.directory))
+    path = model / "model.safetensors"
+    before = os.stat(path)
+    with open(path, "r+b") as f:  # zero one weight's first bytes, same size, same header
+        shard = open_checkpoint(model).shards[0]
+        f.seek(shard.tensors[-1].begin)
+        f.write(b"\0" * 8)
+    if keep_mtime:
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # only ctime still tells
+    result = attach_tensors(key_for(model, "float32"), AttachConfig(socket_dir=str(daemon.paths.directory)))
+    assert result.status == "mismatch"
+    assert len(result.diffs) == 1 and result.diffs[0].startswith("shards[model.safetensors].content_digest: cached=")
+
+
+def test_copy_mode_owns_its_memory(models, daemon):
+    preload(models["small"], dtype="float16", socket_dir=str(daemon.paths.directory))
+    key = key_for(models["small"], "float16")
+    zero = attach_tensors(key, AttachConfig(socket_dir=str(daemon.paths.directory)))
+    copy = attach_tensors(key, AttachConfig(socket_dir=str(daemon.paths.directory), mode="copy"))
+    assert copy.ok and zero.ok
+    name = "model.embed_tokens.weight"
+    assert torch.equal(copy.tensors[name], zero.tensors[name])
+    assert copy.tensors[name].data_ptr() != zero.tensors[name].data_ptr()
+
+
+ENGINE = r"""
+import sys, json, torch
+from hotweights.config import AttachConfig
+from hotweights.loading.attach import attach_tensors
+from hotweights.loading.checkpoint import checkpoint_key, open_checkpoint
+model, sock_dir, action = sys.argv[1:4]
+key = checkpoint_key(open_checkpoint(model), dtype="float16")
+r = attach_tensors(key, AttachConfig(socket_dir=sock_dir, fallback=False))
+w = r.tensors["model.embed_tokens.weight"]
+if action == "write":
+    w.fill_(7)
+print(json.dumps({"status": r.status, "sum": float(w.float().sum())}), flush=True)
+sys.stdin.readline()  # wait: the test kills the daemon meanwhile
+x = torch.ones(1, w.shape[1], dtype=w.dtype)
+print(json.dumps({"sum": float(w.float().sum()), "y": float((x @ w.T).float().sum())}), flush=True)
+"""
+
+
+def start_engine(model, sock_dir, action="read") -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", ENGINE, str(model), str(sock_dir), action], text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+
+def test_engine_survives_daemon_kill(models, socket_dir):
+    d = DaemonProc(socket_dir)
+    preload(models["small"], dtype="float16", socket_dir=str(socket_dir))
+    engine = start_engine(models["small"], socket_dir)
+    first = json.loads(engine.stdout.readline())
+    assert first["status"] == "ok"
+    os.kill(d.pid, signal.SIGKILL)
+    d.proc.wait()
+    out, _ = engine.communicate("\n", timeout=60)
+    after = json.loads(out)
+    expected = disk_tensors(models["small"], "float16")["model.embed_tokens.weight"]
+    assert after["sum"] == first["sum"] == float(expected.float().sum())
+    assert after["y"] == float((torch.ones(1, expected.shape[1], dtype=expected.dtype) @ expected.T).float().sum())
+    d.stop()
+    d2 = DaemonProc(socket_dir)  # a new daemon can start on the same directory
+    assert "removing stale socket" in d2.log()
+    d2.stop()
+
+
+def test_zero_copy_writes_stay_private_to_the_engine(models, daemon):
+    preload(models["small"], dtype="float16", socket_dir=str(daemon.paths.directory))
+    writer = start_engine(models["small"], daemon.paths.directory, "write")
+    reader = start_engine(models["small"], daemon.paths.directory, "read")
+    wrote, read = json.loads(writer.stdout.readline()), json.loads(reader.stdout.readline())
+    writer.communicate("\n", timeout=60)
+    reader.communicate("\n", timeout=60)
+    expected = disk_tensors(models["small"], "float16")["model.embed_tokens.weight"]
+    assert wrote["sum"] == 7.0 * expected.numel()
+    assert read["sum"] == float(expected.float().sum())
+
+
+@pytest.mark.parametrize("setup, message", [
+    ("missing", "does not exist or is not a directory"),
+    ("empty", "no *.safetensors files in"),
+    ("corrupt", "header length"),
+    ("badjson", "header is not valid JSON"),
+    ("baddtype", "unsupported dtype 'C64'"),
+])
+def test_preload_errors_are_clear(tmp_path, socket_dir, setup, message):
+    model = tmp_path / "m"
+    if setup != "missing":
+        model.mkdir()
+    header = {"empty": None, "corrupt": None, "badjson": b"{not json", "baddtype":
+              json.dumps({"w": {"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}}).encode()}.get(setup)
+    if setup == "corrupt":
+        (model / "model.safetensors").write_bytes((10 ** 9).to_bytes(8, "little") + b"{}")
+    elif header is not None:
+        (model / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 8)
+    result = run_cli("preload", "--model", str(model), "--socket-dir", str(socket_dir))
+    assert result.returncode == 1
+    assert message in result.stderr, result.stderr
+
+
+def test_unsupported_dtype_and_tp_are_refused(models, socket_dir):
+    r = run_cli("preload", "--model", str(models["tiny"]), "--dtype", "float8", "--socket-dir", str(socket_dir))
+    assert r.returncode == 2 and "invalid choice: 'float8'" in r.stderr
+    r = run_cli("preload", "--model", str(models["tiny"]), "--tensor-parallel-size", "2", "--socket-dir",
+                str(socket_dir))
+    assert r.returncode == 1 and "--tensor-parallel-size 2" in r.stderr
+
+
+def test_evidence_shapes_are_exact():
+    assert evidence.mapped(47, 3 << 29, "/run/hw/daemon.sock", "zero_copy", 3.25) == (
+        "Mapped 47 tensors (1.50 GiB) from weight cache daemon /run/hw/daemon.sock (mode=zero_copy) in 3.2 ms")
+    assert evidence.published(399, 16 << 30, "Qwen3-8B", "abcdef012345", "cuda:GPU-1", 4.567) == (
+        "Published 399 tensors (16.00 GiB) to weight cache: Qwen3-8B [abcdef012345] on cuda:GPU-1 in 4.57 s")
+    assert evidence.falling_back("daemon unavailable: x") == (
+        "Weight cache unusable (daemon unavailable: x); falling back to disk loading")
+    assert evidence.strict_failure("miss").startswith("Weight cache unusable (miss) and fallback is disabled")
+    assert evidence.daemon_ready("/s", 12) == "Weight cache daemon READY: socket=/s pid=12"
