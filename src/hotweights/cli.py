@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo-model", help="write a deterministic Qwen3-architecture demo checkpoint")
     p.add_argument("directory")
     p.add_argument("--size", default="tiny", choices=["tiny", "small", "1g", "0.6b", "8b"])
+    p.add_argument("--gen-device", default="cpu", help="where random weights are drawn (cuda is faster for 8b)")
 
     p = sub.add_parser("generate", help="load a model (cache or disk) with transformers and complete a prompt")
     p.add_argument("--model", required=True)
@@ -200,7 +201,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 def cmd_demo_model(args: argparse.Namespace) -> int:
     from .demo_model import write_demo_model
 
-    out = write_demo_model(args.directory, args.size)
+    out = write_demo_model(args.directory, args.size, gen_device=args.gen_device)
     print(f"wrote {args.size} demo model to {out}")
     return 0
 

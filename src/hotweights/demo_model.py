@@ -71,18 +71,23 @@ def tensor_shapes(s: Shape) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
-def _make_tensor(name: str, shape: tuple[int, ...], dtype: str):
+def _make_tensor(name: str, shape: tuple[int, ...], dtype: str, device: str = "cpu"):
     import torch
 
     if name.endswith("norm.weight"):
         return torch.ones(shape, dtype=getattr(torch, dtype))
-    gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    gen = torch.Generator(device=device).manual_seed(zlib.crc32(name.encode()))
     bound = 1.0 if "embed_tokens" in name else (3.0 / shape[-1]) ** 0.5
-    return torch.empty(shape, dtype=torch.float32).uniform_(-bound, bound, generator=gen).to(getattr(torch, dtype))
+    t = torch.empty(shape, dtype=torch.float32, device=device).uniform_(-bound, bound, generator=gen)
+    return t.to(getattr(torch, dtype)).cpu()
 
 
-def write_demo_model(directory: str | Path, size: str = "tiny") -> Path:
-    """Write the checkpoint, config and tokenizer; returns the directory."""
+def write_demo_model(directory: str | Path, size: str = "tiny", *, gen_device: str = "cpu") -> Path:
+    """Write the checkpoint, config and tokenizer; returns the directory.
+
+    ``gen_device="cuda"`` draws the numbers on the GPU (much faster for ``8b``); the
+    bytes are then deterministic per device type, not across them.
+    """
     from safetensors.torch import save_file
 
     if size not in SHAPES:
@@ -104,7 +109,7 @@ def write_demo_model(directory: str | Path, size: str = "tiny") -> Path:
     weight_map: dict[str, str] = {}
     for i, group in enumerate(groups):
         fname = "model.safetensors" if len(groups) == 1 else f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
-        save_file({n: _make_tensor(n, shape, s.dtype) for n, shape in group}, out / fname, metadata={"format": "pt"})
+        save_file({n: _make_tensor(n, shape, s.dtype, gen_device) for n, shape in group}, out / fname, metadata={"format": "pt"})
         weight_map.update({n: fname for n, _ in group})
     if len(groups) > 1:
         itemsize = 4 if s.dtype == "float32" else 2

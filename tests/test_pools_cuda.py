@@ -1,0 +1,143 @@
+"""CUDA VMM pools on a real GPU: zero-copy and copy attach, read-only mapping, survive daemon death.
+
+Skipped without a GPU. Run on the GPU machine: PYTHONPATH=src pytest -m cuda tests/test_pools_cuda.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import DaemonProc, run_cli
+from hotweights.config import AttachConfig
+from hotweights.loading.attach import attach_tensors
+from hotweights.loading.checkpoint import checkpoint_key, open_checkpoint
+from hotweights.loading.devices import gpu_uuid, resolve_device
+from hotweights.manifest import PoolSpec
+
+pytestmark = pytest.mark.cuda
+
+
+def disk_gpu(model_dir, dtype: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out = {}
+    for shard in open_checkpoint(model_dir).shards:
+        for name, t in load_file(shard.path, device="cuda:0").items():
+            out[name] = t.to(getattr(torch, dtype)) if t.is_floating_point() else t
+    return out
+
+
+def gpu_key(model_dir, dtype: str):
+    dev = resolve_device("cuda:0")
+    return checkpoint_key(open_checkpoint(model_dir), dtype=dtype, device_kind="cuda", device_id=dev.uuid)
+
+
+def test_pool_roundtrip_through_an_fd_is_read_only_and_exact():
+    from hotweights.pools import cuda
+
+    device = f"cuda:{gpu_uuid(0)}"
+    nbytes = 3 << 20
+    pool = cuda.create(nbytes, device)
+    data = torch.arange(nbytes, dtype=torch.int64, device="cuda:0").to(torch.uint8)
+    pool.as_tensor().copy_(data)
+    fd = pool.export()
+    spare = os.dup(fd)
+    view = cuda.import_pool(fd, PoolSpec(nbytes, device))
+    owned = cuda.import_pool(spare, PoolSpec(nbytes, device), copy=True)
+    assert torch.equal(view, data) and torch.equal(owned, data)
+    assert owned.data_ptr() != view.data_ptr()
+    del view
+    torch.cuda.synchronize()
+    assert torch.equal(owned, data)  # the clone does not depend on the mapping
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+WRITER = r"""
+import torch
+from hotweights.manifest import PoolSpec
+from hotweights.pools import cuda
+from hotweights.loading.devices import gpu_uuid
+device = f"cuda:{gpu_uuid(0)}"
+pool = cuda.create(1 << 21, device)
+view = cuda.import_pool(pool.export(), PoolSpec(1 << 21, device))
+view.fill_(1)
+torch.cuda.synchronize()
+print("WRITE-SUCCEEDED")
+"""
+
+
+def test_zero_copy_mapping_refuses_writes():
+    r = subprocess.run([sys.executable, "-c", WRITER], capture_output=True, text=True, timeout=120)
+    assert "WRITE-SUCCEEDED" not in r.stdout and r.returncode != 0
+    assert "illegal" in r.stderr.lower() or "error" in r.stderr.lower(), r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gpu_preload_then_attach_is_bitwise_equal(models, daemon, dtype):
+    sock = str(daemon.paths.directory)
+    r = run_cli("preload", "--model", str(models["small"]), "--device", "cuda", "--dtype", dtype, "--json",
+                "--socket-dir", sock)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["device"] == f"cuda:{gpu_uuid(0)}"
+    expected = disk_gpu(models["small"], dtype)
+    for mode in ("zero_copy", "copy"):
+        got = attach_tensors(gpu_key(models["small"], dtype), AttachConfig(socket_dir=sock, mode=mode))
+        assert got.ok, got.reason
+        for name, t in expected.items():
+            assert got.tensors[name].device.type == "cuda" and torch.equal(got.tensors[name], t), (mode, name)
+
+
+ENGINE = r"""
+import sys, json, torch
+from hotweights.config import AttachConfig
+from hotweights.loading.attach import attach_tensors
+from hotweights.loading.checkpoint import checkpoint_key, open_checkpoint
+from hotweights.loading.devices import resolve_device
+model, sock = sys.argv[1:3]
+key = checkpoint_key(open_checkpoint(model), dtype="float16", device_kind="cuda", device_id=resolve_device("cuda:0").uuid)
+r = attach_tensors(key, AttachConfig(socket_dir=sock, fallback=False))
+w = r.tensors["model.layers.0.mlp.up_proj.weight"]
+x = torch.ones(4, w.shape[1], dtype=w.dtype, device="cuda:0")
+print(json.dumps({"status": r.status, "y": float((x @ w.T).float().sum())}), flush=True)
+sys.stdin.readline()
+print(json.dumps({"y": float((x @ w.T).float().sum())}), flush=True)
+"""
+
+
+def test_gpu_engine_survives_daemon_kill(models, socket_dir):
+    d = DaemonProc(socket_dir)
+    assert run_cli("preload", "--model", str(models["small"]), "--device", "cuda", "--dtype", "float16",
+                   "--socket-dir", str(socket_dir)).returncode == 0
+    engine = subprocess.Popen([sys.executable, "-c", ENGINE, str(models["small"]), str(socket_dir)], text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    first = json.loads(engine.stdout.readline())
+    assert first["status"] == "ok"
+    os.kill(d.pid, signal.SIGKILL)
+    d.proc.wait()
+    out, _ = engine.communicate("\n", timeout=120)
+    assert json.loads(out)["y"] == first["y"]
+    d.stop()
+
+
+def test_gpu_transformers_answers_match_disk(models, daemon):
+    from hotweights.engines.transformers import load_model
+
+    sock = str(daemon.paths.directory)
+    assert run_cli("preload", "--model", str(models["tiny"]), "--device", "cuda", "--dtype", "float16",
+                   "--socket-dir", sock).returncode == 0
+    warm, report = load_model(models["tiny"], dtype="float16", device="cuda:0",
+                              config={"socket_dir": sock, "fallback": False})
+    disk, _ = load_model(models["tiny"], dtype="float16", device="cuda:0", load_format="auto")
+    assert report.source == "cache" and warm.lm_head.weight is warm.model.embed_tokens.weight
+    ids = torch.tensor([[72, 101, 108, 108, 111]], device="cuda:0")
+    with torch.inference_mode():
+        a = warm.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=256)
+        b = disk.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=256)
+    assert torch.equal(a, b)
