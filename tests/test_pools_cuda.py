@@ -58,7 +58,6 @@ def test_pool_roundtrip_through_an_fd_is_read_only_and_exact():
     assert torch.equal(owned, data)  # the clone does not depend on the mapping
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 WRITER = r"""
 import torch
 from hotweights.manifest import PoolSpec
