@@ -111,7 +111,8 @@ class _Mapping:
             raise
         self.ptr = ptr
         _check(_drv.cuMemSetAccess(ptr, mapped_bytes, [_access(index, read_only=read_only)], 1), "cuMemSetAccess")
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, read_only),
+        # torch rejects the interface's read-only flag; the driver-level PROT_READ is what protects
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
                                          "version": 3, "strides": None}
 
     def as_tensor(self) -> torch.Tensor:
