@@ -121,6 +121,12 @@ class _Mapping:
 
     def __del__(self) -> None:
         if self.ptr and _drv is not None:
+            # kernels queued on any stream may still read this range: unmapping under them
+            # is an illegal address, so wait for the device first (teardown only, rare)
+            try:
+                torch.cuda.synchronize(self.index)
+            except Exception:  # interpreter shutdown or a dead context: unmap anyway
+                pass
             _drv.cuMemUnmap(self.ptr, self.mapped_bytes)
             _drv.cuMemAddressFree(self.ptr, self.mapped_bytes)
             self.ptr = 0
