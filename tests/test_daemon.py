@@ -44,6 +44,18 @@ def sealed_memfd(nbytes: int, *, seal: bool = True) -> int:
     return fd
 
 
+def resting_fds(daemon: DaemonProc) -> int:
+    """The daemon's fd count once connection threads from earlier requests have closed."""
+    last, deadline = -1, time.monotonic() + 3
+    while time.monotonic() < deadline:
+        now = daemon.num_fds()
+        if now == last:
+            return now
+        last = now
+        time.sleep(0.2)
+    return last
+
+
 def settle_fds(daemon: DaemonProc, expected: int) -> int:
     deadline = time.monotonic() + 3
     while daemon.num_fds() != expected and time.monotonic() < deadline:
@@ -104,7 +116,7 @@ def test_sigterm_shuts_down_cleanly(daemon):
 
 
 def test_hostile_frames_get_errors_and_the_daemon_keeps_serving(daemon):
-    baseline = daemon.num_fds()
+    baseline = resting_fds(daemon)
     replies = []
     cases = [
         msgpack.packb({"op": "format_disk"}),
@@ -150,7 +162,7 @@ def encode_hello() -> bytes:
     ("unsealed", "memfd is not sealed against write/shrink/grow"),
 ])
 def test_liar_publish_is_rejected_without_leaking(daemon, problem, message):
-    baseline = daemon.num_fds()
+    baseline = resting_fds(daemon)
     pools, specs = pack([("w", "float16", (512,))], pool_bytes=1024, device="cpu")
     manifest = Manifest(KEY, pools, specs)
     fds = {"count": [sealed_memfd(1024), sealed_memfd(1024)], "size": [sealed_memfd(256)],

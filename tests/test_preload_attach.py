@@ -211,3 +211,16 @@ def test_evidence_shapes_are_exact():
         "Weight cache unusable (daemon unavailable: x); falling back to disk loading")
     assert evidence.strict_failure("miss").startswith("Weight cache unusable (miss) and fallback is disabled")
     assert evidence.daemon_ready("/s", 12) == "Weight cache daemon READY: socket=/s pid=12"
+
+
+def test_empty_digest_cache_rehashes_and_still_matches(models, daemon, caplog):
+    import logging
+
+    from hotweights.paths import digest_cache_path
+
+    preload(models["small"], dtype="float16", socket_dir=str(daemon.paths.directory))
+    digest_cache_path().unlink()
+    caplog.set_level(logging.INFO, logger="hotweights")
+    result = attach_tensors(key_for(models["small"], "float16"), AttachConfig(socket_dir=str(daemon.paths.directory)))
+    assert result.ok, result.reason
+    assert any(m.startswith("digest cache miss: file=") for m in caplog.messages)

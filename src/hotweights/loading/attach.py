@@ -28,7 +28,7 @@ from ..errors import DaemonUnavailable, ManifestError, PoolError, ProtocolError
 from ..key import CacheKey
 from ..manifest import Manifest
 from ..paths import daemon_paths
-from ..pools import backend, tensor_views
+from ..pools import ALIGN_BYTES, backend, tensor_views
 from ..protocol import AttachMismatch, AttachMiss, close_fds
 
 logger = logging.getLogger(__name__)
@@ -86,11 +86,11 @@ def attach_tensors(key: CacheKey, config: AttachConfig | None = None) -> AttachR
 
 
 def _map_pools(manifest: Manifest, fds: list[int], *, copy: bool) -> list[torch.Tensor]:
-    impl = backend(manifest.pools[0].device)
+    device = manifest.pools[0].device
+    impl = backend(device)
     if copy:
         need = manifest.nbytes
-        free = impl.available_bytes() if manifest.pools[0].device == "cpu" else impl.available_bytes(
-            manifest.pools[0].device)
+        free = impl.available_bytes() if device == "cpu" else impl.available_bytes(device)
         if need > free:
             close_fds(fds)
             raise PoolError(f"copy mode needs {need / 2**30:.2f} GiB on {manifest.key.device} but only "
@@ -98,11 +98,23 @@ def _map_pools(manifest: Manifest, fds: list[int], *, copy: bool) -> list[torch.
     flat: list[torch.Tensor] = []
     for i, (fd, spec) in enumerate(zip(fds, manifest.pools)):
         try:
-            flat.append(impl.import_pool(fd, spec, copy=copy))
+            flat.append(impl.import_pool(fd, spec))
         except BaseException:
             close_fds(fds[i + 1:])
             raise
-    return flat
+    if not copy:
+        return flat
+    # one allocation for every pool, then one device copy per pool: no per-pool allocator calls
+    starts = [0]
+    for f in flat:
+        starts.append(starts[-1] + -(-f.numel() // ALIGN_BYTES) * ALIGN_BYTES)
+    owned = torch.empty(starts[-1], dtype=torch.uint8, device=flat[0].device)
+    out = [owned[s: s + f.numel()] for s, f in zip(starts, flat)]
+    for dst, src in zip(out, flat):
+        dst.copy_(src, non_blocking=True)
+    if owned.is_cuda:
+        torch.cuda.current_stream(owned.device).synchronize()
+    return out
 
 
 @contextlib.contextmanager

@@ -13,10 +13,8 @@ ranks slice the checkpoint tensors themselves), quantized re-packing.
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -33,11 +31,11 @@ from ..pools import backend, torch_dtype
 from ..protocol import AttachOk, close_fds
 from .checkpoint import Checkpoint, checkpoint_key, open_checkpoint, target_dtype
 from .devices import resolve_device
-from .digest import DigestCache, new_hasher
+from .digest import DigestCache
+from .reader import Staging, plan_segments
 
 logger = logging.getLogger(__name__)
 DEFAULT_POOL_BYTES = 1 << 30
-_HASH_STEP = 64 << 20
 
 
 class PoolWriter:
@@ -160,93 +158,19 @@ def load_checkpoint(ckpt: Checkpoint, *, dtype: str, device: str, pool_bytes: in
     writer = PoolWriter(items, device=device, pool_bytes=pool_bytes)
     digests: dict[str, str] = {}
     done, total = 0, ckpt.nbytes
-    stager = _Stager(writer._flat[0].device) if device.startswith("cuda") and writer._flat else None
+    staging = Staging(writer._flat[0].device if writer._flat else torch.device("cpu"))
     try:
         for shard in ckpt.shards:
-            digests[shard.name] = _copy_shard(shard, writer, stager,
-                                              lambda n: progress(done + n, total) if progress else None)
-            done += shard.stat.st_size
-        if stager is not None:
-            stager.finish()
+            if os.stat(shard.path).st_mtime_ns != shard.stat.st_mtime_ns:
+                raise CheckpointError(f"{shard.path} changed since it was opened; run preload again")
+            size = shard.stat.st_size
+            segments = plan_segments(shard.tensors, writer.dest, size)
+            digests[shard.name] = staging.fill(shard.path, size, segments,
+                                               lambda n: progress(done + n, total) if progress else None)
+            done += size
+        staging.close()
     except BaseException:
+        staging.close()
         writer.close()
         raise
     return writer, digests
-
-
-class _Stager:
-    """Host -> GPU through two pinned buffers: the CPU fills one while the GPU drains the other.
-
-    Raw bytes go up; a dtype cast runs on the GPU from a device scratch buffer. Peak
-    extra memory: 2 pinned chunks + 1 device chunk.
-    """
-
-    CHUNK_BYTES = 64 << 20
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.stream = torch.cuda.Stream(device)
-        self.pinned = [torch.empty(self.CHUNK_BYTES, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
-        self.events = [torch.cuda.Event() for _ in range(2)]
-        self.scratch = torch.empty(self.CHUNK_BYTES, dtype=torch.uint8, device=device)
-        self.turn = 0
-
-    def copy(self, src: torch.Tensor, src_dtype: torch.dtype, dst: torch.Tensor, hasher) -> None:
-        """``src``: host uint8 bytes of one tensor; ``dst``: its flat device destination."""
-        itemsize = torch.empty(0, dtype=src_dtype).element_size()
-        cast = dst.dtype != src_dtype
-        step = self.CHUNK_BYTES - self.CHUNK_BYTES % itemsize
-        for start in range(0, src.numel(), step):
-            n = min(step, src.numel() - start)
-            i = self.turn
-            self.turn ^= 1
-            self.events[i].synchronize()  # the GPU is done reading this buffer
-            buf = self.pinned[i][:n]
-            buf.copy_(src[start:start + n])
-            hasher.update(buf.numpy())
-            first, count = start // itemsize, n // itemsize
-            with torch.cuda.stream(self.stream):
-                if cast:
-                    # one scratch buffer: the stream orders the cast before the next upload
-                    self.scratch[:n].copy_(buf, non_blocking=True)
-                    dst[first:first + count].copy_(self.scratch[:n].view(src_dtype))
-                else:
-                    dst.view(torch.uint8)[start:start + n].copy_(buf, non_blocking=True)
-                self.events[i].record(self.stream)
-
-    def finish(self) -> None:
-        self.stream.synchronize()
-
-
-def _copy_shard(shard, writer: PoolWriter, stager: _Stager | None, progress: Callable[[int], None]) -> str:
-    hasher = new_hasher()
-    with open(shard.path, "rb") as f:
-        if os.fstat(f.fileno()).st_mtime_ns != shard.stat.st_mtime_ns:
-            raise CheckpointError(f"{shard.path} changed while it was being read; run preload again")
-        size = shard.stat.st_size
-        with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mm:
-            view = memoryview(mm)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # read-only buffer: we never write to it
-                raw = torch.frombuffer(mm, dtype=torch.uint8)
-            hashed, src = 0, None
-            try:
-                for t in shard.tensors:
-                    hasher.update(view[hashed:t.begin])  # header and any padding
-                    src_dtype = torch_dtype(t.dtype)
-                    src = raw[t.begin:t.end]
-                    dst = writer.dest(t.name)
-                    if stager is not None:
-                        stager.copy(src, src_dtype, dst.view(-1), hasher)
-                    else:
-                        for start in range(0, t.end - t.begin, _HASH_STEP):
-                            hasher.update(view[t.begin + start: min(t.end, t.begin + start + _HASH_STEP)])
-                        dst.copy_(src.view(src_dtype).view(t.shape))
-                    hashed = t.end
-                    progress(hashed)
-                hasher.update(view[hashed:])
-                progress(size)
-            finally:
-                del raw, src
-                view.release()
-    return hasher.hexdigest()

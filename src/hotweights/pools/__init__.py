@@ -5,7 +5,7 @@ Two backends share one set of verbs:
 - ``create(nbytes, device) -> Pool``: a writable allocation in the loader;
   ``Pool.as_tensor()`` is a flat uint8 tensor over it; ``Pool.export()`` ends writing
   and returns the fd to publish (the pool object no longer owns it).
-- ``import_pool(fd, spec, *, copy) -> torch.Tensor``: the engine side. Takes the fd
+- ``import_pool(fd, spec) -> torch.Tensor``: the engine side. Takes the fd
   (and closes it), maps it and returns a flat uint8 tensor whose lifetime keeps the
   mapping alive: when the last view dies, the mapping goes.
 

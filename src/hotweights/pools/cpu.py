@@ -77,11 +77,10 @@ def create(nbytes: int, device: str = "cpu") -> Pool:
     return Pool(nbytes, device)
 
 
-def import_pool(fd: int, spec: PoolSpec, *, copy: bool = False) -> torch.Tensor:
-    """Map ``fd`` (closing it) and return a flat uint8 tensor over the pool.
+def import_pool(fd: int, spec: PoolSpec) -> torch.Tensor:
+    """Map ``fd`` (closing it) ``MAP_PRIVATE`` and return a flat uint8 tensor over the pool.
 
-    Zero-copy maps ``MAP_PRIVATE``: writes stay in this process. ``copy=True``
-    returns an engine-owned clone; the mapping goes as soon as the clone is made.
+    Writes through the tensor stay in this process (copy-on-write).
     """
     try:
         size = os.fstat(fd).st_size
@@ -92,8 +91,7 @@ def import_pool(fd: int, spec: PoolSpec, *, copy: bool = False) -> torch.Tensor:
         raise PoolError(f"cannot map a {spec.nbytes}-byte cpu pool: {exc}") from None
     finally:
         os.close(fd)
-    shared = torch.frombuffer(mapping, dtype=torch.uint8)
-    return shared.clone() if copy else shared
+    return torch.frombuffer(mapping, dtype=torch.uint8)
 
 
 def available_bytes() -> int:

@@ -173,8 +173,8 @@ def create(nbytes: int, device: str) -> Pool:
     return Pool(nbytes, device)
 
 
-def import_pool(fd: int, spec: PoolSpec, *, copy: bool = False) -> torch.Tensor:
-    """Import ``fd`` (closing it) and map it; zero-copy maps read-only, copy clones on the GPU."""
+def import_pool(fd: int, spec: PoolSpec) -> torch.Tensor:
+    """Import ``fd`` (closing it) and map it read-only; a flat uint8 tensor over the pool."""
     try:
         _require_driver()
         index = _device_index(spec.device)
@@ -187,12 +187,7 @@ def import_pool(fd: int, spec: PoolSpec, *, copy: bool = False) -> torch.Tensor:
         mapping = _Mapping(handle, spec.nbytes, -(-spec.nbytes // gran) * gran, index, read_only=True)
     finally:
         _check(_drv.cuMemRelease(handle), "cuMemRelease")
-    shared = mapping.as_tensor()
-    if not copy:
-        return shared
-    owned = torch.empty_like(shared)
-    owned.copy_(shared)
-    return owned
+    return mapping.as_tensor()
 
 
 def available_bytes(device: str) -> int:
