@@ -18,6 +18,7 @@ Not covered: multi-GPU pools (one pool lives on one GPU), fabric/NVLink handles.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -49,6 +50,7 @@ def _require_driver() -> None:
         raise PoolError("cuda pools need NVIDIA's cuda-bindings: pip install cuda-bindings")
 
 
+@functools.cache
 def _device_index(device: str) -> int:
     from ..loading.devices import index_of_uuid
 
@@ -59,6 +61,7 @@ def _device_index(device: str) -> int:
         raise PoolError(str(exc)) from None
 
 
+@functools.cache
 def _ensure_context(index: int) -> None:
     # torch owns the primary context; make it current on this thread for driver calls
     torch.cuda.set_device(index)
@@ -81,6 +84,7 @@ def _prop(index: int):
     return prop
 
 
+@functools.cache
 def granularity(index: int) -> int:
     flag = _drv.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
     return int(_check(_drv.cuMemGetAllocationGranularity(_prop(index), flag), "cuMemGetAllocationGranularity"))
