@@ -66,6 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", default="tiny", choices=["tiny", "small", "1g", "0.6b", "8b"])
     p.add_argument("--gen-device", default="cpu", help="where random weights are drawn (cuda is faster for 8b)")
 
+    p = sub.add_parser("serve", help="OpenAI-compatible server (transformers) loading through the cache")
+    p.add_argument("model")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float16", "bfloat16", "float32"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--load-format", default="hotweights", choices=["hotweights", "auto"])
+    p.add_argument("--model-loader-extra-config", default="{}",
+                   help="JSON: mode, fallback, socket_dir, socket_path, connect_timeout_s, state_timeout_s, publish")
+
     p = sub.add_parser("generate", help="load a model (cache or disk) with transformers and complete a prompt")
     p.add_argument("--model", required=True)
     p.add_argument("--prompt", default="The weight cache says")
@@ -206,6 +218,18 @@ def cmd_demo_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .config import AttachConfig
+    from .serve.app import ServeConfig, run
+
+    extra = json.loads(args.model_loader_extra_config)
+    if not isinstance(extra, dict):
+        raise ValueError("--model-loader-extra-config must be a JSON object")
+    return run(ServeConfig(model=args.model, host=args.host, port=args.port, dtype=args.dtype, device=args.device,
+                           served_model_name=args.served_model_name, max_model_len=args.max_model_len,
+                           load_format=args.load_format, attach=AttachConfig.from_dict(extra)))
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     import time
 
@@ -233,5 +257,5 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "daemon": cmd_daemon, "preload": cmd_preload, "status": cmd_status, "release": cmd_release,
-    "stop": cmd_stop, "demo-model": cmd_demo_model, "generate": cmd_generate,
+    "stop": cmd_stop, "demo-model": cmd_demo_model, "generate": cmd_generate, "serve": cmd_serve,
 }

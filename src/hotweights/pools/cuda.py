@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 
 import torch
 
@@ -61,8 +62,12 @@ def _device_index(device: str) -> int:
         raise PoolError(str(exc)) from None
 
 
-@functools.cache
 def _ensure_context(index: int) -> None:
+    _ensure_context_on_thread(index, threading.get_ident())
+
+
+@functools.cache
+def _ensure_context_on_thread(index: int, _thread: int) -> None:
     # torch owns the primary context; make it current on this thread for driver calls
     torch.cuda.set_device(index)
     torch.cuda.init()

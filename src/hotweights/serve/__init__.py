@@ -1,0 +1,1 @@
+"""Embedded OpenAI-compatible server (FastAPI + uvicorn) over the transformers adapter."""
