@@ -78,6 +78,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-loader-extra-config", default="{}",
                    help="JSON: mode, fallback, socket_dir, socket_path, connect_timeout_s, state_timeout_s, publish")
 
+    p = sub.add_parser("observe", help="start a server command, time it to /health, write LABEL.log/.json",
+                       description="Time-to-ready is measured from process start to the first 200 from the "
+                                   "health URL, so it includes up to one poll interval (--interval).")
+    p.add_argument("label")
+    p.add_argument("cmd", nargs="*", help="-- CMD ARGS... (everything after --)")
+    p.add_argument("--health-url", default="http://127.0.0.1:8000/health")
+    p.add_argument("--interval", type=float, default=1.0, help="poll interval in seconds (default 1)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for ready (default 600)")
+    p.add_argument("--out", default=".", help="directory for LABEL.log and LABEL.json")
+    p.add_argument("--grace", type=float, default=30.0, help="seconds between SIGINT and SIGKILL on the way out")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--then", default=None, help="once ready, run this shell command, then stop the server")
+    group.add_argument("--exit-when-ready", action="store_true", help="stop the server as soon as it is ready")
+
     p = sub.add_parser("generate", help="load a model (cache or disk) with transformers and complete a prompt")
     p.add_argument("--model", required=True)
     p.add_argument("--prompt", default="The weight cache says")
@@ -91,7 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    tail: list[str] = []
+    if "--" in argv:  # observe: everything after -- is the server command, options included
+        argv, tail = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     args = build_parser().parse_args(argv)
+    if tail:
+        args.cmd = list(getattr(args, "cmd", [])) + tail
     _configure_logging(args.log_level)
     from .errors import HotweightsError
 
@@ -230,6 +250,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
                            load_format=args.load_format, attach=AttachConfig.from_dict(extra)))
 
 
+def cmd_observe(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .verify.observe import observe
+
+    command = args.cmd
+    receipt = observe(args.label, command, out_dir=Path(args.out), health_url=args.health_url,
+                      timeout_s=args.timeout, interval_s=args.interval, then=args.then,
+                      exit_when_ready=args.exit_when_ready, grace_s=args.grace)
+    return 0 if receipt.ready else 1
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     import time
 
@@ -258,4 +290,5 @@ def cmd_generate(args: argparse.Namespace) -> int:
 COMMANDS = {
     "daemon": cmd_daemon, "preload": cmd_preload, "status": cmd_status, "release": cmd_release,
     "stop": cmd_stop, "demo-model": cmd_demo_model, "generate": cmd_generate, "serve": cmd_serve,
+    "observe": cmd_observe,
 }

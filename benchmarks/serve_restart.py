@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Embedded server restart: time-to-ready (process start -> /health 200), disk vs warm.
+
+Interleaved runs in fresh processes, medians of ``--repeat``; polls every 50 ms.
+``weights_s`` is the server's own startup breakdown (the ``startup:`` line). Warm runs
+use ``{"fallback": false}`` and must log the Mapped line. Prints one JSON line.
+
+Run: python benchmarks/serve_restart.py --size 1g --json   (add --device cuda on a GPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from hotweights.verify.observe import Observed
+
+STARTUP = re.compile(r"startup: tokenizer=([\d.]+)s model_build=([\d.]+)s weights=([\d.]+)s \(source=(\S+)\)")
+
+
+def evict(files: list[Path]) -> None:
+    import os
+
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+def run_once(label: str, model: Path, port: int, out: Path, args: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "hotweights", "serve", str(model), "--port", str(port), *args]
+    with Observed(label, cmd, out_dir=out, health_url=f"http://127.0.0.1:{port}/health") as obs:
+        receipt = obs.wait_ready(timeout_s=600, interval_s=0.05)
+        log = obs.log_text()
+    m = STARTUP.search(log)
+    return {"ready": receipt.ready, "ready_s": receipt.elapsed_s, "weights_s": float(m.group(3)) if m else None,
+            "source": m.group(4) if m else None, "mapped": "Mapped " in log, "fallback": "falling back" in log}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="1g")
+    parser.add_argument("--model", type=Path)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--port", type=int, default=8191)
+    parser.add_argument("--cold", action="store_true",
+                        help="evict the checkpoint from the page cache before every run (a node whose page "
+                             "cache was reclaimed); the daemon's pools are not page cache and stay")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    from hotweights.demo_model import write_demo_model
+
+    model = args.model or Path(tempfile.gettempdir()) / f"hotweights-bench-{args.size}"
+    if not (model / "config.json").exists():
+        write_demo_model(model, args.size, gen_device="cuda" if args.device.startswith("cuda") else "cpu")
+    sock = tempfile.mkdtemp(prefix="hwr-", dir="/tmp")
+    out = Path(tempfile.mkdtemp(prefix="hwr-logs-"))
+    daemon = subprocess.Popen([sys.executable, "-m", "hotweights", "daemon", "--socket-dir", sock],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        pre = subprocess.run([sys.executable, "-m", "hotweights", "preload", "--model", str(model), "--device",
+                              args.device, "--json", "--socket-dir", sock], capture_output=True, text=True, check=True)
+        preload = json.loads(pre.stdout)
+        strict = json.dumps({"socket_dir": sock, "fallback": False})
+        runs: dict[str, list[dict]] = {"disk": [], "warm": []}
+        files = sorted(model.glob("*.safetensors"))
+        for i in range(args.repeat):
+            if args.cold:
+                evict(files)
+            runs["disk"].append(run_once(f"disk{i}", model, args.port, out,
+                                         ["--device", args.device, "--load-format", "auto"]))
+            if args.cold:
+                evict(files)
+            runs["warm"].append(run_once(f"warm{i}", model, args.port, out,
+                                         ["--device", args.device, "--model-loader-extra-config", strict]))
+    finally:
+        daemon.terminate()
+        daemon.wait()
+    med = {k: statistics.median(r["ready_s"] for r in v) for k, v in runs.items()}
+    wmed = {k: statistics.median(r["weights_s"] for r in v) for k, v in runs.items()}
+    ok = (all(r["ready"] for v in runs.values() for r in v) and all(r["mapped"] and not r["fallback"]
+                                                                     for r in runs["warm"]))
+    line = {"size": args.size, "device": args.device, "page_cache": "cold" if args.cold else "warm", "nbytes": preload["nbytes"], "preload_s": preload["seconds"],
+            "repeat": args.repeat, "disk_ready_s": med["disk"], "warm_ready_s": med["warm"],
+            "ready_ratio": round(med["disk"] / med["warm"], 2), "disk_weights_s": wmed["disk"],
+            "warm_weights_s": wmed["warm"], "weights_ratio": round(wmed["disk"] / max(wmed["warm"], 1e-6), 1),
+            "evidence_ok": ok, "runs": runs}
+    print(json.dumps(line) if args.json else json.dumps(line, indent=2))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""``hotweights observe LABEL -- CMD``: start a server, time it to ready, keep a receipt.
+
+The command runs in its own process session with stdout+stderr in ``LABEL.log``. The
+health URL is polled every ``interval_s``; time-to-ready is measured from just before
+the process starts to the first 200, so it includes up to one poll interval. The
+receipt ``LABEL.json`` holds label, started_utc, ready, elapsed_s, pid, command (and
+exit_code when the process ended early). On the way out the whole process group gets
+SIGINT, then SIGKILL after ``grace_s``: nothing is left running.
+
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+DEFAULT_HEALTH_URL = "http://127.0.0.1:8000/health"
+
+
+@dataclass
+class Receipt:
+    label: str
+    started_utc: str
+    ready: bool
+    elapsed_s: float
+    pid: int
+    command: list[str]
+    exit_code: int | None = None
+    log: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+class Observed:
+    """A started server command; ``wait_ready`` then ``stop``. Use as a context manager."""
+
+    def __init__(self, label: str, command: list[str], *, out_dir: Path, health_url: str = DEFAULT_HEALTH_URL,
+                 env: dict[str, str] | None = None) -> None:
+        if not command:
+            raise ValueError("observe needs a command after --")
+        self.label, self.command, self.health_url = label, list(command), health_url
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = out_dir / f"{label}.log"
+        self.json_path = out_dir / f"{label}.json"
+        self._log = open(self.log_path, "wb")
+        self.started_utc = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+        self.t0 = time.monotonic()
+        try:
+            self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         env={**os.environ, **(env or {})})
+        except OSError as exc:
+            self._log.close()
+            raise ValueError(f"cannot start {self.command[0]!r}: {exc.strerror}") from None
+        self.receipt = Receipt(label, self.started_utc, False, 0.0, self.proc.pid, self.command,
+                               log=str(self.log_path))
+
+    def __enter__(self) -> Observed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def wait_ready(self, *, timeout_s: float = 600.0, interval_s: float = 1.0) -> Receipt:
+        deadline = self.t0 + timeout_s
+        while True:
+            if _healthy(self.health_url):
+                self.receipt.ready = True
+                break
+            if self.proc.poll() is not None:
+                self.receipt.exit_code = self.proc.returncode
+                break
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(interval_s)
+        self.receipt.elapsed_s = round(time.monotonic() - self.t0, 3)
+        self.write()
+        return self.receipt
+
+    def write(self) -> None:
+        self.json_path.write_text(self.receipt.to_json() + "\n")
+
+    def log_text(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, *, grace_s: float = 30.0) -> int | None:
+        """SIGINT the process group, SIGKILL it after ``grace_s``; returns the exit code."""
+        if self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        _signal_group(self.proc.pid, signal.SIGKILL)  # stragglers the leader left behind
+        if not self._log.closed:
+            self._log.close()
+        return self.proc.returncode
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def observe(label: str, command: list[str], *, out_dir: Path, health_url: str = DEFAULT_HEALTH_URL,
+            timeout_s: float = 600.0, interval_s: float = 1.0, then: str | None = None,
+            exit_when_ready: bool = False, grace_s: float = 30.0) -> Receipt:
+    """The ``hotweights observe`` command: print the receipt line, then hold, run ``then``, or stop."""
+    obs = Observed(label, command, out_dir=out_dir, health_url=health_url)
+    try:
+        receipt = obs.wait_ready(timeout_s=timeout_s, interval_s=interval_s)
+        print(receipt.to_json(), flush=True)
+        if receipt.ready and then:
+            receipt.extra["then_exit_code"] = subprocess.call(then, shell=True)
+            obs.write()
+        elif receipt.ready and not exit_when_ready:
+            try:
+                obs.proc.wait()
+            except KeyboardInterrupt:
+                pass
+        return receipt
+    finally:
+        obs.stop(grace_s=grace_s)
