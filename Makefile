@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 DEMO_DIR ?= demo
 DEMO_SIZE ?= 1g
+DEMO_PORT ?= 8000
 
 .PHONY: demo test bench-cpu clean
 
@@ -20,13 +21,8 @@ test: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	@test -f $(DEMO_DIR)/model/config.json || $(PY) -m hotweights demo-model $(DEMO_DIR)/model --size $(DEMO_SIZE)
-	$(PY) -m hotweights --log-level warning preload --model $(DEMO_DIR)/model
-	@echo "--- disk load (load format auto) ---"
-	$(PY) -m hotweights --log-level warning generate --model $(DEMO_DIR)/model --load-format auto --max-tokens 8
-	@echo "--- warm start from the weight cache, fallback disabled ---"
-	$(PY) -m hotweights generate --model $(DEMO_DIR)/model --max-tokens 8 \
-		--model-loader-extra-config '{"fallback": false}' 2>&1 | grep -E "Mapped|weight cache|falling back|^\["
-	$(PY) -m hotweights status
+	$(PY) -m hotweights --log-level warning verify --engine hotweights --device cpu --model $(DEMO_DIR)/model \
+		--out $(DEMO_DIR)/verify --port $(DEMO_PORT)
 
 bench-cpu: $(VENV)/.installed
 	$(PY) benchmarks/attach_cpu.py --size 1g --json

