@@ -116,7 +116,7 @@ def write_demo_model(directory: str | Path, size: str = "tiny", *, gen_device: s
         index = {"metadata": {"total_size": total * itemsize}, "weight_map": weight_map}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     _write_config(out, s)
-    _write_tokenizer(out)
+    _write_tokenizer(out, s.vocab_size)
     return out
 
 
@@ -146,13 +146,18 @@ def _write_config(out: Path, s: Shape) -> None:
         {"bos_token_id": 256, "eos_token_id": 258, "pad_token_id": 256, "do_sample": False}, indent=2))
 
 
-def _write_tokenizer(out: Path) -> None:
+def _write_tokenizer(out: Path, vocab_size: int) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from tokenizers.pre_tokenizers import ByteLevel
 
     alphabet = ByteLevel.alphabet()
     byte_chars = sorted(alphabet, key=lambda c: _byte_of(c))
     vocab = {c: i for i, c in enumerate(byte_chars)}
+    # every id the model can emit decodes to visible text ("<1234>"), so answers of the
+    # large-vocabulary shapes are comparable; text never encodes to these (no merges)
+    vocab.update({tok: len(byte_chars) + i for i, tok in enumerate(SPECIAL_TOKENS)})  # ids 256, 257, 258
+    first_filler = len(vocab)
+    vocab.update({f"<{i}>": i for i in range(first_filler, vocab_size)})
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()

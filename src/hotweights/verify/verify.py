@@ -191,7 +191,9 @@ class Procedure:
         run = self.serve("disk", load_format="auto")
         self.check("disk baseline ready", run.ready, f"ready in {run.elapsed_s:.2f} s" if run.ready else
                    f"not ready (exit {run.exit_code}); see {run.log_path}")
-        self.check("disk baseline answered", run.answer is not None, repr(run.answer))
+        self.check("disk baseline answered", bool(run.answer),
+                   repr(run.answer) if run.answer else "empty or no answer: answer comparisons would prove "
+                                                        "nothing; try another --prompt")
 
     def preload(self) -> bool:
         start = time.monotonic()
