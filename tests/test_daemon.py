@@ -254,6 +254,9 @@ def test_client_of_another_uid_is_rejected(daemon):
     answer = os.read(r, 4096)
     os.close(r)
     os.chmod(daemon.paths.directory, 0o700)
-    reply = msgpack.unpackb(answer)
+    try:
+        reply = msgpack.unpackb(answer)
+    except (ValueError, msgpack.UnpackException):
+        raise AssertionError(f"the other-uid client reported: {answer!r}") from None
     assert reply["op"] == "error" and reply["code"] == "forbidden", answer
     assert "connection rejected: peer_uid=65534" in daemon.log()

@@ -153,6 +153,7 @@ class Daemon:
                 if uid != os.getuid():
                     logger.warning("connection rejected: peer_uid=%d peer_pid=%d reason=uid-mismatch", uid, pid)
                     _try_send(conn, Error("forbidden", f"uid {uid} may not use the daemon of uid {os.getuid()}"))
+                    _drain_and_close(conn)
                     return
                 conn.settimeout(self.config.idle_timeout_s)
                 while not self._stopping.is_set():
@@ -170,7 +171,10 @@ class Daemon:
         except ProtocolError as exc:
             logger.warning("request rejected: peer_pid=%d code=%s reason=%s", peer_pid, exc.code, exc)
             _try_send(conn, Error(exc.code, str(exc)))
-            return exc.code not in _UNSYNCABLE
+            if exc.code in _UNSYNCABLE:
+                _drain_and_close(conn)
+                return False
+            return True
         out_fds: list[int] = []
         try:
             reply, out_fds = self._handle(msg, fds, peer_pid)
@@ -272,6 +276,19 @@ def _check_pool_fds(manifest: Manifest, fds: list[int]) -> str:
         if seals & _REQUIRED_SEALS != _REQUIRED_SEALS:
             return f"pool {i}: memfd is not sealed against write/shrink/grow (seals {seals:#x})"
     return ""
+
+
+def _drain_and_close(conn: socket.socket) -> None:
+    """Close after an error reply without a TCP-style reset: closing with unread input
+    makes the kernel discard our reply (ECONNRESET at the peer), so read what is pending first."""
+    try:
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(0.5)
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline and conn.recv(65536):
+            pass
+    except OSError:
+        pass
 
 
 def _try_send(conn: socket.socket, msg: Message) -> None:
