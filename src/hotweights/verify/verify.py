@@ -35,7 +35,7 @@ from .observe import Observed
 ENGINE_CMDS = {
     "hotweights": "{python} -m hotweights serve {model} --port {port} --dtype {dtype} --device {device} "
                   "--load-format {load_format} --model-loader-extra-config {extra}",
-    "vllm": "{python} -m vllm.entrypoints.openai.api_server --model {model} --port {port} --dtype {dtype} "
+    "vllm": "{vllm_python} -m vllm.entrypoints.openai.api_server --model {model} --port {port} --dtype {dtype} "
             "--tensor-parallel-size {tp} --load-format {load_format} --model-loader-extra-config {extra} "
             "--enforce-eager",
 }
@@ -103,7 +103,8 @@ class Procedure:
         return bool(passed)
 
     def _fmt(self, template: str, **extra: str) -> list[str]:
-        values = {"python": sys.executable, "model": self.c.model, "port": str(self.c.port), "dtype": self.dtype,
+        values = {"python": sys.executable, "vllm_python": os.environ.get("HOTWEIGHTS_VLLM_PYTHON", sys.executable),
+                  "model": self.c.model, "port": str(self.c.port), "dtype": self.dtype,
                   "device": self.c.device, "tp": str(self.c.tp_size), "socket_dir": str(self.socket_dir), **extra}
         return [part.format(**values) for part in shlex.split(template)]
 
@@ -115,7 +116,8 @@ class Procedure:
         template = self.c.engine_cmd or ENGINE_CMDS[self.c.engine]
         cmd = self._fmt(template, load_format=load_format, extra=json.dumps(extra or {}), dtype=dtype or self.dtype)
         url = f"http://127.0.0.1:{self.c.port}"
-        with Observed(label, cmd, out_dir=self.out, health_url=url + "/health") as obs:
+        env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")} if self.c.engine == "vllm" else {}
+        with Observed(label, cmd, out_dir=self.out, health_url=url + "/health", env=env) as obs:
             receipt = obs.wait_ready(timeout_s=self.c.timeout_s, interval_s=self.c.interval_s)
             answer = self._complete(url) if receipt.ready else None
             if measure and receipt.ready:
@@ -133,6 +135,8 @@ class Procedure:
 
     def _complete(self, url: str) -> str | None:
         body = {"prompt": self.c.prompt, "max_tokens": self.c.max_tokens, "temperature": 0}
+        if self.c.engine == "vllm":
+            body["model"] = self.c.model  # vLLM serves the model under its path
         req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
                                      headers={"content-type": "application/json"})
         try:
