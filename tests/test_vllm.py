@@ -93,3 +93,16 @@ def test_dtype_mismatch_and_unknown_keys_are_reported(vllm_model, daemon, tmp_pa
                           "get_model_loader(LoadConfig(load_format='hotweights', "
                           "model_loader_extra_config={'fallbak': False}))"], capture_output=True, text=True)
     assert bad.returncode != 0 and "unknown weight-cache config keys ['fallbak']" in bad.stderr
+
+
+def test_data_parallel_ranks_each_hit_the_cache(vllm_model, daemon, tmp_path):
+    """Replicas of a dense model hold identical bytes: DP is not in the key, every rank attaches."""
+    sock = str(daemon.paths.directory)
+    assert run_cli("preload", "--model", str(vllm_model), "--socket-dir", sock).returncode == 0
+    obs, answer = serve("dp2", vllm_model, tmp_path, "--data-parallel-size", "2", "--load-format", "hotweights",
+                        "--model-loader-extra-config", json.dumps({"socket_dir": sock, "fallback": False}))
+    log = obs.log_text()
+    assert log.count("Mapped 47 tensors (0.01 GiB) from weight cache daemon") == 2, log[-3000:]
+    assert "falling back" not in log and answer
+    status = json.loads(run_cli("status", "--json", "--socket-dir", sock).stdout)
+    assert [e["num_attaches"] for e in status["entries"]] == [2]
