@@ -94,33 +94,37 @@ def attach_tensors(key: CacheKey, config: AttachConfig | None = None, *,
 def _map_pools(manifest: Manifest, fds: list[int], *, copy: bool) -> list[torch.Tensor]:
     device = manifest.pools[0].device
     impl = backend(device)
+    owned: torch.Tensor | None = None
+    starts = [0]
+    for pool in manifest.pools:
+        starts.append(starts[-1] + -(-pool.nbytes // ALIGN_BYTES) * ALIGN_BYTES)
     if copy:
-        need = manifest.nbytes
         free = impl.available_bytes() if device == "cpu" else impl.available_bytes(device)
-        if need > free:
+        if starts[-1] > free:
             close_fds(fds)
-            raise PoolError(f"copy mode needs {need / 2**30:.2f} GiB on {manifest.key.device} but only "
+            raise PoolError(f"copy mode needs {starts[-1] / 2**30:.2f} GiB on {manifest.key.device} but only "
                             f"{free / 2**30:.2f} GiB is free; use mode=zero_copy or free memory")
     flat: list[torch.Tensor] = []
     for i, (fd, spec) in enumerate(zip(fds, manifest.pools)):
         try:
-            flat.append(impl.import_pool(fd, spec))
+            view = impl.import_pool(fd, spec)
         except BaseException:
             close_fds(fds[i + 1:])
             raise
-    if not copy:
-        return flat
-    # one allocation for every pool, then one device copy per pool: no per-pool allocator calls
-    starts = [0]
-    for f in flat:
-        starts.append(starts[-1] + -(-f.numel() // ALIGN_BYTES) * ALIGN_BYTES)
-    owned = torch.empty(starts[-1], dtype=torch.uint8, device=flat[0].device)
-    out = [owned[s: s + f.numel()] for s, f in zip(starts, flat)]
-    for dst, src in zip(out, flat):
-        dst.copy_(src, non_blocking=True)
-    if owned.is_cuda:
+        if not copy:
+            flat.append(view)
+            continue
+        if owned is None:  # one allocation for every pool: no per-pool allocator calls
+            owned = torch.empty(starts[-1], dtype=torch.uint8, device=view.device)
+        dst = owned[starts[i]: starts[i] + spec.nbytes]
+        # async on the GPU: pool i copies while pool i + 1 is imported
+        dst.copy_(view, non_blocking=True)
+        flat.append(dst)
+        if not owned.is_cuda:
+            del view  # CPU copies are done: the mapping can go now
+    if owned is not None and owned.is_cuda:
         torch.cuda.current_stream(owned.device).synchronize()
-    return out
+    return flat
 
 
 @contextlib.contextmanager
