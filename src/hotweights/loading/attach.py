@@ -105,6 +105,7 @@ def _map_pools(manifest: Manifest, fds: list[int], *, copy: bool) -> list[torch.
             raise PoolError(f"copy mode needs {starts[-1] / 2**30:.2f} GiB on {manifest.key.device} but only "
                             f"{free / 2**30:.2f} GiB is free; use mode=zero_copy or free memory")
     flat: list[torch.Tensor] = []
+    sources: list[torch.Tensor] = []  # mappings stay alive until their async copies are done
     for i, (fd, spec) in enumerate(zip(fds, manifest.pools)):
         try:
             view = impl.import_pool(fd, spec)
@@ -120,10 +121,11 @@ def _map_pools(manifest: Manifest, fds: list[int], *, copy: bool) -> list[torch.
         # async on the GPU: pool i copies while pool i + 1 is imported
         dst.copy_(view, non_blocking=True)
         flat.append(dst)
-        if not owned.is_cuda:
-            del view  # CPU copies are done: the mapping can go now
+        if owned.is_cuda:
+            sources.append(view)
     if owned is not None and owned.is_cuda:
         torch.cuda.current_stream(owned.device).synchronize()
+    sources.clear()
     return flat
 
 
