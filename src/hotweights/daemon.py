@@ -241,15 +241,12 @@ class Daemon:
             if problem:
                 logger.warning("publish rejected: peer_pid=%d key=%s reason=%s", peer_pid, manifest.key.short, problem)
                 return Error("bad_manifest", problem)
-            budget = self.config.max_bytes
-            if budget and self.registry.total_nbytes() + manifest.nbytes > budget:
-                reason = (f"entry of {manifest.nbytes} bytes would exceed the daemon budget of {budget} bytes "
-                          f"({self.registry.total_nbytes()} in use); release an entry or raise --max-bytes")
-                logger.warning("publish rejected: peer_pid=%d key=%s reason=budget", peer_pid, manifest.key.short)
-                return Error("budget", reason)
             taken = True
-            if not self.registry.add(manifest, fds):
-                return Error("exists", f"entry {manifest.key.short} is already published; release it first")
+            refusal = self.registry.add(manifest, fds, max_bytes=self.config.max_bytes)
+            if refusal is not None:
+                logger.warning("publish rejected: peer_pid=%d key=%s reason=%s", peer_pid, manifest.key.short,
+                               refusal[0])
+                return Error(*refusal)
             key = manifest.key
             logger.info(evidence.published(len(manifest.tensors), manifest.tensor_nbytes, key.model, key.short,
                                            key.device, manifest.load_s))

@@ -68,14 +68,25 @@ class Registry:
         self._lock = threading.Lock()
         self._entries: dict[CacheKey, Entry] = {}
 
-    def add(self, manifest: Manifest, fds: list[int]) -> bool:
-        """Take ownership of ``fds``. False (fds closed) if the key is already ready."""
+    def add(self, manifest: Manifest, fds: list[int], *, max_bytes: int = 0) -> tuple[str, str] | None:
+        """Take ownership of ``fds`` and keep the entry; or refuse with ``(code, message)``, fds closed.
+
+        The budget is checked under the same lock as the insert, so concurrent publishes
+        cannot overshoot it together.
+        """
         with self._lock:
+            refusal = None
+            in_use = sum(e.manifest.nbytes for e in self._entries.values())
             if manifest.key in self._entries:
+                refusal = ("exists", f"entry {manifest.key.short} is already published; release it first")
+            elif max_bytes and in_use + manifest.nbytes > max_bytes:
+                refusal = ("budget", f"entry of {manifest.nbytes} bytes would exceed the daemon budget of "
+                                     f"{max_bytes} bytes ({in_use} in use); release an entry or raise --max-bytes")
+            if refusal:
                 close_fds(fds)
-                return False
+                return refusal
             self._entries[manifest.key] = Entry(manifest, list(fds))
-            return True
+            return None
 
     def lookup(self, key: CacheKey) -> tuple[Manifest, list[int]] | None:
         """The manifest and fresh dups of the pool fds, which the caller must close."""
@@ -120,7 +131,3 @@ class Registry:
         for e in entries:
             per_device[e["device"]] = per_device.get(e["device"], 0) + e["nbytes"]
         return entries, per_device
-
-    def total_nbytes(self) -> int:
-        with self._lock:
-            return sum(e.manifest.nbytes for e in self._entries.values())

@@ -99,7 +99,7 @@ def _map_pools(manifest: Manifest, fds: list[int], *, copy: bool) -> list[torch.
     for pool in manifest.pools:
         starts.append(starts[-1] + -(-pool.nbytes // ALIGN_BYTES) * ALIGN_BYTES)
     if copy:
-        free = impl.available_bytes() if device == "cpu" else impl.available_bytes(device)
+        free = impl.available_bytes(device)
         if starts[-1] > free:
             close_fds(fds)
             raise PoolError(f"copy mode needs {starts[-1] / 2**30:.2f} GiB on {manifest.key.device} but only "

@@ -46,7 +46,7 @@ class PoolWriter:
         self.device = device
         need = sum(p.nbytes for p in self.pool_specs)
         impl = backend(device)
-        free = impl.available_bytes() if device == "cpu" else impl.available_bytes(device)
+        free = impl.available_bytes(device)
         if need > free:
             raise PoolError(f"not enough memory on {device}: the entry needs {need / 2**30:.2f} GiB, "
                             f"{free / 2**30:.2f} GiB is available; free memory or release entries")
@@ -59,6 +59,10 @@ class PoolWriter:
             raise
         self._flat = [p.as_tensor() for p in self.pools]
         self._by_name = {s.name: s for s in self.specs}
+
+    @property
+    def torch_device(self) -> torch.device:
+        return self._flat[0].device if self._flat else torch.device("cpu")
 
     def dest(self, name: str) -> torch.Tensor:
         s = self._by_name[name]
@@ -158,7 +162,7 @@ def load_checkpoint(ckpt: Checkpoint, *, dtype: str, device: str, pool_bytes: in
     writer = PoolWriter(items, device=device, pool_bytes=pool_bytes)
     digests: dict[str, str] = {}
     done, total = 0, ckpt.nbytes
-    staging = Staging(writer._flat[0].device if writer._flat else torch.device("cpu"))
+    staging = Staging(writer.torch_device)
     try:
         for shard in ckpt.shards:
             if os.stat(shard.path).st_mtime_ns != shard.stat.st_mtime_ns:

@@ -94,7 +94,7 @@ def import_pool(fd: int, spec: PoolSpec) -> torch.Tensor:
     return torch.frombuffer(mapping, dtype=torch.uint8)
 
 
-def available_bytes() -> int:
+def available_bytes(device: str = "cpu") -> int:
     """MemAvailable from /proc/meminfo: what a copy attach may use without swapping."""
     with open("/proc/meminfo") as f:
         for line in f:
