@@ -44,9 +44,15 @@ from hotweights.loading.devices import resolve_device
 import hotweights.pools.cuda
 torch.empty(1, device="cuda:0"); torch.cuda.synchronize()
 
+phases = {}
+
 def attach(m):
+    t = time.perf_counter()
     key = checkpoint_key(open_checkpoint(model), dtype=dtype, device_kind="cuda", device_id=resolve_device("cuda:0").uuid)
-    return attach_tensors(key, AttachConfig(socket_dir=sock, fallback=False, mode=m))
+    phases["key"] = round((time.perf_counter() - t) * 1e3, 3)
+    r = attach_tensors(key, AttachConfig(socket_dir=sock, fallback=False, mode=m))
+    phases.update(r.phases)
+    return r
 
 def disk():
     out = {}
@@ -61,6 +67,17 @@ elif mode in ("zero_copy", "copy"):
     r = attach(mode)
     assert r.ok, r.reason
     tensors = r.tensors
+elif mode == "d2d":  # this GPU's device-to-device copy rate for the same number of bytes
+    n = sum(t.numel() * t.element_size() for t in attach("zero_copy").tensors.values())
+    src = torch.empty(n, dtype=torch.uint8, device="cuda:0")
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(6):
+        torch.cuda.synchronize(); t = time.perf_counter()
+        dst.copy_(src); torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    print(json.dumps({"tbps": n / sorted(times[1:])[2] / 1e12}))
+    sys.exit(0)
 elif mode == "equal":
     got, ref = attach("zero_copy").tensors, disk()
     bad = [k for k in ref if k not in got or not torch.equal(got[k], ref[k])]
@@ -79,7 +96,7 @@ elif mode in ("engine", "probe"):
     sys.stdin.readline()
     sys.exit(0)
 torch.cuda.synchronize()
-print(json.dumps({"s": time.perf_counter() - t0}))
+print(json.dumps({"s": time.perf_counter() - t0, "phases_ms": phases}))
 """
 
 
@@ -134,6 +151,29 @@ def page_cache_read_gbps(files: list[Path]) -> float:
     return total / (time.perf_counter() - start) / 1e9
 
 
+def cold_read_gbps(files: list[Path], threads: int = 4) -> float:
+    """Read the evicted files with ``threads`` preadv workers in 64 MiB blocks, as preload does."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    block = 64 << 20
+    jobs = [(f, off) for f in files for off in range(0, f.stat().st_size, block)]
+    evict(files)
+
+    def work(part: list[tuple[Path, int]]) -> int:
+        buf, total, fds = bytearray(block), 0, {}
+        for f, off in part:
+            fd = fds.get(f) or fds.setdefault(f, os.open(f, os.O_RDONLY))
+            total += os.preadv(fd, [buf], off)
+        for fd in fds.values():
+            os.close(fd)
+        return total
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        total = sum(pool.map(work, [jobs[i::threads] for i in range(threads)]))
+    return total / (time.perf_counter() - start) / 1e9
+
+
 def pinned_h2d_gbps() -> float:
     import torch
 
@@ -169,6 +209,7 @@ def bench_model(size: str, models_dir: Path, repeat: int, log) -> dict:
     files = sorted(model.glob("*.safetensors"))
     res: dict = {"size": size, "dtype": dtype, "file_bytes": sum(f.stat().st_size for f in files)}
     res["page_cache_read_gbps"] = round(page_cache_read_gbps(files), 2)
+    res["cold_read_gbps"] = round(cold_read_gbps(files), 2)
     sock = tempfile.mkdtemp(prefix="hwg-", dir="/tmp")
     res["gpu_used_mib_baseline"] = settle_mib()
     daemon = start_daemon(sock)
@@ -184,14 +225,24 @@ def bench_model(size: str, models_dir: Path, repeat: int, log) -> dict:
     res.update(warm_preload_s=round(warm["seconds"], 3), warm_preload_gbps=round(warm["gbps"], 2))
     log(f"{size}: preload cold {res['cold_preload_s']} s, warm {res['warm_preload_s']} s")
     runs: dict[str, list[float]] = {"disk": [], "zero_copy": [], "copy": []}
+    phases: dict[str, list[dict]] = {"zero_copy": [], "copy": []}
     for _ in range(repeat):
         for mode in runs:
-            runs[mode].append(child(mode, model, sock, dtype)["s"])
+            out = child(mode, model, sock, dtype)
+            runs[mode].append(out["s"])
+            if mode in phases:
+                phases[mode].append(out["phases_ms"])
     for mode, values in runs.items():
         res[f"{mode}_s_median"] = round(statistics.median(values), 5)
         res[f"{mode}_s_all"] = [round(v, 5) for v in values]
+    for mode, rows in phases.items():  # median per phase (the phases of one run add up to its time)
+        res[f"{mode}_phases_ms_median"] = {k: round(statistics.median(r[k] for r in rows), 3) for k in rows[0]}
     res["disk_over_zero_copy"] = round(res["disk_s_median"] / res["zero_copy_s_median"], 1)
     res["copy_attach_tbps"] = round(res["nbytes"] / res["copy_s_median"] / 1e12, 3)
+    res["d2d_copy_tbps"] = round(child("d2d", model, sock, dtype)["tbps"], 3)
+    copy_phases = res["copy_phases_ms_median"]
+    copy_ms = copy_phases["map"] - res["zero_copy_phases_ms_median"]["map"] + copy_phases.get("wait", 0.0)
+    res["copy_over_zero_copy_tbps"] = round(res["nbytes"] / (copy_ms / 1e3) / 1e12, 3) if copy_ms > 0 else None
     log(f"{size}: disk {res['disk_s_median']} s, zero_copy {res['zero_copy_s_median']} s, copy {res['copy_s_median']} s")
     res["bitwise"] = child("equal", model, sock, dtype)
 
@@ -250,18 +301,30 @@ def markdown(report: dict) -> str:
     lines = ["# GPU attach benchmark", "", f"- GPU: {env['gpu']}", f"- torch {env['torch']} (CUDA {env['cuda']}), "
              f"cuda-bindings {env['cuda_bindings']}, Python {env['python']}, {env['cpus']} CPUs",
              f"- pinned H2D: {report['pinned_h2d_gbps']} GB/s", f"- command: `{env['command']}`", "",
-             "| shape | GB | page-cache read GB/s | cold preload s (GB/s) | warm preload s (GB/s) | disk load s | "
+             "| shape | GB | page-cache read GB/s | cold read GB/s | cold preload s (GB/s) | warm preload s (GB/s) | disk load s | "
              "zero_copy attach ms | copy attach ms (TB/s) | disk/zero_copy | bitwise equal | survives daemon kill | "
-             "memory freed | release works |", "|" + "---|" * 13]
+             "memory freed | release works |", "|" + "---|" * 14]
     for r in report["models"]:
         dk, rl = r["drill_daemon_kill"], r["drill_release"]
         lines.append(
-            f"| {r['size']} | {r['nbytes'] / 1e9:.2f} | {r['page_cache_read_gbps']} | {r['cold_preload_s']} "
+            f"| {r['size']} | {r['nbytes'] / 1e9:.2f} | {r['page_cache_read_gbps']} | {r.get('cold_read_gbps')} | "
+            f"{r['cold_preload_s']} "
             f"({r['cold_preload_gbps']}) | {r['warm_preload_s']} ({r['warm_preload_gbps']}) | {r['disk_s_median']} | "
             f"{r['zero_copy_s_median'] * 1e3:.2f} | {r['copy_s_median'] * 1e3:.2f} ({r['copy_attach_tbps']}) | "
             f"{r['disk_over_zero_copy']} | {r['bitwise']['equal']} | {dk['results_identical'] and dk['new_daemon_started']} | "
             f"{dk['memory_freed']} | {rl['attach_after'] == 'miss' and rl['memory_returned']} |")
-    lines += ["", "Medians of fresh processes; raw values in gpu_attach.json."]
+    lines += ["", "Medians of fresh processes; raw values in gpu_attach.json.", "",
+              "Attach phases (ms, medians; key = computing the cache key from the checkpoint headers):", ""]
+    for r in report["models"]:
+        for mode in ("zero_copy", "copy"):
+            ph = r.get(f"{mode}_phases_ms_median")
+            if ph:
+                lines.append(f"- {r['size']} {mode}: " + ", ".join(f"{k} {v}" for k, v in ph.items()))
+        if "d2d_copy_tbps" in r:
+            lines.append(f"- {r['size']}: this GPU's plain device-to-device copy of the same bytes: "
+                         f"{r['d2d_copy_tbps']} TB/s; copy attach's extra time over zero_copy (map difference + "
+                         f"wait) corresponds to {r['copy_over_zero_copy_tbps']} TB/s")
+    lines.append("")
     return "\n".join(lines) + "\n"
 
 

@@ -43,6 +43,9 @@ class AttachResult:
     diffs: tuple[str, ...] = ()
     socket_path: str = ""
     ms: float = 0.0
+    # wall-clock ms per phase of an ok attach: connect, request (reply + fds), map (import and
+    # map every pool; in copy mode also issue the copies), wait (copy mode: until the copies end)
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -64,12 +67,14 @@ def attach_tensors(key: CacheKey, config: AttachConfig | None = None, *,
                                  state_timeout_s=0.0 if config.fallback else config.state_timeout_s)
     except DaemonUnavailable as exc:
         return AttachResult("absent", f"daemon unavailable: {exc}")
+    marks = {"connect": time.perf_counter()}
     with client:
         socket_path = str(client.socket_path)
         try:
             reply, fds = client.attach(key)
         except (ProtocolError, OSError) as exc:
             return AttachResult("absent", f"daemon failed the attach: {exc}", socket_path=socket_path)
+    marks["request"] = time.perf_counter()
     if isinstance(reply, AttachMiss):
         return AttachResult("miss", f"cache miss for {key.model} [{key.short}]: {reply.reason}",
                             socket_path=socket_path)
@@ -81,17 +86,25 @@ def attach_tensors(key: CacheKey, config: AttachConfig | None = None, *,
         close_fds(fds)
         raise ProtocolError(f"daemon answered key {manifest.key.short} for {key.short}", code="bad_reply")
     try:
-        flat = _map_pools(manifest, fds, copy=config.mode == "copy")
+        flat = _map_pools(manifest, fds, copy=config.mode == "copy", marks=marks)
     except PoolError as exc:
         return AttachResult("unusable", str(exc), socket_path=socket_path)
     tensors = tensor_views(manifest, flat)
-    ms = (time.perf_counter() - start) * 1e3
+    end = time.perf_counter()
+    ms = (end - start) * 1e3
+    marks.setdefault("map", end)
+    phases, previous = {}, start
+    for name, at in marks.items():
+        phases[name], previous = round((at - previous) * 1e3, 3), at
+    phases["views"] = round((end - previous) * 1e3, 3)
     logger.info(evidence.mapped(len(manifest.tensors), manifest.tensor_nbytes, socket_path,
                                 evidence_mode or config.mode, ms))
-    return AttachResult("ok", tensors=tensors, manifest=manifest, socket_path=socket_path, ms=ms)
+    return AttachResult("ok", tensors=tensors, manifest=manifest, socket_path=socket_path, ms=ms, phases=phases)
 
 
-def _map_pools(manifest: Manifest, fds: list[int], *, copy: bool) -> list[torch.Tensor]:
+def _map_pools(manifest: Manifest, fds: list[int], *, copy: bool,
+               marks: dict[str, float] | None = None) -> list[torch.Tensor]:
+    marks = {} if marks is None else marks
     device = manifest.pools[0].device
     impl = backend(device)
     owned: torch.Tensor | None = None
@@ -123,8 +136,10 @@ def _map_pools(manifest: Manifest, fds: list[int], *, copy: bool) -> list[torch.
         flat.append(dst)
         if owned.is_cuda:
             sources.append(view)
+    marks["map"] = time.perf_counter()
     if owned is not None and owned.is_cuda:
         torch.cuda.current_stream(owned.device).synchronize()
+        marks["wait"] = time.perf_counter()
     sources.clear()
     return flat
 
