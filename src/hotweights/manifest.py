@@ -54,6 +54,25 @@ class TensorSpec:
     nbytes: int
 
     def __post_init__(self) -> None:
+        # fast path: one pass of cheap checks (attach validates hundreds of these per start);
+        # anything odd goes to _explain, which names the exact problem
+        itemsize = DTYPE_ITEMSIZE.get(self.dtype)
+        shape, stride, offset = self.shape, self.stride, self.offset
+        ok = (itemsize is not None and len(shape) == len(stride) <= MAX_RANK and type(offset) is int
+              and offset >= 0 and not offset % itemsize and type(self.pool) is int and self.pool >= 0)
+        span = 1
+        if ok:
+            for d, s in zip(shape, stride):
+                if type(d) is not int or type(s) is not int or d < 0 or s < 0:
+                    ok = False
+                    break
+                span += (d - 1) * s
+            if ok and 0 in shape:
+                span = 0
+        if not ok or span * itemsize > MAX_NBYTES or self.nbytes != span * itemsize:
+            self._explain()
+
+    def _explain(self) -> None:
         where = f"tensor {self.name!r}"
         itemsize = DTYPE_ITEMSIZE.get(self.dtype)
         if itemsize is None:
@@ -69,11 +88,10 @@ class TensorSpec:
         span = self.span_elements()
         if span * itemsize > MAX_NBYTES:
             raise ManifestError(f"{where}: shape {self.shape} with stride {self.stride} overflows")
-        if self.nbytes != span * itemsize:
-            raise ManifestError(
-                f"{where}: nbytes {self.nbytes} != {span * itemsize} implied by shape {self.shape}, "
-                f"stride {self.stride}, dtype {self.dtype}"
-            )
+        raise ManifestError(
+            f"{where}: nbytes {self.nbytes} != {span * itemsize} implied by shape {self.shape}, "
+            f"stride {self.stride}, dtype {self.dtype}"
+        )
 
     def span_elements(self) -> int:
         """Elements from the first to one past the last addressed element."""

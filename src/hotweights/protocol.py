@@ -150,8 +150,28 @@ def encode(msg: Message) -> bytes:
     body: dict[str, Any] = {"op": _OPS[type(msg)]}
     for f in fields(msg):
         value = getattr(msg, f.name)
-        body[f.name] = value.to_wire() if isinstance(value, (CacheKey, Manifest)) else value
+        if isinstance(value, Manifest):
+            value = _manifest_wire(value)
+        elif isinstance(value, CacheKey):
+            value = value.to_wire()
+        body[f.name] = value
     return msgpack.packb(body, use_bin_type=True)
+
+
+# The daemon sends the same manifest on every attach; manifests are immutable, so their
+# wire form is built once (identity-checked, a few kept).
+_WIRE: dict[int, tuple[Manifest, dict[str, Any]]] = {}
+
+
+def _manifest_wire(manifest: Manifest) -> dict[str, Any]:
+    hit = _WIRE.get(id(manifest))
+    if hit is not None and hit[0] is manifest:
+        return hit[1]
+    wire = manifest.to_wire()
+    if len(_WIRE) >= 16:
+        _WIRE.pop(next(iter(_WIRE)), None)
+    _WIRE[id(manifest)] = (manifest, wire)
+    return wire
 
 
 def decode(data: bytes) -> Message:

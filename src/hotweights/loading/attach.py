@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -44,7 +44,8 @@ class AttachResult:
     socket_path: str = ""
     ms: float = 0.0
     # wall-clock ms per phase of an ok attach: connect, request (reply + fds), map (import and
-    # map every pool; in copy mode also issue the copies), wait (copy mode: until the copies end)
+    # map every pool; copy mode also issues the copies), views (tensors over the pools),
+    # wait (copy mode: until the copies end)
     phases: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -86,25 +87,26 @@ def attach_tensors(key: CacheKey, config: AttachConfig | None = None, *,
         close_fds(fds)
         raise ProtocolError(f"daemon answered key {manifest.key.short} for {key.short}", code="bad_reply")
     try:
-        flat = _map_pools(manifest, fds, copy=config.mode == "copy", marks=marks)
+        flat, finish = _map_pools(manifest, fds, copy=config.mode == "copy", marks=marks)
     except PoolError as exc:
         return AttachResult("unusable", str(exc), socket_path=socket_path)
-    tensors = tensor_views(manifest, flat)
+    tensors = tensor_views(manifest, flat)  # built while copies are still running
+    marks["views"] = time.perf_counter()
+    finish()
     end = time.perf_counter()
     ms = (end - start) * 1e3
-    marks.setdefault("map", end)
+    marks["wait"] = end
     phases, previous = {}, start
     for name, at in marks.items():
         phases[name], previous = round((at - previous) * 1e3, 3), at
-    phases["views"] = round((end - previous) * 1e3, 3)
     logger.info(evidence.mapped(len(manifest.tensors), manifest.tensor_nbytes, socket_path,
                                 evidence_mode or config.mode, ms))
     return AttachResult("ok", tensors=tensors, manifest=manifest, socket_path=socket_path, ms=ms, phases=phases)
 
 
 def _map_pools(manifest: Manifest, fds: list[int], *, copy: bool,
-               marks: dict[str, float] | None = None) -> list[torch.Tensor]:
-    marks = {} if marks is None else marks
+               marks: dict[str, float]) -> tuple[list[torch.Tensor], Callable[[], None]]:
+    """Map (or map and clone) every pool; the returned ``finish`` waits for the clones."""
     device = manifest.pools[0].device
     impl = backend(device)
     owned: torch.Tensor | None = None
@@ -137,11 +139,13 @@ def _map_pools(manifest: Manifest, fds: list[int], *, copy: bool,
         if owned.is_cuda:
             sources.append(view)
     marks["map"] = time.perf_counter()
-    if owned is not None and owned.is_cuda:
-        torch.cuda.current_stream(owned.device).synchronize()
-        marks["wait"] = time.perf_counter()
-    sources.clear()
-    return flat
+
+    def finish() -> None:
+        if owned is not None and owned.is_cuda:
+            torch.cuda.current_stream(owned.device).synchronize()
+        sources.clear()
+
+    return flat, finish
 
 
 @contextlib.contextmanager

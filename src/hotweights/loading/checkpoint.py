@@ -167,25 +167,38 @@ def _read_shard(root: Path, name: str) -> Shard:
 
 
 def _stored_tensor(path: Path, name: str, info: Any, data_start: int, file_size: int) -> StoredTensor:
+    # fast path first (every start of an engine parses every header); _bad_tensor says what is wrong
+    if type(info) is dict:
+        dtype, shape, offsets = ST_DTYPES.get(info.get("dtype")), info.get("shape"), info.get("data_offsets")
+        if dtype is not None and type(shape) is list and type(offsets) is list and len(offsets) == 2:
+            numel = 1
+            for d in shape:
+                if type(d) is not int or d < 0:
+                    break
+                numel *= d
+            else:
+                first, last = offsets
+                if type(first) is int and type(last) is int:
+                    begin, end = data_start + first, data_start + last
+                    if data_start <= begin <= end <= file_size and end - begin == numel * DTYPE_ITEMSIZE[dtype]:
+                        return StoredTensor(name, dtype, tuple(shape), begin, end)
+    raise _bad_tensor(path, name, info, data_start, file_size)
+
+
+def _bad_tensor(path: Path, name: str, info: Any, data_start: int, file_size: int) -> CheckpointError:
     where = f"{path}: tensor {name!r}"
     if not isinstance(info, dict):
-        raise CheckpointError(f"{where}: entry is not an object")
+        return CheckpointError(f"{where}: entry is not an object")
     dtype = ST_DTYPES.get(info.get("dtype"))
     if dtype is None:
-        raise CheckpointError(f"{where}: unsupported dtype {info.get('dtype')!r}; supported: {sorted(ST_DTYPES)}")
+        return CheckpointError(f"{where}: unsupported dtype {info.get('dtype')!r}; supported: {sorted(ST_DTYPES)}")
     shape, offsets = info.get("shape"), info.get("data_offsets")
     if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
-        raise CheckpointError(f"{where}: bad shape {shape!r}")
+        return CheckpointError(f"{where}: bad shape {shape!r}")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
-        raise CheckpointError(f"{where}: bad data_offsets {offsets!r}")
-    numel = 1
-    for d in shape:
-        numel *= d
-    begin, end = data_start + offsets[0], data_start + offsets[1]
-    if not data_start <= begin <= end <= file_size or end - begin != numel * DTYPE_ITEMSIZE[dtype]:
-        raise CheckpointError(f"{where}: data_offsets {offsets} do not fit shape {shape} {dtype} in a file of "
-                              f"{file_size} bytes; the file is truncated or corrupt")
-    return StoredTensor(name, dtype, tuple(shape), begin, end)
+        return CheckpointError(f"{where}: bad data_offsets {offsets!r}")
+    return CheckpointError(f"{where}: data_offsets {offsets} do not fit shape {shape} {dtype} in a file of "
+                           f"{file_size} bytes; the file is truncated or corrupt")
 
 
 def checkpoint_key(ckpt: Checkpoint, *, dtype: str, device_kind: str = "cpu", device_id: str = "host",

@@ -6,6 +6,7 @@ cache key stores, so an engine with another visible-device order still finds its
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +41,7 @@ def resolve_device(device: str) -> Device:
     raise ValueError(f"unknown device {device!r}; use cpu, cuda or cuda:N")
 
 
+@functools.cache  # fixed for the life of a process (CUDA_VISIBLE_DEVICES is read once)
 def gpu_uuid(index: int) -> str:
     uuid = str(torch.cuda.get_device_properties(index).uuid)
     return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"

@@ -49,13 +49,22 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def tensor_views(manifest: Manifest, pools: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Name -> tensor view over the mapped pools (aliases share the target's tensor)."""
+    """Name -> tensor view over the mapped pools (aliases share the target's tensor).
+
+    One ``as_strided`` per tensor over a typed view of its pool (the manifest checked
+    that every offset is a multiple of the item size and every span fits its pool).
+    """
     out: dict[str, torch.Tensor] = {}
-    dtypes: dict[str, torch.dtype] = {}
+    typed: dict[tuple[int, str], tuple[torch.Tensor, int]] = {}
     for spec in manifest.tensors:
-        dtype = dtypes.get(spec.dtype) or dtypes.setdefault(spec.dtype, torch_dtype(spec.dtype))
-        raw = pools[spec.pool][spec.offset: spec.offset + spec.nbytes]
-        out[spec.name] = raw.view(dtype).as_strided(spec.shape, spec.stride)
+        base = typed.get((spec.pool, spec.dtype))
+        if base is None:
+            pool, dtype = pools[spec.pool], torch_dtype(spec.dtype)
+            usable = pool.numel() - pool.numel() % dtype.itemsize
+            view = pool[:usable].view(dtype)
+            base = typed[(spec.pool, spec.dtype)] = (view, view.storage_offset())
+        view, first = base
+        out[spec.name] = view.as_strided(spec.shape, spec.stride, first + spec.offset // view.itemsize)
     for alias, target in manifest.aliases.items():
         out[alias] = out[target]
     return out
