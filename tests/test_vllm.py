@@ -50,26 +50,50 @@ def vllm_model(tmp_path_factory):
     return write_demo_model(tmp_path_factory.mktemp("vllm") / "small", "small")
 
 
-def test_baseline_cold_warm_and_restart_answer_identically(vllm_model, socket_dir, tmp_path):
-    extra = lambda **kw: json.dumps({"socket_dir": str(socket_dir), **kw})  # noqa: E731
+def test_baseline_cold_warm_restart_preload_and_stream_answer_identically(vllm_model, socket_dir, tmp_path):
+    """auto -> cold write-through (engine layout) -> warm -> warm restart -> `preload --engine vllm`
+    -> warm -> plain preload (checkpoint layout, streamed): one answer throughout."""
+    sock = str(socket_dir)
+    extra = lambda **kw: json.dumps({"socket_dir": sock, **kw})  # noqa: E731
     try:
         base, a = serve("baseline", vllm_model, tmp_path, "--load-format", "auto")
         cold, b = serve("cold", vllm_model, tmp_path, "--load-format", "hotweights",
                         "--model-loader-extra-config", extra(publish=True))
         cold_log = cold.log_text()
         assert "Weight cache unusable (daemon unavailable: no daemon socket at" in cold_log
-        assert "falling back to disk loading" in cold_log and "Published 47 tensors" in cold_log
+        assert "falling back to disk loading" in cold_log and "Published 52 tensors" in cold_log
         answers = [a, b]
-        for label in ("warm", "warm_restart"):
+
+        def warm(label: str) -> str:
             obs, answer = serve(label, vllm_model, tmp_path, "--load-format", "hotweights",
                                 "--model-loader-extra-config", extra(fallback=False))
             log = obs.log_text()
-            assert "Mapped 47 tensors (0.01 GiB) from weight cache daemon" in log and "(mode=stream)" in log
-            assert "falling back" not in log and "Streamed 47 cached tensors" in log
-            answers.append(answer)
+            assert "Mapped 52 tensors (0.01 GiB) from weight cache daemon" in log and "(mode=zero_copy)" in log
+            assert "Built the vLLM model from 55 cached engine-layout tensors" in log
+            assert "falling back" not in log and "Streamed" not in log
+            return answer
+
+        answers += [warm("warm"), warm("warm_restart")]
+
+        assert run_cli("release", "--all", "--socket-dir", sock).returncode == 0
+        pre = run_cli("preload", "--engine", "vllm", "--model", str(vllm_model), "--dtype", "bfloat16",
+                      "--socket-dir", sock, "--vllm-python", VLLM_PYTHON, "--vllm-arg=--enforce-eager",
+                      "--vllm-arg=--max-model-len=256", "--json", env={"VLLM_CPU_KVCACHE_SPACE": "1"}, timeout=400)
+        assert pre.returncode == 0, pre.stderr
+        assert [r["num_tensors"] for r in json.loads(pre.stdout)["published"]] == [52]
+        answers.append(warm("after_preload_engine_vllm"))
+
+        assert run_cli("release", "--all", "--socket-dir", sock).returncode == 0
+        assert run_cli("preload", "--model", str(vllm_model), "--dtype", "bfloat16", "--socket-dir", sock).returncode == 0
+        obs, answer = serve("stream", vllm_model, tmp_path, "--load-format", "hotweights",
+                            "--model-loader-extra-config", extra(fallback=False))
+        log = obs.log_text()
+        assert "Mapped 47 tensors (0.01 GiB) from weight cache daemon" in log and "(mode=stream)" in log
+        assert "Streamed 47 cached tensors" in log and "falling back" not in log
+        answers.append(answer)
         assert answers[0] and len(set(answers)) == 1, answers
     finally:
-        run_cli("stop", "--socket-dir", str(socket_dir))
+        run_cli("stop", "--socket-dir", sock)
 
 
 def test_strict_without_daemon_fails_fast(vllm_model, socket_dir, tmp_path):

@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 from . import __version__, evidence
@@ -47,6 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--pool-mib", type=int, default=1024, help="size cap of one pool in MiB (default 1024)")
+    p.add_argument("--engine", choices=["checkpoint", "vllm"], default="checkpoint",
+                   help="checkpoint (default): the checkpoint's tensors, no engine in the loop; vllm: run vLLM's own "
+                        "loader (a vLLM server started with --load-format hotweights and publish) and publish the "
+                        "engine layout, one entry per TP rank, on the device vLLM runs on")
+    p.add_argument("--vllm-python", help="python that has vLLM (default $HOTWEIGHTS_VLLM_PYTHON, else this one)")
+    p.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for vLLM, repeatable (e.g. --vllm-arg=--max-model-len=4096)")
+    p.add_argument("--log", type=Path, help="with --engine vllm: where to keep vLLM's log")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
     _socket_dir(p)
 
@@ -170,6 +179,10 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
 
 def cmd_preload(args: argparse.Namespace) -> int:
+    if args.engine == "vllm":
+        return _preload_vllm(args)
+    if args.vllm_arg or args.vllm_python or args.log:
+        raise ValueError("--vllm-arg, --vllm-python and --log apply to --engine vllm only")
     from .loading.preload import preload
 
     with _progress_bar(enabled=sys.stderr.isatty() and not args.json) as progress:
@@ -183,6 +196,24 @@ def cmd_preload(args: argparse.Namespace) -> int:
                  "num_tensors": result.num_tensors, "nbytes": result.nbytes, "seconds": result.seconds,
                  "gbps": result.gbps, "already_cached": result.already_cached,
                  "socket": str(result.socket_path)}, line)
+    return 0
+
+
+def _preload_vllm(args: argparse.Namespace) -> int:
+    from .engines.vllm_preload import preload_vllm
+
+    if args.device != "cpu":
+        raise ValueError("--device does not apply to --engine vllm: vLLM loads on the device its build runs on "
+                         "(pass vLLM's own flags with --vllm-arg)")
+    result = preload_vllm(args.model, dtype=args.dtype, tp_size=args.tensor_parallel_size,
+                          socket_dir=args.socket_dir, python=args.vllm_python, extra_args=args.vllm_arg,
+                          log_path=args.log)
+    lines = [f"Published {r['num_tensors']} tensors ({r['gib']:.2f} GiB) to weight cache: {r['model']} "
+             f"[{r['key']}] on {r['device']} (layout vllm)" for r in result.published]
+    lines += [f"Already cached (engine layout), {result.already_cached} rank(s)"] if result.already_cached else []
+    _emit(args, {"engine": "vllm", "published": result.published, "already_cached": result.already_cached,
+                 "seconds": result.seconds, "log": result.log},
+          "\n".join(lines + [f"vLLM run: {result.seconds:.1f} s, log {result.log}"]))
     return 0
 
 
@@ -227,10 +258,11 @@ def cmd_status(args: argparse.Namespace) -> int:
              f"socket={client.socket_path}"]
     for dev, nbytes in sorted(status.bytes_by_device.items()):
         lines.append(f"  {dev}: {nbytes / 2**30:.2f} GiB")
-    lines.append(f"{'KEY':<14}{'MODEL':<24}{'DTYPE':<10}{'DEVICE':<16}{'GiB':>8}{'TENSORS':>9}{'ATTACHES':>10}")
+    lines.append(f"{'KEY':<14}{'MODEL':<20}{'LAYOUT':<14}{'TP':<5}{'DTYPE':<10}{'DEVICE':<16}{'GiB':>8}"
+                 f"{'TENSORS':>9}{'ATTACHES':>10}")
     for e in status.entries:
-        lines.append(f"{e['key']:<14}{e['model'][:23]:<24}{e['dtype']:<10}{e['device'][:15]:<16}"
-                     f"{e['nbytes'] / 2**30:>8.2f}{e['num_tensors']:>9}{e['num_attaches']:>10}")
+        lines.append(f"{e['key']:<14}{e['model'][:19]:<20}{e['layout'][:13]:<14}{e['tp']:<5}{e['dtype']:<10}"
+                     f"{e['device'][:15]:<16}{e['nbytes'] / 2**30:>8.2f}{e['num_tensors']:>9}{e['num_attaches']:>10}")
     if not status.entries:
         lines.append("(no entries)")
     _emit(args, data, "\n".join(lines))

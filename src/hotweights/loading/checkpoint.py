@@ -203,7 +203,8 @@ def _bad_tensor(path: Path, name: str, info: Any, data_start: int, file_size: in
 
 def checkpoint_key(ckpt: Checkpoint, *, dtype: str, device_kind: str = "cpu", device_id: str = "host",
                    digests: dict[str, str] | None = None, cache: DigestCache | None = None,
-                   tp_size: int = 1, tp_rank: int = 0, layout: str = "checkpoint") -> CacheKey:
+                   tp_size: int = 1, tp_rank: int = 0, pp_size: int = 1, pp_rank: int = 0,
+                   layout: str = "checkpoint") -> CacheKey:
     """The key of ``ckpt`` as loaded with ``dtype`` on a device.
 
     Shard content digests come from ``digests`` (name -> digest, fresh from a preload)
@@ -219,7 +220,8 @@ def checkpoint_key(ckpt: Checkpoint, *, dtype: str, device_kind: str = "cpu", de
     return CacheKey(
         shards=tuple(shards), arch=ckpt.arch, dtype=ckpt.resolve_dtype(dtype), quantization=quant,
         quantization_digest=quant_digest, revision=str(ckpt.config.get("_commit_hash") or ""), layout=layout,
-        tp_size=tp_size, tp_rank=tp_rank, device_kind=device_kind, device_id=device_id,
+        tp_size=tp_size, tp_rank=tp_rank, pp_size=pp_size, pp_rank=pp_rank,
+        device_kind=device_kind, device_id=device_id,
         model=ckpt.directory.name,
     )
 

@@ -100,3 +100,22 @@ def publish_from_disk(ckpt: Checkpoint, dtype: str, dev: Device, config: AttachC
     logger.info(evidence.published(len(manifest.tensors), manifest.tensor_nbytes, key.model, key.short,
                                    key.device, time.perf_counter() - start))
     return attach_tensors(key, config, evidence_mode=evidence_mode)
+
+
+def entry_nbytes(key: CacheKey, config: AttachConfig) -> int:
+    """Bytes the daemon holds for ``key`` (what a zero_copy attach will map), 0 if none.
+
+    With fallback false the daemon may still be starting: wait for it like an attach would.
+    """
+    from ..client import wait_for_daemon
+    from ..errors import DaemonUnavailable
+
+    try:
+        client = wait_for_daemon(daemon_paths(config.socket_dir), socket_path=config.socket_path,
+                                 connect_timeout_s=config.connect_timeout_s,
+                                 state_timeout_s=0.0 if config.fallback else config.state_timeout_s)
+    except DaemonUnavailable:
+        return 0
+    with client:
+        entries = client.status().entries
+    return sum(int(e["nbytes"]) for e in entries if e.get("key") == key.short and e.get("state") == "ready")

@@ -1,0 +1,89 @@
+"""``hotweights preload --engine vllm``: fill engine-layout entries with vLLM's own loader.
+
+Runs stock vLLM (``python -m vllm.entrypoints.openai.api_server``) with
+``--load-format hotweights`` and ``{"publish": true, "layout": "engine"}``: every worker
+(one per TP rank) loads the checkpoint with vLLM's ``DefaultModelLoader``, post-processes
+it, publishes its tensors, and is stopped as soon as every rank has published (or found
+its entry already cached). The daemon is started detached beforehand, because vLLM kills
+its whole process tree on exit.
+
+Which Python runs vLLM: ``--vllm-python``, else ``$HOTWEIGHTS_VLLM_PYTHON``, else this one.
+The worker's log is kept (``--log``) and its tail shown on failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..client import ensure_daemon
+from ..errors import HotweightsError
+from ..paths import daemon_paths
+from ..verify.observe import Observed
+
+PUBLISHED = re.compile(r"Published (\d+) tensors \(([\d.]+) GiB\) to weight cache: (\S+) \[([0-9a-f]+)\] on (\S+)")
+MAPPED = re.compile(r"Mapped (\d+) tensors \(([\d.]+) GiB\) from weight cache daemon \S+ \(mode=zero_copy\)")
+FAILED = ("write-through publish failed", "write-through publish refused", "write-through skipped")
+
+
+@dataclass(frozen=True, slots=True)
+class VllmPreloadResult:
+    published: list[dict]  # one per rank that published: tensors, gib, key, device
+    already_cached: int  # ranks that found their entry
+    seconds: float
+    log: str
+
+
+def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_dir: str | None = None,
+                 python: str | None = None, extra_args: list[str] | None = None, timeout_s: float = 1800.0,
+                 log_path: Path | None = None) -> VllmPreloadResult:
+    if not Path(model, "config.json").is_file():
+        raise HotweightsError(f"{model} is not a model directory with a config.json (local directories only)")
+    paths = daemon_paths(socket_dir)
+    with ensure_daemon(paths):
+        pass
+    python = python or os.environ.get("HOTWEIGHTS_VLLM_PYTHON") or sys.executable
+    port = _free_port()
+    extra = {"publish": True, "layout": "engine", "socket_dir": str(paths.directory)}
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--dtype", dtype,
+           "--tensor-parallel-size", str(tp_size), "--load-format", "hotweights",
+           "--model-loader-extra-config", json.dumps(extra), "--host", "127.0.0.1", "--port", str(port),
+           *(extra_args or [])]
+    log_dir = log_path.parent if log_path else Path(tempfile.mkdtemp(prefix="hotweights-vllm-preload-"))
+    label = log_path.stem if log_path else "vllm-preload"
+    start = time.monotonic()
+    obs = Observed(label, cmd, out_dir=log_dir, health_url=f"http://127.0.0.1:{port}/health")
+    try:
+        while True:
+            text = obs.log_text()
+            published = [m.groups() for m in PUBLISHED.finditer(text)]
+            mapped = len(MAPPED.findall(text))
+            if len(published) + mapped >= tp_size:
+                break
+            failure = next((line for line in text.splitlines() if any(f in line for f in FAILED)), None)
+            if failure:
+                raise HotweightsError(f"vLLM loaded the model but did not publish it: {failure.strip()}\n"
+                                      f"log: {obs.log_path}")
+            if obs.proc.poll() is not None:
+                raise HotweightsError(f"vLLM exited with code {obs.proc.returncode} before publishing; "
+                                      f"last lines of {obs.log_path}:\n" + "\n".join(text.splitlines()[-25:]))
+            if time.monotonic() - start > timeout_s:
+                raise HotweightsError(f"vLLM did not publish within {timeout_s:.0f} s; see {obs.log_path}")
+            time.sleep(0.5)
+    finally:
+        obs.stop(grace_s=20)
+    rows = [{"num_tensors": int(n), "gib": float(g), "model": m, "key": k, "device": d} for n, g, m, k, d in published]
+    return VllmPreloadResult(rows, mapped, time.monotonic() - start, str(obs.log_path))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

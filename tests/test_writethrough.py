@@ -1,0 +1,123 @@
+"""Write-through of an engine's own tensors (the vLLM engine layout uses it) and the vLLM
+plugin's vLLM-free helpers, against a real daemon."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from hotweights.client import connect
+from hotweights.config import AttachConfig
+from hotweights.engines.vllm import LAYOUTS, sleep_mode_refusal, split_extra_config
+from hotweights.errors import ManifestError
+from hotweights.loading.attach import attach_tensors
+from hotweights.loading.checkpoint import checkpoint_key, open_checkpoint
+from hotweights.loading.devices import Device
+from hotweights.loading.policy import entry_nbytes
+from hotweights.loading.writethrough import dense_order, publish_tensors
+
+CPU = Device("cpu", "host", -1)
+
+
+def engine_like_tensors() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "layers.0.qkv.weight": torch.randn(96, 32, generator=g, dtype=torch.bfloat16),
+        "layers.0.o.weight_t": torch.randn(32, 48, generator=g).t(),  # transposed (non-contiguous) fp32
+        "layers.0.scale": torch.tensor([0.5], dtype=torch.float32),
+        "rotary.cos_sin_cache": torch.randn(64, 16, generator=g),
+        "layers.0.empty": torch.empty(0, dtype=torch.bfloat16),  # a weight the CPU packing emptied
+        "embed.weight": torch.randn(50, 32, generator=g, dtype=torch.bfloat16),
+    }
+
+
+def key_for(model_dir, layout: str = "vllm/test"):
+    return checkpoint_key(open_checkpoint(model_dir), dtype="float32", layout=layout)
+
+
+def test_dense_order_finds_the_memory_order():
+    t = torch.empty(4, 5, 6).permute(2, 0, 1)
+    order = dense_order(t)
+    assert order is not None and t.permute(order).is_contiguous()
+    assert dense_order(torch.empty(4, 6)[:, ::2]) is None  # gappy: no dense order
+
+
+def test_publish_repoints_chunk_by_chunk_and_a_fresh_attach_gets_the_same_tensors(models, daemon):
+    config = AttachConfig(socket_dir=str(daemon.paths.directory), fallback=False)
+    originals = engine_like_tensors()
+    expected = {n: t.clone() for n, t in originals.items()}
+    strides = {n: t.stride() for n, t in originals.items()}
+    alive = {n: weakref.ref(t) for n, t in originals.items()}
+    engine: dict[str, torch.Tensor] = dict(originals)  # the "engine's" references, repointed below
+    del originals
+    repointed: list[str] = []
+
+    def repoint(name: str, view: torch.Tensor) -> None:
+        engine[name] = view
+        repointed.append(name)
+        if name in alive:  # freed right away, before the next pool is written
+            assert alive[name]() is None, f"{name} outlived its repoint"
+
+    tensors = dict(engine)
+    key = key_for(models["tiny"])
+    # tiny chunks: every tensor gets its own pool, so originals must go pool by pool
+    result = publish_tensors(tensors, key, config, device=CPU, aliases={"lm_head.weight": "embed.weight"},
+                             repoint=repoint, chunk_bytes=256)
+    assert result.ok and not tensors  # consumed
+    assert len(result.manifest.pools) == 5  # the 4-byte scale and the empty tensor share one pool
+    assert sorted(repointed) == sorted([*expected, "lm_head.weight"])
+    gc.collect()
+    assert [n for n, ref in alive.items() if ref() is not None] == []  # no original kept alive
+    assert engine["lm_head.weight"] is engine["embed.weight"]
+    for name, want in expected.items():
+        assert engine[name].stride() == strides[name] and torch.equal(engine[name], want), name
+
+    fresh = attach_tensors(key, config)
+    assert fresh.ok and fresh.manifest.aliases == {"lm_head.weight": "embed.weight"}
+    for name, want in expected.items():
+        got = fresh.tensors[name]
+        assert got.dtype == want.dtype and got.stride() == strides[name] and torch.equal(got, want), name
+    assert entry_nbytes(key, config) == fresh.manifest.nbytes > 0
+    assert entry_nbytes(key_for(models["tiny"], layout="vllm/other"), config) == 0
+
+
+def test_publish_refused_keeps_the_engine_running_on_its_views(models, daemon):
+    config = AttachConfig(socket_dir=str(daemon.paths.directory))
+    key = key_for(models["tiny"])
+    assert publish_tensors(engine_like_tensors(), key, config, device=CPU).ok
+    again = publish_tensors(engine_like_tensors(), key, config, device=CPU)  # exists: refused, still usable
+    assert again.ok and torch.equal(again.tensors["embed.weight"], engine_like_tensors()["embed.weight"])
+    with connect(daemon.paths) as client:
+        assert [e["num_tensors"] for e in client.status().entries] == [6]  # the first entry, unchanged
+    with pytest.raises(ManifestError, match="complex64"):
+        publish_tensors({"x": torch.zeros(2, dtype=torch.complex64)}, key_for(models["tiny"], "vllm/c"), config,
+                        device=CPU)
+
+
+def test_entry_nbytes_without_a_daemon_is_zero(models, socket_dir):
+    assert entry_nbytes(key_for(models["tiny"]), AttachConfig(socket_dir=str(socket_dir))) == 0
+
+
+def test_vllm_extra_config_layout_and_unknown_keys():
+    assert split_extra_config(None) == ("auto", AttachConfig())
+    layout, config = split_extra_config({"layout": "engine", "publish": True, "mode": "copy"})
+    assert layout == "engine" and config.publish and config.mode == "copy"
+    with pytest.raises(ValueError, match="layout must be one of"):
+        split_extra_config({"layout": "fused"})
+    with pytest.raises(ValueError, match=r"unknown weight-cache config keys \['fallbak'\].*'layout'"):
+        split_extra_config({"fallbak": False})
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        split_extra_config("fallback=false")
+    assert set(LAYOUTS) == {"auto", "engine", "checkpoint"}
+
+
+def test_sleep_mode_refused_only_for_zero_copy_engine_layout():
+    message = sleep_mode_refusal(True, "zero_copy", "auto")
+    assert message and "--enable-sleep-mode" in message and '"mode": "copy"' in message
+    assert sleep_mode_refusal(True, "zero_copy", "engine")
+    assert sleep_mode_refusal(True, "copy", "auto") is None
+    assert sleep_mode_refusal(True, "zero_copy", "checkpoint") is None
+    assert sleep_mode_refusal(False, "zero_copy", "auto") is None
