@@ -48,7 +48,7 @@ phases = {}
 
 def attach(m):
     t = time.perf_counter()
-    key = checkpoint_key(open_checkpoint(model), dtype=dtype, device_kind="cuda", device_id=resolve_device("cuda:0").uuid)
+    key = checkpoint_key(open_checkpoint(model, validate=False), dtype=dtype, device_kind="cuda", device_id=resolve_device("cuda:0").uuid)
     phases["key"] = round((time.perf_counter() - t) * 1e3, 3)
     r = attach_tensors(key, AttachConfig(socket_dir=sock, fallback=False, mode=m))
     phases.update(r.phases)

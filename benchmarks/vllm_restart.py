@@ -34,6 +34,7 @@ INIT = re.compile(r"Initializing model took ([\d.]+) seconds")
 DISK = re.compile(r"Loading weights took ([\d.]+) seconds")
 STREAM = re.compile(r"Streamed \d+ cached tensors into vLLM's weight loaders in ([\d.]+) s")
 BUILT = re.compile(r"Built the vLLM model from \d+ cached engine-layout tensors in ([\d.]+) s")
+POST = re.compile(r"post-processing ([\d.]+) s\)")
 MAPPED = re.compile(r"Mapped \d+ tensors .* in ([\d.]+) ms")
 
 
@@ -44,6 +45,8 @@ def weights_s(mode: str, log: str) -> float | None:
 
     parts = {"disk": (num(INIT), num(DISK)), "stream": (num(INIT), num(STREAM)),
              "engine": ((num(MAPPED) or 0) / 1e3 if num(MAPPED) is not None else None, num(BUILT))}[mode]
+    # engine's "Built" includes vLLM's post-processing, which the other two lines do not; the engine
+    # runs also record post_processing_s on its own, and weights_ex_post_s subtracts it
     return None if None in parts else round(sum(parts), 4)
 
 
@@ -55,7 +58,9 @@ def run_once(python: str, mode: str, label: str, model: Path, port: int, out: Pa
         receipt = obs.wait_ready(timeout_s=600, interval_s=0.2)
         obs.stop(grace_s=20)
         log = obs.log_text()
+    post = POST.search(log)
     return {"ready": receipt.ready, "ready_s": receipt.elapsed_s, "weights_s": weights_s(mode, log),
+            "post_processing_s": float(post.group(1)) if post else None,
             "mapped": "Mapped " in log, "fallback": "falling back" in log}
 
 
@@ -109,6 +114,10 @@ def main() -> int:
             "preload_engine_vllm": preload_engine, "evidence_ok": ok, "runs": runs}
     for mode in modes:
         line[f"{mode}_ready_s"], line[f"{mode}_weights_s"] = med[mode], wmed[mode]
+    posts = [r["post_processing_s"] for r in runs["engine"] if r["post_processing_s"] is not None]
+    if posts:
+        line["engine_post_processing_s"] = statistics.median(posts)
+        line["engine_weights_ex_post_s"] = round(wmed["engine"] - line["engine_post_processing_s"], 4)
     for mode in ("engine", "stream"):
         line[f"{mode}_ready_ratio"] = round(med["disk"] / med[mode], 2)
         line[f"{mode}_weights_ratio"] = round(wmed["disk"] / max(wmed[mode], 1e-6), 2)

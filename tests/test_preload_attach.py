@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from conftest import DaemonProc, run_cli
 from hotweights import evidence
 from hotweights.config import AttachConfig
+from hotweights.errors import CheckpointError
 from hotweights.loading.attach import attach_tensors
 from hotweights.loading.checkpoint import checkpoint_key, open_checkpoint
 from hotweights.loading.preload import preload
@@ -224,3 +225,18 @@ def test_empty_digest_cache_rehashes_and_still_matches(models, daemon, caplog):
     result = attach_tensors(key_for(models["small"], "float16"), AttachConfig(socket_dir=str(daemon.paths.directory)))
     assert result.ok, result.reason
     assert any(m.startswith("digest cache miss: file=") for m in caplog.messages)
+
+
+def test_key_from_headers_only_matches_and_bad_entries_surface_when_read(models, tmp_path):
+    full, fast = open_checkpoint(models["small"]), open_checkpoint(models["small"], validate=False)
+    assert checkpoint_key(fast, dtype="float16") == checkpoint_key(full, dtype="float16")
+    assert fast.shards[0].tensors == full.shards[0].tensors  # parsed on first use
+    model = tmp_path / "m"
+    model.mkdir()
+    header = json.dumps({"w": {"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}}).encode()
+    (model / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 8)
+    ckpt = open_checkpoint(model, validate=False)  # a key can be computed; it matches no entry
+    with pytest.raises(CheckpointError, match="unsupported dtype 'C64'"):
+        ckpt.validate()
+    with pytest.raises(CheckpointError, match="unsupported dtype 'C64'"):
+        open_checkpoint(model)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,14 @@ class Shard:
     name: str
     stat: os.stat_result
     header_bytes: bytes
-    tensors: tuple[StoredTensor, ...]
+    _tensors: tuple[StoredTensor, ...] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def tensors(self) -> tuple[StoredTensor, ...]:
+        """The stored tensors, parsed and checked from the header on first use."""
+        if self._tensors is None:
+            object.__setattr__(self, "_tensors", _parse_tensors(self))
+        return self._tensors
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +72,15 @@ class Checkpoint:
     @property
     def nbytes(self) -> int:
         return sum(s.stat.st_size for s in self.shards)
+
+    def validate(self) -> None:
+        """Parse every header and check that no tensor is stored twice."""
+        seen: dict[str, str] = {}
+        for shard in self.shards:
+            for t in shard.tensors:
+                if t.name in seen:
+                    raise CheckpointError(f"tensor {t.name!r} is stored in both {seen[t.name]} and {shard.name}")
+                seen[t.name] = shard.name
 
     @property
     def arch(self) -> str:
@@ -96,8 +112,14 @@ class Checkpoint:
         return str(quant.get("quant_method", "unknown")), xxhash.xxh3_128_hexdigest(text)
 
 
-def open_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
-    """Find and validate every shard; CheckpointError names the file and the problem."""
+def open_checkpoint(directory: str | os.PathLike[str], *, validate: bool = True) -> Checkpoint:
+    """Find every shard and validate it; CheckpointError names the file and the problem.
+
+    ``validate=False`` reads only the raw headers (what the cache key needs): an attach
+    computes its key without parsing every tensor entry; anything that reads tensors
+    (preload, write-through) parses and checks them on first use, and ``validate()``
+    checks the whole checkpoint.
+    """
     root = Path(directory)
     if not root.is_dir():
         raise CheckpointError(f"model directory {root} does not exist or is not a directory")
@@ -108,14 +130,10 @@ def open_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
         config = {}
     except ValueError as exc:
         raise CheckpointError(f"{config_path} is not valid JSON: {exc}") from None
-    shards = tuple(_read_shard(root, name) for name in _shard_names(root))
-    seen: dict[str, str] = {}
-    for shard in shards:
-        for t in shard.tensors:
-            if t.name in seen:
-                raise CheckpointError(f"tensor {t.name!r} is stored in both {seen[t.name]} and {shard.name}")
-            seen[t.name] = shard.name
-    return Checkpoint(root, shards, config)
+    ckpt = Checkpoint(root, tuple(_read_shard(root, name) for name in _shard_names(root)), config)
+    if validate:
+        ckpt.validate()
+    return ckpt
 
 
 def _shard_names(root: Path) -> list[str]:
@@ -150,20 +168,25 @@ def _read_shard(root: Path, name: str) -> Shard:
             raise CheckpointError(f"{path}: header length {length} is beyond the file ({st.st_size} bytes); "
                                   f"the file is truncated or not safetensors")
         header_bytes = f.read(length)
+    return Shard(path, name, st, bytes(header_bytes))
+
+
+def _parse_tensors(shard: Shard) -> tuple[StoredTensor, ...]:
+    path = shard.path
     try:
-        header = json.loads(header_bytes)
+        header = json.loads(shard.header_bytes)
     except ValueError as exc:
         raise CheckpointError(f"{path}: header is not valid JSON ({exc}); the file is corrupt") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: header is not a JSON object")
-    data_start = 8 + length
+    data_start = 8 + len(shard.header_bytes)
     tensors = []
     for tname, info in header.items():
         if tname == "__metadata__":
             continue
-        tensors.append(_stored_tensor(path, tname, info, data_start, st.st_size))
+        tensors.append(_stored_tensor(path, tname, info, data_start, shard.stat.st_size))
     tensors.sort(key=lambda t: t.begin)
-    return Shard(path, name, st, bytes(header_bytes), tuple(tensors))
+    return tuple(tensors)
 
 
 def _stored_tensor(path: Path, name: str, info: Any, data_start: int, file_size: int) -> StoredTensor:

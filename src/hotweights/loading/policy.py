@@ -49,7 +49,7 @@ def load_tensors(model: str | os.PathLike[str] | Checkpoint, *, dtype: str = "au
     """Weights of ``model`` (a directory or an opened checkpoint) on ``device``, by the policy above."""
     config = config or AttachConfig()
     start = time.perf_counter()
-    ckpt = model if isinstance(model, Checkpoint) else open_checkpoint(model)
+    ckpt = model if isinstance(model, Checkpoint) else open_checkpoint(model, validate=False)
     dtype = ckpt.resolve_dtype(dtype)
     dev = resolve_device(device)
     key = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid)

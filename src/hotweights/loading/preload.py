@@ -157,6 +157,7 @@ def preload(model_dir: str | os.PathLike[str], *, dtype: str = "auto", device: s
 def load_checkpoint(ckpt: Checkpoint, *, dtype: str, device: str, pool_bytes: int,
                     progress: Callable[[int, int], None] | None = None) -> tuple[PoolWriter, dict[str, str]]:
     """Fill pools with every tensor (cast to ``dtype``); returns the writer and shard digests."""
+    ckpt.validate()  # a checkpoint opened for its key only is checked before its bytes are read
     quantized = ckpt.quantization[0] != "none"
     items = [(t.name, target_dtype(t.dtype, dtype, quantized), t.shape) for s in ckpt.shards for t in s.tensors]
     writer = PoolWriter(items, device=device, pool_bytes=pool_bytes)

@@ -41,6 +41,10 @@ ENGINE_CMDS = {
 }
 PRELOAD_CMD = ("{python} -m hotweights preload --model {model} --dtype {dtype} --device {device} "
                "--tensor-parallel-size {tp} --json --socket-dir {socket_dir}")
+# vLLM gets the engine layout, made by vLLM's own loader (a vLLM run that publishes, then stops)
+VLLM_PRELOAD_CMD = ("{python} -m hotweights preload --engine vllm --model {model} --dtype {dtype} "
+                    "--tensor-parallel-size {tp} --vllm-python {vllm_python} --vllm-arg=--enforce-eager "
+                    "--json --socket-dir {socket_dir}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,13 +61,19 @@ class VerifyConfig:
     timeout_s: float = 600.0
     interval_s: float = 0.25
     engine_cmd: str | None = None
-    preload_cmd: str = PRELOAD_CMD
+    preload_cmd: str | None = None  # default: VLLM_PRELOAD_CMD for --engine vllm, else PRELOAD_CMD
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_CMDS and self.engine_cmd is None:
             raise ValueError(f"engine must be one of {sorted(ENGINE_CMDS)} (or pass --engine-cmd)")
         if self.dtype not in ("auto", "float16", "bfloat16", "float32"):
             raise ValueError(f"dtype must be auto, float16, bfloat16 or float32, got {self.dtype!r}")
+
+    @property
+    def preload_template(self) -> str:
+        if self.preload_cmd is not None:
+            return self.preload_cmd
+        return VLLM_PRELOAD_CMD if self.engine == "vllm" and self.engine_cmd is None else PRELOAD_CMD
 
 
 @dataclass
@@ -201,7 +211,7 @@ class Procedure:
 
     def preload(self) -> bool:
         start = time.monotonic()
-        result = subprocess.run(self._fmt(self.c.preload_cmd), capture_output=True, text=True)
+        result = subprocess.run(self._fmt(self.c.preload_template), capture_output=True, text=True)
         elapsed = time.monotonic() - start
         (self.out / "preload.log").write_text(result.stdout + result.stderr)
         ok = self.check("preload succeeded", result.returncode == 0,
@@ -249,7 +259,7 @@ class Procedure:
                    f"failed in {failed_s:.1f} s with the evidence message" if strict and not run.ready
                    else "started anyway" if run.ready else "failed without the evidence message")
         other = "bfloat16" if self.dtype != "bfloat16" else "float16"
-        subprocess.run(self._fmt(self.c.preload_cmd), capture_output=True, text=True)
+        subprocess.run(self._fmt(self.c.preload_template), capture_output=True, text=True)
         run = self.serve("drill_dtype_mismatch", load_format="hotweights", dtype=other,
                          extra={"socket_dir": str(self.socket_dir), "fallback": False})
         diff = f"dtype: cached={self.dtype} requested={other}"
