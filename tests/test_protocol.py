@@ -143,3 +143,58 @@ def test_sender_refuses_too_many_fds_and_oversized_frames(pair):
         send_frame(a, b"x", [0] * (MAX_FDS_PER_FRAME + 1))
     with pytest.raises(ProtocolError, match="exceeds MAX_FRAME_BYTES"):
         send_frame(a, b"x" * (MAX_FRAME_BYTES + 1))
+
+
+def _memfds(pools) -> list[int]:
+    fds = []
+    for p in pools:
+        fd = os.memfd_create("t")
+        os.ftruncate(fd, p.nbytes)
+        fds.append(fd)
+    return fds
+
+
+def test_pipelined_attach_hands_over_pools_before_validation(pair):
+    from pathlib import Path
+
+    from hotweights.client import Client
+    from hotweights.protocol import AttachOk
+
+    a, b = pair
+    pools, specs = pack([("w", "float16", (4,)), ("v", "float16", (300,))], pool_bytes=512, device="cpu")
+    before = open_fds()
+    fds = _memfds(pools)
+    send_frame(b, encode(AttachOk(Manifest(KEY, pools, specs))), fds)
+    for fd in fds:
+        os.close(fd)
+    seen = []
+
+    def on_pools(got, got_fds):
+        seen.append((got, len(got_fds)))
+        for fd in got_fds:
+            os.close(fd)
+        return "mapped"
+
+    reply, early = Client(a, Path("x")).attach_pipelined(KEY, on_pools)
+    assert early == "mapped" and seen == [(list(pools), 2)] and reply.manifest.pools == pools
+    recv_frame(b)  # the Attach request
+    assert open_fds() == before
+
+
+def test_pipelined_attach_with_missing_fds_refuses_and_closes_them(pair):
+    from pathlib import Path
+
+    from hotweights.client import Client
+    from hotweights.protocol import AttachOk
+
+    a, b = pair
+    pools, specs = pack([("w", "float16", (4,)), ("v", "float16", (300,))], pool_bytes=512, device="cpu")
+    before = open_fds()
+    fds = _memfds(pools)
+    send_frame(b, encode(AttachOk(Manifest(KEY, pools, specs))), fds[:1])  # one fd short
+    for fd in fds:
+        os.close(fd)
+    with pytest.raises(ProtocolError, match="bad attach reply AttachOk with 1 fds"):
+        Client(a, Path("x")).attach_pipelined(KEY, lambda p, f: pytest.fail("pools handed over"))
+    recv_frame(b)
+    assert open_fds() == before

@@ -11,16 +11,22 @@ import fcntl
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from .errors import DaemonUnavailable, ProtocolError
 from .key import CacheKey
-from .manifest import Manifest
+from .manifest import Manifest, PoolSpec
 from .paths import DaemonPaths
 from .protocol import (
     PROTOCOL_VERSION, Attach, AttachMismatch, AttachMiss, AttachOk, Error, Hello, HelloOk, Message,
-    Publish, PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk, close_fds, recv_message, send_message,
+    Publish, PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk, close_fds, decode, peek_pools,
+    recv_frame, recv_message, send_message,
 )
+
+
+T = TypeVar("T")
 
 
 class Client:
@@ -65,12 +71,38 @@ class Client:
 
     def attach(self, key: CacheKey) -> tuple[AttachOk | AttachMiss | AttachMismatch, list[int]]:
         reply, fds = self.request(Attach(key, os.getpid()))
-        if isinstance(reply, AttachOk) and len(fds) == len(reply.manifest.pools):
-            return reply, fds
-        if isinstance(reply, (AttachMiss, AttachMismatch)) and not fds:
-            return reply, fds
-        close_fds(fds)
-        raise ProtocolError(f"bad attach reply {type(reply).__name__} with {len(fds)} fds", code="bad_reply")
+        return _checked_attach(reply, fds, len(fds)), fds
+
+    def attach_pipelined(self, key: CacheKey, on_pools: Callable[[list[PoolSpec], list[int]], T]
+                         ) -> tuple[AttachOk | AttachMiss | AttachMismatch, T | None]:
+        """Like ``attach``, but an ``attach_ok`` frame's pools go to ``on_pools(pools, fds)``
+        (which owns the fds from then on) before the rest of the reply is validated.
+
+        The caller must check ``reply.manifest.pools`` against the pools it was given.
+        """
+        send_message(self.sock, Attach(key, os.getpid()))
+        try:
+            payload, fds = recv_frame(self.sock)
+        except EOFError:
+            raise ProtocolError("the daemon closed the connection without a reply", code="closed") from None
+        early, nfds = None, len(fds)
+        pools = peek_pools(payload)
+        if pools is not None and len(pools) == len(fds):
+            fds, given = [], fds
+            early = on_pools(pools, given)
+        try:
+            reply = decode(payload)
+        except BaseException:
+            close_fds(fds)
+            raise
+        if isinstance(reply, Error):
+            close_fds(fds)
+            raise ProtocolError(f"daemon refused attach: {reply.message}", code=reply.code)
+        _checked_attach(reply, fds, nfds)
+        if isinstance(reply, AttachOk) and early is None:
+            close_fds(fds)
+            raise ProtocolError("attach reply's pools were not usable", code="bad_reply")
+        return reply, early
 
     def publish(self, manifest: Manifest, fds: list[int]) -> PublishOk:
         reply, extra = self.request(Publish(manifest), fds)
@@ -84,6 +116,15 @@ class Client:
 
     def stop(self) -> None:
         self._expect(Stop(), StopOk)
+
+
+def _checked_attach(reply: Message, fds: list[int], nfds: int) -> AttachOk | AttachMiss | AttachMismatch:
+    if isinstance(reply, AttachOk) and nfds == len(reply.manifest.pools):
+        return reply
+    if isinstance(reply, (AttachMiss, AttachMismatch)) and not nfds:
+        return reply
+    close_fds(fds)
+    raise ProtocolError(f"bad attach reply {type(reply).__name__} with {nfds} fds", code="bad_reply")
 
 
 def connect(paths: DaemonPaths, *, socket_path: str | os.PathLike[str] | None = None,

@@ -25,7 +25,7 @@ import msgpack
 
 from .errors import ManifestError, ProtocolError
 from .key import CacheKey
-from .manifest import Manifest
+from .manifest import Manifest, PoolSpec
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 32 << 20  # a 100k-tensor manifest is ~15 MiB
@@ -172,6 +172,21 @@ def _manifest_wire(manifest: Manifest) -> dict[str, Any]:
         _WIRE.pop(next(iter(_WIRE)), None)
     _WIRE[id(manifest)] = (manifest, wire)
     return wire
+
+
+def peek_pools(data: bytes) -> list[PoolSpec] | None:
+    """The pool specs of an ``attach_ok`` frame, before the whole reply is validated.
+
+    Lets an engine start mapping (and copying) pools while it validates the manifest;
+    None for any other frame or a malformed pool list (``decode`` then says what is wrong).
+    """
+    try:
+        body = msgpack.unpackb(data, raw=False, strict_map_key=True)
+        if not (isinstance(body, dict) and body.get("op") == "attach_ok"):
+            return None
+        return [PoolSpec(n, d) for n, d in body["manifest"]["pools"]]
+    except (ValueError, TypeError, KeyError, ManifestError, msgpack.UnpackException):
+        return None
 
 
 def decode(data: bytes) -> Message:

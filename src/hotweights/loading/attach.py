@@ -26,7 +26,7 @@ from ..client import wait_for_daemon
 from ..config import AttachConfig
 from ..errors import DaemonUnavailable, ManifestError, PoolError, ProtocolError
 from ..key import CacheKey
-from ..manifest import Manifest
+from ..manifest import Manifest, PoolSpec
 from ..paths import daemon_paths
 from ..pools import ALIGN_BYTES, backend, tensor_views
 from ..protocol import AttachMismatch, AttachMiss, close_fds
@@ -44,8 +44,9 @@ class AttachResult:
     socket_path: str = ""
     ms: float = 0.0
     # wall-clock ms per phase of an ok attach: connect, request (reply + fds), map (import and
-    # map every pool; copy mode also issues the copies), views (tensors over the pools),
-    # wait (copy mode: until the copies end)
+    # map every pool; copy mode also issues the copies), decode (validate the manifest, which
+    # runs while the copies do), views (tensors over the pools), wait (copy mode: until the
+    # copies end)
     phases: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -69,13 +70,31 @@ def attach_tensors(key: CacheKey, config: AttachConfig | None = None, *,
     except DaemonUnavailable as exc:
         return AttachResult("absent", f"daemon unavailable: {exc}")
     marks = {"connect": time.perf_counter()}
+    copy = config.mode == "copy"
+    want_device = "cpu" if key.device_kind == "cpu" else f"{key.device_kind}:{key.device_id}"
+    given: list[PoolSpec] = []
+
+    def on_pools(pools: list[PoolSpec], fds: list[int]) -> tuple[list[torch.Tensor], Callable[[], None]]:
+        # map (and in copy mode start copying) before the manifest is validated: the GPU
+        # copies while the CPU checks the manifest and builds the views
+        marks["request"] = time.perf_counter()
+        given.extend(pools)
+        if any(p.device != want_device for p in pools):
+            close_fds(fds)
+            raise ProtocolError(f"daemon answered pools on {pools[0].device} for a key on {want_device}",
+                                code="bad_reply")
+        return _map_pools(pools, fds, copy=copy, marks=marks)
+
     with client:
         socket_path = str(client.socket_path)
         try:
-            reply, fds = client.attach(key)
+            reply, mapped = client.attach_pipelined(key, on_pools)
+        except PoolError as exc:
+            return AttachResult("unusable", str(exc), socket_path=socket_path)
         except (ProtocolError, OSError) as exc:
+            if getattr(exc, "code", "") == "bad_reply":
+                raise
             return AttachResult("absent", f"daemon failed the attach: {exc}", socket_path=socket_path)
-    marks["request"] = time.perf_counter()
     if isinstance(reply, AttachMiss):
         return AttachResult("miss", f"cache miss for {key.model} [{key.short}]: {reply.reason}",
                             socket_path=socket_path)
@@ -83,13 +102,12 @@ def attach_tensors(key: CacheKey, config: AttachConfig | None = None, *,
         reason = f"cached entry {reply.model} [{reply.key_short}] differs: " + "; ".join(reply.diffs)
         return AttachResult("mismatch", reason, diffs=tuple(reply.diffs), socket_path=socket_path)
     manifest = reply.manifest
-    if manifest.key != key:  # the daemon must never serve another key; refuse if it does
-        close_fds(fds)
+    flat, finish = mapped
+    # the daemon must never serve another key, nor other pools than those just mapped
+    if manifest.key != key or list(manifest.pools) != given:
+        finish()
         raise ProtocolError(f"daemon answered key {manifest.key.short} for {key.short}", code="bad_reply")
-    try:
-        flat, finish = _map_pools(manifest, fds, copy=config.mode == "copy", marks=marks)
-    except PoolError as exc:
-        return AttachResult("unusable", str(exc), socket_path=socket_path)
+    marks["decode"] = time.perf_counter()
     tensors = tensor_views(manifest, flat)  # built while copies are still running
     marks["views"] = time.perf_counter()
     finish()
@@ -104,24 +122,24 @@ def attach_tensors(key: CacheKey, config: AttachConfig | None = None, *,
     return AttachResult("ok", tensors=tensors, manifest=manifest, socket_path=socket_path, ms=ms, phases=phases)
 
 
-def _map_pools(manifest: Manifest, fds: list[int], *, copy: bool,
+def _map_pools(pools: list[PoolSpec], fds: list[int], *, copy: bool,
                marks: dict[str, float]) -> tuple[list[torch.Tensor], Callable[[], None]]:
     """Map (or map and clone) every pool; the returned ``finish`` waits for the clones."""
-    device = manifest.pools[0].device
+    device = pools[0].device
     impl = backend(device)
     owned: torch.Tensor | None = None
     starts = [0]
-    for pool in manifest.pools:
+    for pool in pools:
         starts.append(starts[-1] + -(-pool.nbytes // ALIGN_BYTES) * ALIGN_BYTES)
     if copy:
         free = impl.available_bytes(device)
         if starts[-1] > free:
             close_fds(fds)
-            raise PoolError(f"copy mode needs {starts[-1] / 2**30:.2f} GiB on {manifest.key.device} but only "
+            raise PoolError(f"copy mode needs {starts[-1] / 2**30:.2f} GiB on {device} but only "
                             f"{free / 2**30:.2f} GiB is free; use mode=zero_copy or free memory")
     flat: list[torch.Tensor] = []
     sources: list[torch.Tensor] = []  # mappings stay alive until their async copies are done
-    for i, (fd, spec) in enumerate(zip(fds, manifest.pools)):
+    for i, (fd, spec) in enumerate(zip(fds, pools)):
         try:
             view = impl.import_pool(fd, spec)
         except BaseException:
