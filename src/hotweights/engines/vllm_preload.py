@@ -72,8 +72,11 @@ def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_di
                 raise HotweightsError(f"vLLM loaded the model but did not publish it: {failure.strip()}\n"
                                       f"log: {obs.log_path}")
             if obs.proc.poll() is not None:
-                raise HotweightsError(f"vLLM exited with code {obs.proc.returncode} before publishing; "
-                                      f"last lines of {obs.log_path}:\n" + "\n".join(text.splitlines()[-25:]))
+                causes = [m.group(1) for line in text.splitlines() if "WARNING" not in line
+                          and (m := re.search(r"\b(\w+(?:Error|Exception): .*)", line))
+                          and "Engine core initialization" not in line]
+                raise HotweightsError(f"vLLM exited with code {obs.proc.returncode} before publishing: "
+                                      f"{causes[0] if causes else 'see the log'}\nlog: {obs.log_path}")
             if time.monotonic() - start > timeout_s:
                 raise HotweightsError(f"vLLM did not publish within {timeout_s:.0f} s; see {obs.log_path}")
             time.sleep(0.5)

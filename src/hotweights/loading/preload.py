@@ -21,7 +21,6 @@ from typing import Callable
 
 import torch
 
-from .. import evidence
 from ..client import Client, ensure_daemon
 from ..errors import CheckpointError, PoolError
 from ..key import CacheKey

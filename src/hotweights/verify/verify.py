@@ -118,6 +118,10 @@ class Procedure:
                   "device": self.c.device, "tp": str(self.c.tp_size), "socket_dir": str(self.socket_dir), **extra}
         return [part.format(**values) for part in shlex.split(template)]
 
+    def _engine_env(self) -> dict[str, str]:
+        # vLLM's CPU build reserves most of the RAM for its KV cache unless told otherwise
+        return {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")} if self.c.engine == "vllm" else {}
+
     def _hw(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "hotweights", *args], capture_output=True, text=True)
 
@@ -126,7 +130,7 @@ class Procedure:
         template = self.c.engine_cmd or ENGINE_CMDS[self.c.engine]
         cmd = self._fmt(template, load_format=load_format, extra=json.dumps(extra or {}), dtype=dtype or self.dtype)
         url = f"http://127.0.0.1:{self.c.port}"
-        env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")} if self.c.engine == "vllm" else {}
+        env = self._engine_env()
         with Observed(label, cmd, out_dir=self.out, health_url=url + "/health", env=env) as obs:
             receipt = obs.wait_ready(timeout_s=self.c.timeout_s, interval_s=self.c.interval_s)
             answer = self._complete(url) if receipt.ready else None
@@ -211,7 +215,8 @@ class Procedure:
 
     def preload(self) -> bool:
         start = time.monotonic()
-        result = subprocess.run(self._fmt(self.c.preload_template), capture_output=True, text=True)
+        result = subprocess.run(self._fmt(self.c.preload_template), capture_output=True, text=True,
+                                env={**os.environ, **self._engine_env()})
         elapsed = time.monotonic() - start
         (self.out / "preload.log").write_text(result.stdout + result.stderr)
         ok = self.check("preload succeeded", result.returncode == 0,
@@ -259,7 +264,8 @@ class Procedure:
                    f"failed in {failed_s:.1f} s with the evidence message" if strict and not run.ready
                    else "started anyway" if run.ready else "failed without the evidence message")
         other = "bfloat16" if self.dtype != "bfloat16" else "float16"
-        subprocess.run(self._fmt(self.c.preload_template), capture_output=True, text=True)
+        subprocess.run(self._fmt(self.c.preload_template), capture_output=True, text=True,
+                       env={**os.environ, **self._engine_env()})
         run = self.serve("drill_dtype_mismatch", load_format="hotweights", dtype=other,
                          extra={"socket_dir": str(self.socket_dir), "fallback": False})
         diff = f"dtype: cached={self.dtype} requested={other}"
