@@ -24,12 +24,13 @@ VLLM_PYTHON = os.environ.get("HOTWEIGHTS_VLLM_PYTHON")
 pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="set HOTWEIGHTS_VLLM_PYTHON (make test does)")
 
 
-def serve(label: str, model: Path, out: Path, *args: str, expect_ready: bool = True) -> tuple[Observed, str | None]:
+def serve(label: str, model: Path, out: Path, *args: str, expect_ready: bool = True,
+          env: dict[str, str] | None = None) -> tuple[Observed, str | None]:
     port = free_port()
     cmd = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port),
            "--enforce-eager", "--dtype", "bfloat16", "--max-model-len", "256", *args]
     obs = Observed(label, cmd, out_dir=out, health_url=f"http://127.0.0.1:{port}/health",
-                   env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+                   env={"VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})})
     receipt = obs.wait_ready(timeout_s=300, interval_s=0.5)
     answer = None
     if receipt.ready:
@@ -130,3 +131,24 @@ def test_data_parallel_ranks_each_hit_the_cache(vllm_model, daemon, tmp_path):
     assert "falling back" not in log and answer
     status = json.loads(run_cli("status", "--json", "--socket-dir", sock).stdout)
     assert [e["num_attaches"] for e in status["entries"]] == [2]
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="TP=2 on the CPU build binds one core per rank")
+def test_tensor_parallel_2_each_rank_publishes_and_maps_its_engine_layout(vllm_model, daemon, tmp_path):
+    sock = str(daemon.paths.directory)
+    bind = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}  # one NUMA node here: vLLM wants explicit binding for 2 ranks
+    pre = run_cli("preload", "--engine", "vllm", "--model", str(vllm_model), "--dtype", "bfloat16",
+                  "--tensor-parallel-size", "2", "--socket-dir", sock, "--vllm-python", VLLM_PYTHON,
+                  "--vllm-arg=--enforce-eager", "--vllm-arg=--max-model-len=256", "--json",
+                  env={"VLLM_CPU_KVCACHE_SPACE": "1", **bind}, timeout=400)
+    assert pre.returncode == 0, pre.stderr
+    assert len(json.loads(pre.stdout)["published"]) == 2
+    entries = json.loads(run_cli("status", "--json", "--socket-dir", sock).stdout)["entries"]
+    assert sorted(e["tp"] for e in entries) == ["0/2", "1/2"] and {e["layout"] for e in entries} == {"vllm/0.32.0"}
+    _, base = serve("tp2_baseline", vllm_model, tmp_path, "--tensor-parallel-size", "2", "--load-format", "auto",
+                    env=bind)
+    obs, warm = serve("tp2_warm", vllm_model, tmp_path, "--tensor-parallel-size", "2", "--load-format", "hotweights",
+                      "--model-loader-extra-config", json.dumps({"socket_dir": sock, "fallback": False}), env=bind)
+    log = obs.log_text()
+    assert log.count("(mode=zero_copy)") == 2 and "falling back" not in log, log[-3000:]
+    assert base and warm == base
