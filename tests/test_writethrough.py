@@ -121,3 +121,28 @@ def test_sleep_mode_refused_only_for_zero_copy_engine_layout():
     assert sleep_mode_refusal(True, "copy", "auto") is None
     assert sleep_mode_refusal(True, "zero_copy", "checkpoint") is None
     assert sleep_mode_refusal(False, "zero_copy", "auto") is None
+
+
+@pytest.mark.cuda
+def test_publish_on_the_gpu_repoints_to_the_published_pools(models, daemon):
+    """What vLLM's write-through does on a GPU: tensors on cuda -> VMM pools -> read-only views."""
+    from hotweights.loading.devices import resolve_device
+
+    dev = resolve_device("cuda:0")
+    config = AttachConfig(socket_dir=str(daemon.paths.directory), fallback=False)
+    tensors = {n: t.to(dev.torch_device) for n, t in engine_like_tensors().items()}
+    expected = {n: t.clone() for n, t in tensors.items()}
+    strides = {n: t.stride() for n, t in tensors.items()}
+    engine = dict(tensors)
+
+    def repoint(name: str, view: torch.Tensor) -> None:
+        engine[name] = view
+
+    key = checkpoint_key(open_checkpoint(models["tiny"]), dtype="float32", device_kind="cuda", device_id=dev.uuid,
+                         layout="vllm/test")
+    assert publish_tensors(tensors, key, config, device=dev, repoint=repoint, chunk_bytes=4096).ok
+    for name, want in expected.items():
+        assert engine[name].is_cuda and engine[name].stride() == strides[name] and torch.equal(engine[name], want)
+    fresh = attach_tensors(key, config)
+    assert fresh.ok and all(torch.equal(fresh.tensors[n], w) for n, w in expected.items())
+    assert entry_nbytes(key, config) == fresh.manifest.nbytes
