@@ -145,28 +145,30 @@ def test_sender_refuses_too_many_fds_and_oversized_frames(pair):
         send_frame(a, b"x" * (MAX_FRAME_BYTES + 1))
 
 
-def _memfds(pools) -> list[int]:
+def _send_attach_ok(sock, *, fds_short: int = 0):
+    """Send an attach_ok for two CPU pools with real memfds (``fds_short`` of them left out)."""
+    from hotweights.protocol import AttachOk
+
+    pools, specs = pack([("w", "float16", (4,)), ("v", "float16", (300,))], pool_bytes=512, device="cpu")
     fds = []
     for p in pools:
         fd = os.memfd_create("t")
         os.ftruncate(fd, p.nbytes)
         fds.append(fd)
-    return fds
+    send_frame(sock, encode(AttachOk(Manifest(KEY, pools, specs))), fds[:len(fds) - fds_short])
+    for fd in fds:
+        os.close(fd)
+    return pools
 
 
 def test_pipelined_attach_hands_over_pools_before_validation(pair):
     from pathlib import Path
 
     from hotweights.client import Client
-    from hotweights.protocol import AttachOk
 
     a, b = pair
-    pools, specs = pack([("w", "float16", (4,)), ("v", "float16", (300,))], pool_bytes=512, device="cpu")
     before = open_fds()
-    fds = _memfds(pools)
-    send_frame(b, encode(AttachOk(Manifest(KEY, pools, specs))), fds)
-    for fd in fds:
-        os.close(fd)
+    pools = _send_attach_ok(b)
     seen = []
 
     def on_pools(got, got_fds):
@@ -185,15 +187,10 @@ def test_pipelined_attach_with_missing_fds_refuses_and_closes_them(pair):
     from pathlib import Path
 
     from hotweights.client import Client
-    from hotweights.protocol import AttachOk
 
     a, b = pair
-    pools, specs = pack([("w", "float16", (4,)), ("v", "float16", (300,))], pool_bytes=512, device="cpu")
     before = open_fds()
-    fds = _memfds(pools)
-    send_frame(b, encode(AttachOk(Manifest(KEY, pools, specs))), fds[:1])  # one fd short
-    for fd in fds:
-        os.close(fd)
+    _send_attach_ok(b, fds_short=1)
     with pytest.raises(ProtocolError, match="bad attach reply AttachOk with 1 fds"):
         Client(a, Path("x")).attach_pipelined(KEY, lambda p, f: pytest.fail("pools handed over"))
     recv_frame(b)
