@@ -82,7 +82,7 @@ def attach_tensors(key: CacheKey, config: AttachConfig | None = None, *,
         if any(p.device != want_device for p in pools):
             close_fds(fds)
             raise ProtocolError(f"daemon answered pools on {pools[0].device} for a key on {want_device}",
-                                code="bad_reply")
+                                code="wrong_entry")
         return _map_pools(pools, fds, copy=copy, marks=marks)
 
     with client:
@@ -92,7 +92,7 @@ def attach_tensors(key: CacheKey, config: AttachConfig | None = None, *,
         except PoolError as exc:
             return AttachResult("unusable", str(exc), socket_path=socket_path)
         except (ProtocolError, OSError) as exc:
-            if getattr(exc, "code", "") == "bad_reply":
+            if getattr(exc, "code", "") == "wrong_entry":  # a broken invariant, not an outcome
                 raise
             return AttachResult("absent", f"daemon failed the attach: {exc}", socket_path=socket_path)
     if isinstance(reply, AttachMiss):
@@ -106,7 +106,7 @@ def attach_tensors(key: CacheKey, config: AttachConfig | None = None, *,
     # the daemon must never serve another key, nor other pools than those just mapped
     if manifest.key != key or list(manifest.pools) != given:
         finish()
-        raise ProtocolError(f"daemon answered key {manifest.key.short} for {key.short}", code="bad_reply")
+        raise ProtocolError(f"daemon answered key {manifest.key.short} for {key.short}", code="wrong_entry")
     marks["decode"] = time.perf_counter()
     tensors = tensor_views(manifest, flat)  # built while copies are still running
     marks["views"] = time.perf_counter()
