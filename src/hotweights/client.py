@@ -21,8 +21,8 @@ from .manifest import Manifest, PoolSpec
 from .paths import DaemonPaths
 from .protocol import (
     PROTOCOL_VERSION, Attach, AttachMismatch, AttachMiss, AttachOk, Error, Hello, HelloOk, Message,
-    Publish, PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk, close_fds, decode, peek_pools,
-    recv_frame, recv_message, send_message,
+    Publish, PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk, close_fds, decode_body, peek_pools,
+    recv_frame, recv_message, send_message, unpack,
 )
 
 
@@ -86,12 +86,17 @@ class Client:
         except EOFError:
             raise ProtocolError("the daemon closed the connection without a reply", code="closed") from None
         early, nfds = None, len(fds)
-        pools = peek_pools(payload)
+        try:
+            body = unpack(payload)  # once: the pools are peeked from it, then it is validated
+        except BaseException:
+            close_fds(fds)
+            raise
+        pools = peek_pools(body)
         if pools is not None and len(pools) == len(fds):
             fds, given = [], fds
             early = on_pools(pools, given)
         try:
-            reply = decode(payload)
+            reply = decode_body(body)
         except BaseException:
             close_fds(fds)
             raise

@@ -174,27 +174,35 @@ def _manifest_wire(manifest: Manifest) -> dict[str, Any]:
     return wire
 
 
-def peek_pools(data: bytes) -> list[PoolSpec] | None:
-    """The pool specs of an ``attach_ok`` frame, before the whole reply is validated.
+def peek_pools(body: Any) -> list[PoolSpec] | None:
+    """The pool specs of an unpacked ``attach_ok`` body, before the whole reply is validated.
 
     Lets an engine start mapping (and copying) pools while it validates the manifest;
-    None for any other frame or a malformed pool list (``decode`` then says what is wrong).
+    None for any other body or a malformed pool list (``decode_body`` then says what is wrong).
     """
     try:
-        body = msgpack.unpackb(data, raw=False, strict_map_key=True)
         if not (isinstance(body, dict) and body.get("op") == "attach_ok"):
             return None
         return [PoolSpec(n, d) for n, d in body["manifest"]["pools"]]
-    except (ValueError, TypeError, KeyError, ManifestError, msgpack.UnpackException):
+    except (ValueError, TypeError, KeyError, ManifestError):
         return None
+
+
+def unpack(data: bytes) -> Any:
+    """Frame bytes -> msgpack value; ProtocolError if they are not msgpack."""
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise ProtocolError(f"frame is not valid msgpack: {exc}", code="bad_frame") from None
 
 
 def decode(data: bytes) -> Message:
     """Bytes -> message; ProtocolError names the op and field on any violation."""
-    try:
-        body = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except (ValueError, msgpack.UnpackException) as exc:
-        raise ProtocolError(f"frame is not valid msgpack: {exc}", code="bad_frame") from None
+    return decode_body(unpack(data))
+
+
+def decode_body(body: Any) -> Message:
+    """An unpacked frame -> message (``body`` is consumed)."""
     if not isinstance(body, dict):
         raise ProtocolError("frame is not a msgpack map", code="bad_frame")
     op = body.pop("op", None)

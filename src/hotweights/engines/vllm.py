@@ -193,6 +193,7 @@ def _loader_class():
     from ..loading.attach import AttachResult, attach_tensors
     from ..loading.checkpoint import checkpoint_key, open_checkpoint
     from ..loading.devices import Device, gpu_uuid
+    from ..loading.digest import DigestCache
     from ..loading.policy import publish_from_disk
     from ..loading.writethrough import publish_tensors
 
@@ -214,6 +215,7 @@ def _loader_class():
                 disk.load_format, disk.model_loader_extra_config = "auto", {}
             self._disk_config = disk
             self._stream: AttachResult | None = None
+            self._computed: dict[tuple, tuple] = {}  # get_external_weight_memory and load_model share keys
 
         # -- keys ------------------------------------------------------------------------
 
@@ -226,6 +228,12 @@ def _loader_class():
             return Device("cuda", gpu_uuid(index), index)
 
         def _keys(self, vllm_config, model_config):
+            memo = (model_config.model, str(model_config.dtype), id(vllm_config))
+            if memo not in self._computed:
+                self._computed[memo] = self._compute_keys(vllm_config, model_config)
+            return self._computed[memo]
+
+        def _compute_keys(self, vllm_config, model_config):
             from vllm.distributed import (get_pp_group, get_tensor_model_parallel_rank,
                                           get_tensor_model_parallel_world_size)
 
@@ -240,11 +248,12 @@ def _loader_class():
             if cache_dtype and cache_dtype != "auto":
                 layout += f"/kv={cache_dtype}"
             pp = get_pp_group()
-            engine = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid,
+            digests = DigestCache()  # read digests.json once for both keys
+            engine = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid, cache=digests,
                                     tp_size=get_tensor_model_parallel_world_size(),
                                     tp_rank=get_tensor_model_parallel_rank(), pp_size=pp.world_size,
                                     pp_rank=pp.rank_in_group, layout=layout)
-            checkpoint = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid)
+            checkpoint = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid, cache=digests)
             return ckpt, dev, dtype, engine, checkpoint
 
         # -- vLLM API ----------------------------------------------------------------------
