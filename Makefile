@@ -10,7 +10,7 @@ DEMO_DIR ?= demo
 DEMO_SIZE ?= 1g
 DEMO_PORT ?= 8000
 
-.PHONY: demo test bench-cpu clean
+.PHONY: demo test test-fast bench-cpu clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ $(VLLM_VENV)/.installed:
 test: $(VENV)/.installed $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
 	HOTWEIGHTS_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q
+
+# the inner loop: everything but the real-server suites (verify, serve, vLLM), a few minutes
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not slow"
 
 demo: $(VENV)/.installed
 	@test -f $(DEMO_DIR)/model/config.json || $(PY) -m hotweights demo-model $(DEMO_DIR)/model --size $(DEMO_SIZE)

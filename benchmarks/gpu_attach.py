@@ -40,7 +40,7 @@ from safetensors.torch import load_file
 from hotweights.config import AttachConfig
 from hotweights.loading.attach import attach_tensors
 from hotweights.loading.checkpoint import checkpoint_key, open_checkpoint
-from hotweights.loading.devices import resolve_device
+from hotweights.pools.devices import resolve_device
 import hotweights.pools.cuda
 torch.empty(1, device="cuda:0"); torch.cuda.synchronize()
 
@@ -86,7 +86,7 @@ elif mode == "equal":
 elif mode in ("engine", "probe"):
     r = attach("zero_copy")
     if mode == "probe":
-        print(json.dumps({"status": r.status, "reason": r.reason})); sys.exit(0)
+        print(json.dumps({"status": r.outcome, "reason": r.reason})); sys.exit(0)
     ws = [t for n, t in sorted(r.tensors.items()) if n.endswith("proj.weight")][:8]
     def compute():
         return [float((torch.ones(4, w.shape[1], dtype=w.dtype, device="cuda:0") @ w.T).float().sum()) for w in ws]

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hotweights.verify.observe import Observed
+from hotweights.observe import Observed
 
 STARTUP = re.compile(r"startup: tokenizer=([\d.]+)s model_build=([\d.]+)s weights=([\d.]+)s \(source=(\S+)\)")
 

@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hotweights.verify.observe import Observed
+from hotweights.observe import Observed
 
 INIT = re.compile(r"Initializing model took ([\d.]+) seconds")
 DISK = re.compile(r"Loading weights took ([\d.]+) seconds")

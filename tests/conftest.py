@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,21 @@ from hotweights.paths import DaemonPaths
 def _private_digest_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["HOTWEIGHTS_CACHE_DIR"] = str(tmp_path_factory.mktemp("digests"))
     os.environ.pop("HOTWEIGHTS_SOCKET_DIR", None)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture
+def pair():
+    """Two connected Unix stream sockets (a stand-in peer for wire and client tests)."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    a.settimeout(5)
+    b.settimeout(5)
+    yield a, b
+    a.close()
+    b.close()
 
 
 @pytest.fixture

@@ -20,11 +20,12 @@ import pytest
 
 from conftest import DaemonProc, run_cli
 from hotweights import evidence
-from hotweights.client import connect
+from hotweights.client import Outcome, connect
 from hotweights.errors import ProtocolError
 from hotweights.key import CacheKey, ShardId
 from hotweights.manifest import Manifest, pack
-from hotweights.protocol import Publish, encode, recv_message, send_frame
+from hotweights.protocol import Publish, encode, recv_message
+from hotweights.wire import send_frame
 
 KEY = CacheKey(shards=(ShardId("m", 1, "h", "c"),), arch="A", dtype="float16", model="m")
 
@@ -95,19 +96,6 @@ def test_stale_socket_is_recovered(socket_dir):
         assert d.stop() == 0
 
 
-@pytest.mark.parametrize("mode, message", [(0o777, "group/world accessible (mode 0777)"), ("link", "is a symlink")])
-def test_untrusted_socket_dir_is_refused(socket_dir, mode, message):
-    target = socket_dir / "d"
-    if mode == "link":
-        (socket_dir / "real").mkdir(mode=0o700)
-        target.symlink_to(socket_dir / "real")
-    else:
-        target.mkdir()
-        os.chmod(target, mode)
-    result = run_cli("daemon", "--socket-dir", str(target))
-    assert result.returncode == 1 and message in result.stderr
-
-
 def test_sigterm_shuts_down_cleanly(daemon):
     daemon.proc.send_signal(signal.SIGTERM)
     assert daemon.proc.wait(10) == 0
@@ -121,7 +109,7 @@ def test_hostile_frames_get_errors_and_the_daemon_keeps_serving(daemon):
     cases = [
         msgpack.packb({"op": "format_disk"}),
         msgpack.packb({"op": "hello", "version": "1"}),
-        msgpack.packb({"op": "attach", "key": {"x": 1}, "client_pid": 1}),
+        msgpack.packb({"op": "attach", "key": {"x": 1}, }),
         msgpack.packb({"op": "hello_ok", "version": 1, "daemon_version": "x", "pid": 1}),
         msgpack.packb({"op": "hello", "version": 99}),
         b"\xc1\xc1",
@@ -206,13 +194,14 @@ def test_publish_attach_release_and_memory_lifetime(daemon):
                 c.publish(Manifest(KEY, pools, specs), [fd2])
             finally:
                 os.close(fd2)
-        reply, fds = c.attach(KEY)
-        assert reply.manifest.key == KEY and len(fds) == 1
+        reply = c.attach(KEY)
+        fds = reply.take_fds()
+        assert reply.answer().manifest.key == KEY and len(fds) == 1
         held = mmap.mmap(fds[0], 1024, mmap.MAP_PRIVATE, mmap.PROT_READ)
         os.close(fds[0])
         assert c.release(KEY.short).released == [KEY.short]
-        reply, fds = c.attach(KEY)
-        assert type(reply).__name__ == "AttachMiss" and fds == []
+        reply = c.attach(KEY)
+        assert reply.pools == [] and reply.answer().outcome is Outcome.MISS
     assert held[:4] == b"\0\0\0\0"  # the mapping outlives the release
     held.close()
 

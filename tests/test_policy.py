@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from conftest import run_cli
 from hotweights import evidence
 from hotweights.config import AttachConfig
 from hotweights.errors import WeightCacheUnusable
@@ -64,8 +65,6 @@ def test_write_through_publish_makes_the_next_start_warm(models, socket_dir, cap
         assert any(m.startswith("Mapped 47 tensors") for m in caplog.messages)
         assert not any("falling back" in m for m in caplog.messages)
     finally:
-        from conftest import run_cli
-
         run_cli("stop", "--socket-dir", str(socket_dir))
 
 
@@ -89,3 +88,52 @@ def test_config_rejects_bad_values_by_name(data, message):
     with pytest.raises(ValueError) as err:
         AttachConfig.from_dict(data)
     assert message in str(err.value)
+
+
+def test_write_through_publishes_to_the_daemon_named_by_socket_path(models, daemon, tmp_path, caplog):
+    # before the one door (client.connect_for), publishing ignored socket_path: it started a
+    # daemon at the socket_dir lookup instead, and the attach that followed missed
+    caplog.set_level(logging.INFO, logger="hotweights")
+    elsewhere = tmp_path / "elsewhere"
+    config = AttachConfig(socket_dir=str(elsewhere), socket_path=str(daemon.paths.socket), publish=True)
+    try:
+        first = load_tensors(models["tiny"], dtype="float16", config=config)
+        assert first.source == "disk+publish"
+        assert not any("write-through publish not attachable" in m for m in caplog.messages)
+        assert not (elsewhere / "daemon.sock").exists()
+        second = load_tensors(models["tiny"], dtype="float16", config=AttachConfig(
+            socket_path=str(daemon.paths.socket), fallback=False))
+        assert second.source == "cache"
+    finally:
+        run_cli("stop", "--socket-dir", str(elsewhere))
+
+
+def test_attach_first_tries_candidates_in_order_and_labels_reasons(models, daemon, caplog):
+    from hotweights.loading.checkpoint import checkpoint_key, open_checkpoint
+    from hotweights.loading.policy import Candidate, attach_first
+
+    caplog.set_level(logging.INFO, logger="hotweights")
+    config = AttachConfig(socket_dir=str(daemon.paths.directory))
+    preloaded = run_cli("preload", "--model", str(models["tiny"]), "--dtype", "float16",
+                        "--socket-dir", str(daemon.paths.directory))
+    assert preloaded.returncode == 0, preloaded.stderr
+    ckpt = open_checkpoint(models["tiny"])
+    engine = checkpoint_key(ckpt, dtype="float16", layout="vllm/test")
+    checkpoint = checkpoint_key(ckpt, dtype="float16")
+    used = []
+
+    def use(cand, attached):
+        used.append(cand.label)
+        if cand.label == "engine layout":
+            raise ValueError("shapes differ")
+        return attached.tensors
+
+    candidates = [Candidate(engine, "engine layout"), Candidate(checkpoint, "checkpoint layout")]
+    tensors, reason = attach_first(candidates, config, use)
+    assert tensors and reason == "" and used == ["checkpoint layout"]  # the engine entry does not exist
+    assert any(m.startswith("no usable engine layout entry (engine layout: cached entry") for m in caplog.messages)
+    with pytest.raises(WeightCacheUnusable) as err:
+        attach_first([Candidate(checkpoint, "engine layout"), Candidate(engine, "checkpoint layout")],
+                     AttachConfig(socket_dir=str(daemon.paths.directory), fallback=False), use)
+    assert "engine layout: engine-layout entry does not fit this model: shapes differ; checkpoint layout: " \
+           "cached entry" in str(err.value)

@@ -18,7 +18,7 @@ from conftest import DaemonProc, run_cli
 from hotweights.config import AttachConfig
 from hotweights.loading.attach import attach_tensors
 from hotweights.loading.checkpoint import checkpoint_key, open_checkpoint
-from hotweights.loading.devices import gpu_uuid, resolve_device
+from hotweights.pools.devices import gpu_uuid, resolve_device
 from hotweights.manifest import PoolSpec
 
 pytestmark = pytest.mark.cuda
@@ -62,7 +62,7 @@ WRITER = r"""
 import torch
 from hotweights.manifest import PoolSpec
 from hotweights.pools import cuda
-from hotweights.loading.devices import gpu_uuid
+from hotweights.pools.devices import gpu_uuid
 device = f"cuda:{gpu_uuid(0)}"
 pool = cuda.create(1 << 21, device)
 view = cuda.import_pool(pool.export(), PoolSpec(1 << 21, device))
@@ -98,13 +98,13 @@ import sys, json, torch
 from hotweights.config import AttachConfig
 from hotweights.loading.attach import attach_tensors
 from hotweights.loading.checkpoint import checkpoint_key, open_checkpoint
-from hotweights.loading.devices import resolve_device
+from hotweights.pools.devices import resolve_device
 model, sock = sys.argv[1:3]
 key = checkpoint_key(open_checkpoint(model), dtype="float16", device_kind="cuda", device_id=resolve_device("cuda:0").uuid)
 r = attach_tensors(key, AttachConfig(socket_dir=sock, fallback=False))
 w = r.tensors["model.layers.0.mlp.up_proj.weight"]
 x = torch.ones(4, w.shape[1], dtype=w.dtype, device="cuda:0")
-print(json.dumps({"status": r.status, "y": float((x @ w.T).float().sum())}), flush=True)
+print(json.dumps({"status": r.outcome, "y": float((x @ w.T).float().sum())}), flush=True)
 sys.stdin.readline()
 print(json.dumps({"y": float((x @ w.T).float().sum())}), flush=True)
 """

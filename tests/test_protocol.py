@@ -1,4 +1,4 @@
-"""Protocol: golden frames, strict decoding, fds over SCM_RIGHTS, no fd leaked on any error.
+"""Protocol and wire: golden frames, strict decoding, fds over SCM_RIGHTS, no fd leaked on any error.
 
 Run: pytest tests/test_protocol.py
 """
@@ -12,29 +12,16 @@ import struct
 import msgpack
 import pytest
 
+from conftest import open_fds
 from hotweights.errors import ProtocolError
 from hotweights.key import CacheKey, ShardId
 from hotweights.manifest import Manifest, pack
 from hotweights.protocol import (
-    MAX_FDS_PER_FRAME, MAX_FRAME_BYTES, Attach, AttachMismatch, Error, Hello, Publish, Release, StatusOk,
-    decode, encode, recv_frame, recv_message, send_frame, send_message,
+    Attach, AttachMismatch, Error, Hello, Publish, Release, StatusOk, decode, encode, recv_message, send_message,
 )
+from hotweights.wire import MAX_FDS_PER_FRAME, MAX_FRAME_BYTES, recv_frame, send_frame
 
 KEY = CacheKey(shards=(ShardId("m", 1, "h", "c"),), arch="A", dtype="float16", model="m")
-
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-@pytest.fixture
-def pair():
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    a.settimeout(5)
-    b.settimeout(5)
-    yield a, b
-    a.close()
-    b.close()
 
 
 def test_golden_frame_bytes(pair):
@@ -46,7 +33,7 @@ def test_golden_frame_bytes(pair):
 
 
 @pytest.mark.parametrize("msg", [
-    Hello(1), Attach(KEY, 123), Release("", True), Error("x", "y"), AttachMismatch("m", "k", ["a: b"]),
+    Hello(1), Attach(KEY), Release("", True), Error("x", "y"), AttachMismatch("m", "k", ["a: b"]),
     StatusOk(1, "0.1", 2.5, [{"key": "k"}], {"cpu": 3}, False),
 ])
 def test_roundtrip(msg):
@@ -66,7 +53,7 @@ def test_publish_roundtrip_keeps_manifest():
     ({"op": "hello", "version": 1, "x": 2}, "op 'hello': unexpected fields ['x'], missing fields []"),
     ({"op": "hello", "version": True}, "op 'hello' field 'version' must be int, got bool"),
     ({"op": "release", "key_short": 5, "all": False}, "field 'key_short' must be str, got int"),
-    ({"op": "attach", "key": {"dtype": "x"}, "client_pid": 1}, "op 'attach' field 'key': key fields"),
+    ({"op": "attach", "key": {"dtype": "x"}, }, "op 'attach' field 'key': key fields"),
     ([1, 2], "frame is not a msgpack map"),
 ])
 def test_decode_rejects_with_exact_reason(body, message):
@@ -143,55 +130,3 @@ def test_sender_refuses_too_many_fds_and_oversized_frames(pair):
         send_frame(a, b"x", [0] * (MAX_FDS_PER_FRAME + 1))
     with pytest.raises(ProtocolError, match="exceeds MAX_FRAME_BYTES"):
         send_frame(a, b"x" * (MAX_FRAME_BYTES + 1))
-
-
-def _send_attach_ok(sock, *, fds_short: int = 0):
-    """Send an attach_ok for two CPU pools with real memfds (``fds_short`` of them left out)."""
-    from hotweights.protocol import AttachOk
-
-    pools, specs = pack([("w", "float16", (4,)), ("v", "float16", (300,))], pool_bytes=512, device="cpu")
-    fds = []
-    for p in pools:
-        fd = os.memfd_create("t")
-        os.ftruncate(fd, p.nbytes)
-        fds.append(fd)
-    send_frame(sock, encode(AttachOk(Manifest(KEY, pools, specs))), fds[:len(fds) - fds_short])
-    for fd in fds:
-        os.close(fd)
-    return pools
-
-
-def test_pipelined_attach_hands_over_pools_before_validation(pair):
-    from pathlib import Path
-
-    from hotweights.client import Client
-
-    a, b = pair
-    before = open_fds()
-    pools = _send_attach_ok(b)
-    seen = []
-
-    def on_pools(got, got_fds):
-        seen.append((got, len(got_fds)))
-        for fd in got_fds:
-            os.close(fd)
-        return "mapped"
-
-    reply, early = Client(a, Path("x")).attach_pipelined(KEY, on_pools)
-    assert early == "mapped" and seen == [(list(pools), 2)] and reply.manifest.pools == pools
-    recv_frame(b)  # the Attach request
-    assert open_fds() == before
-
-
-def test_pipelined_attach_with_missing_fds_refuses_and_closes_them(pair):
-    from pathlib import Path
-
-    from hotweights.client import Client
-
-    a, b = pair
-    before = open_fds()
-    _send_attach_ok(b, fds_short=1)
-    with pytest.raises(ProtocolError, match="bad attach reply AttachOk with 1 fds"):
-        Client(a, Path("x")).attach_pipelined(KEY, lambda p, f: pytest.fail("pools handed over"))
-    recv_frame(b)
-    assert open_fds() == before

@@ -13,6 +13,8 @@ import pytest
 
 from conftest import ServerProc, run_cli
 
+pytestmark = pytest.mark.slow  # real server processes; `make test-fast` skips them
+
 PROMPT = {"prompt": "The weight cache", "max_tokens": 12, "temperature": 0}
 
 

@@ -11,7 +11,6 @@ import torch
 
 from conftest import run_cli
 from hotweights.engines.transformers import load_model
-from hotweights.loading.attach import meta_parameters
 
 
 def greedy(model, n: int = 8) -> list[int]:
@@ -32,17 +31,6 @@ def test_tied_weights_stay_one_object_and_answers_match_disk(models, daemon):
     assert warm2.lm_head.weight is warm2.model.embed_tokens.weight
     assert all(p.device.type == "cpu" for p in warm2.parameters())
     assert greedy(disk) == greedy(warm) == greedy(warm2)
-
-
-def test_meta_parameters_build_real_buffers_and_no_parameter_memory():
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    with meta_parameters():
-        model = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                                             head_dim=16))
-    assert all(p.device.type == "meta" for p in model.parameters())
-    assert all(b.device.type == "cpu" for b in model.buffers())
 
 
 def test_generate_cli_reports_source(models, daemon):

@@ -14,6 +14,8 @@ import pytest
 from conftest import free_port, run_cli
 from hotweights.verify.verify import ENGINE_CMDS, PRELOAD_CMD, VerifyConfig, verify
 
+pytestmark = pytest.mark.slow  # real server processes; `make test-fast` skips them
+
 FAULT_ENGINE = str(Path(__file__).with_name("fault_engine.py"))
 
 

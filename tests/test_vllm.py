@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from conftest import free_port, run_cli
-from hotweights.verify.observe import Observed
+from hotweights.observe import Observed
 
 VLLM_PYTHON = os.environ.get("HOTWEIGHTS_VLLM_PYTHON")
-pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="set HOTWEIGHTS_VLLM_PYTHON (make test does)")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not VLLM_PYTHON, reason="set HOTWEIGHTS_VLLM_PYTHON (make test does)")]
 
 
 def serve(label: str, model: Path, out: Path, *args: str, expect_ready: bool = True,

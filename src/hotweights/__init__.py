@@ -14,7 +14,7 @@ __all__ = ["AttachConfig", "CacheKey", "attach_module", "attach_tensors", "load_
 _LAZY = {
     "AttachConfig": "hotweights.config",
     "CacheKey": "hotweights.key",
-    "attach_module": "hotweights.loading.attach",
+    "attach_module": "hotweights.engines.modules",
     "attach_tensors": "hotweights.loading.attach",
     "load_model": "hotweights.engines.transformers",
 }

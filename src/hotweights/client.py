@@ -1,32 +1,126 @@
-"""Client side of the protocol: connect, hello, status, attach, publish, release, stop.
+"""The only door to the daemon: connect, hello, status, attach, publish, release, stop.
+
+``connect_for(config)`` turns an engine-side ``AttachConfig`` into a connection (the
+socket path, else the socket directory's lookup order; waiting for a starting daemon in
+strict mode; starting one for a publish). Everything else that talks to the daemon goes
+through a ``Client``, and callers read outcomes (``Outcome``, ``Answer``), never raw
+protocol replies.
 
 Stdlib + msgpack only (no torch): the CLI's ``status``/``release``/``stop`` stay fast.
-Fds returned by ``attach`` belong to the caller, who must close them (the pool
-importers do). An ``error`` reply is raised as ``ProtocolError`` carrying its code.
+Fds handed out by an ``AttachReply`` belong to the caller, who must close them (the
+pool importers do). An ``error`` reply is raised as ``ProtocolError`` carrying its code.
 """
 
 from __future__ import annotations
 
+import enum
 import fcntl
 import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any
 
-from .errors import DaemonUnavailable, ProtocolError
+from .config import AttachConfig
+from .errors import DaemonUnavailable, ManifestError, ProtocolError, WrongEntry
 from .key import CacheKey
 from .manifest import Manifest, PoolSpec
-from .paths import DaemonPaths
+from .paths import DaemonPaths, daemon_paths
 from .protocol import (
-    PROTOCOL_VERSION, Attach, AttachMismatch, AttachMiss, AttachOk, Error, Hello, HelloOk, Message,
-    Publish, PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk, close_fds, decode_body, peek_pools,
-    recv_frame, recv_message, send_message, unpack,
+    PROTOCOL_VERSION, Attach, AttachMismatch, AttachMiss, AttachOk, Error, Hello, HelloOk, Message, Publish,
+    PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk, decode_body, recv_message, send_message, unpack,
 )
+from .wire import close_fds, recv_frame
 
 
-T = TypeVar("T")
+class Outcome(enum.StrEnum):
+    """What an attach came to; the fallback policy reads it."""
+
+    OK = "ok"
+    MISS = "miss"  # the daemon holds no entry for the key
+    MISMATCH = "mismatch"  # it holds one for something else (``diffs`` says what)
+    ABSENT = "absent"  # no daemon answered, or it failed the request
+    UNUSABLE = "unusable"  # an entry was found but cannot be used here (memory, pools, model)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A validated attach reply: ok with its manifest, or why not."""
+
+    outcome: Outcome
+    manifest: Manifest | None = None
+    reason: str = ""
+    diffs: tuple[str, ...] = ()
+
+
+class AttachReply:
+    """An ``attach`` reply read in two steps, so a caller can map pools before validating.
+
+    ``pools`` are the pool specs of an ``attach_ok`` frame (already checked to be on the
+    key's device), ``take_fds()`` hands their fds over, ``answer()`` validates the whole
+    reply and checks it against the key and the pools handed out. Fds not taken are
+    closed by ``answer()`` or ``close()``.
+    """
+
+    def __init__(self, key: CacheKey, payload: bytes, fds: list[int]) -> None:
+        self.key = key
+        self._fds = fds
+        self._nfds = len(fds)
+        self._given: list[PoolSpec] = []
+        try:
+            self._body = unpack(payload)  # once: pools are read from it, then it is validated
+            self.pools = _attach_ok_pools(self._body, len(fds))
+        except BaseException:
+            self.close()
+            raise
+        if any(p.device != key.device for p in self.pools):
+            self.close()
+            raise WrongEntry(f"daemon answered pools on {self.pools[0].device} for a key on {key.device}")
+
+    def take_fds(self) -> list[int]:
+        fds, self._fds = self._fds, []
+        self._given = list(self.pools)
+        return fds
+
+    def answer(self) -> Answer:
+        try:
+            reply = decode_body(self._body)
+            if isinstance(reply, Error):
+                raise ProtocolError(f"daemon refused attach: {reply.message}", code=reply.code)
+            if isinstance(reply, AttachMiss) and not self._nfds:
+                return Answer(Outcome.MISS, reason=f"cache miss for {self.key.model} [{self.key.short}]: "
+                                                   f"{reply.reason}")
+            if isinstance(reply, AttachMismatch) and not self._nfds:
+                return Answer(Outcome.MISMATCH, diffs=tuple(reply.diffs),
+                              reason=f"cached entry {reply.model} [{reply.key_short}] differs: "
+                                     + "; ".join(reply.diffs))
+            if not isinstance(reply, AttachOk) or self._nfds != len(reply.manifest.pools):
+                raise ProtocolError(f"bad attach reply {type(reply).__name__} with {self._nfds} fds",
+                                    code="bad_reply")
+            # the daemon must never serve another key, nor other pools than those handed out
+            if reply.manifest.key != self.key or (self._given and list(reply.manifest.pools) != self._given):
+                raise WrongEntry(f"daemon answered key {reply.manifest.key.short} for {self.key.short}")
+            return Answer(Outcome.OK, reply.manifest)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        close_fds(self._fds)
+        self._fds = []
+
+
+def _attach_ok_pools(body: Any, nfds: int) -> list[PoolSpec]:
+    """The pool specs of an ``attach_ok`` body with one fd per pool; [] otherwise
+    (``answer()`` then says what is wrong)."""
+    try:
+        if not (isinstance(body, dict) and body.get("op") == "attach_ok"):
+            return []
+        pools = [PoolSpec(n, d) for n, d in body["manifest"]["pools"]]
+    except (ValueError, TypeError, KeyError, ManifestError):
+        return []
+    return pools if len(pools) == nfds else []
 
 
 class Client:
@@ -56,7 +150,7 @@ class Client:
             raise ProtocolError(f"daemon refused {type(msg).__name__.lower()}: {reply.message}", code=reply.code)
         return reply, reply_fds
 
-    def _expect(self, msg: Message, cls: type) -> Message:
+    def _expect(self, msg: Message, cls: type) -> Any:
         reply, fds = self.request(msg)
         if fds or not isinstance(reply, cls):
             close_fds(fds)
@@ -69,45 +163,21 @@ class Client:
     def status(self) -> StatusOk:
         return self._expect(Status(), StatusOk)
 
-    def attach(self, key: CacheKey) -> tuple[AttachOk | AttachMiss | AttachMismatch, list[int]]:
-        reply, fds = self.request(Attach(key, os.getpid()))
-        return _checked_attach(reply, fds, len(fds)), fds
-
-    def attach_pipelined(self, key: CacheKey, on_pools: Callable[[list[PoolSpec], list[int]], T]
-                         ) -> tuple[AttachOk | AttachMiss | AttachMismatch, T | None]:
-        """Like ``attach``, but an ``attach_ok`` frame's pools go to ``on_pools(pools, fds)``
-        (which owns the fds from then on) before the rest of the reply is validated.
-
-        The caller must check ``reply.manifest.pools`` against the pools it was given.
-        """
-        send_message(self.sock, Attach(key, os.getpid()))
+    def attach(self, key: CacheKey) -> AttachReply:
+        send_message(self.sock, Attach(key))
         try:
             payload, fds = recv_frame(self.sock)
         except EOFError:
             raise ProtocolError("the daemon closed the connection without a reply", code="closed") from None
-        early, nfds = None, len(fds)
-        try:
-            body = unpack(payload)  # once: the pools are peeked from it, then it is validated
-        except BaseException:
-            close_fds(fds)
-            raise
-        pools = peek_pools(body)
-        if pools is not None and len(pools) == len(fds):
-            fds, given = [], fds
-            early = on_pools(pools, given)
-        try:
-            reply = decode_body(body)
-        except BaseException:
-            close_fds(fds)
-            raise
-        if isinstance(reply, Error):
-            close_fds(fds)
-            raise ProtocolError(f"daemon refused attach: {reply.message}", code=reply.code)
-        _checked_attach(reply, fds, nfds)
-        if isinstance(reply, AttachOk) and early is None:
-            close_fds(fds)
-            raise ProtocolError("attach reply's pools were not usable", code="bad_reply")
-        return reply, early
+        return AttachReply(key, payload, fds)
+
+    def lookup(self, key: CacheKey) -> Answer:
+        """Whether ``key`` is attachable, without mapping anything."""
+        return self.attach(key).answer()
+
+    def entry_nbytes(self, key: CacheKey) -> int:
+        """Bytes the daemon holds for ``key`` (what a zero_copy attach maps), 0 if none."""
+        return sum(int(e["nbytes"]) for e in self.status().entries if e.get("key") == key.short)
 
     def publish(self, manifest: Manifest, fds: list[int]) -> PublishOk:
         reply, extra = self.request(Publish(manifest), fds)
@@ -121,15 +191,6 @@ class Client:
 
     def stop(self) -> None:
         self._expect(Stop(), StopOk)
-
-
-def _checked_attach(reply: Message, fds: list[int], nfds: int) -> AttachOk | AttachMiss | AttachMismatch:
-    if isinstance(reply, AttachOk) and nfds == len(reply.manifest.pools):
-        return reply
-    if isinstance(reply, (AttachMiss, AttachMismatch)) and not nfds:
-        return reply
-    close_fds(fds)
-    raise ProtocolError(f"bad attach reply {type(reply).__name__} with {nfds} fds", code="bad_reply")
 
 
 def connect(paths: DaemonPaths, *, socket_path: str | os.PathLike[str] | None = None,
@@ -154,6 +215,20 @@ def connect(paths: DaemonPaths, *, socket_path: str | os.PathLike[str] | None = 
         raise DaemonUnavailable(f"daemon at {path} did not answer hello: {exc}") from None
 
 
+def connect_for(config: AttachConfig, *, start: bool = False) -> Client:
+    """The connection an engine-side config names: ``socket_path``, else ``socket_dir``.
+
+    Strict configs (``fallback: false``) wait up to ``state_timeout_s`` for a daemon
+    that is starting. ``start`` (publishers) starts a detached daemon when none runs;
+    a daemon named by ``socket_path`` is never started, only waited for.
+    """
+    paths = daemon_paths(config.socket_dir)
+    if start and not config.socket_path:
+        return ensure_daemon(paths)
+    return wait_for_daemon(paths, socket_path=config.socket_path, connect_timeout_s=config.connect_timeout_s,
+                           state_timeout_s=0.0 if config.fallback and not start else config.state_timeout_s)
+
+
 def is_daemon_starting(paths: DaemonPaths) -> bool:
     """True while some process holds the daemon lock (a daemon is up or coming up)."""
     try:
@@ -169,21 +244,30 @@ def is_daemon_starting(paths: DaemonPaths) -> bool:
     return False
 
 
-def wait_for_daemon(paths: DaemonPaths, *, socket_path: str | os.PathLike[str] | None = None,
-                    connect_timeout_s: float = 2.0, state_timeout_s: float = 0.0) -> Client:
-    """Connect; while a daemon is starting (lock held), retry up to ``state_timeout_s``."""
-    deadline = time.monotonic() + state_timeout_s
+def _retry(attempt: Callable[[], Client], deadline: float, keep_trying: Callable[[], bool],
+           give_up: Callable[[DaemonUnavailable], DaemonUnavailable]) -> Client:
     while True:
         try:
-            return connect(paths, socket_path=socket_path, timeout_s=connect_timeout_s)
+            return attempt()
         except DaemonUnavailable as exc:
-            starting = socket_path is None and is_daemon_starting(paths)
-            if time.monotonic() >= deadline or not (starting or socket_path):
-                if starting:
-                    raise DaemonUnavailable(f"{exc}; a daemon holds the lock but was not ready "
-                                            f"within state_timeout_s={state_timeout_s}") from None
-                raise
+            if time.monotonic() >= deadline or not keep_trying():
+                raise give_up(exc) from None
             time.sleep(0.05)
+
+
+def wait_for_daemon(paths: DaemonPaths, *, socket_path: str | os.PathLike[str] | None = None,
+                    connect_timeout_s: float = 2.0, state_timeout_s: float = 0.0) -> Client:
+    """Connect; while a daemon is starting (lock held, or an explicit socket path not yet
+    answering), retry up to ``state_timeout_s``."""
+    def give_up(exc: DaemonUnavailable) -> DaemonUnavailable:
+        if socket_path is None and is_daemon_starting(paths):
+            return DaemonUnavailable(f"{exc}; a daemon holds the lock but was not ready "
+                                     f"within state_timeout_s={state_timeout_s}")
+        return exc
+
+    return _retry(lambda: connect(paths, socket_path=socket_path, timeout_s=connect_timeout_s),
+                  time.monotonic() + state_timeout_s,
+                  lambda: bool(socket_path) or is_daemon_starting(paths), give_up)
 
 
 def ensure_daemon(paths: DaemonPaths, *, timeout_s: float = 15.0) -> Client:
@@ -205,13 +289,9 @@ def ensure_daemon(paths: DaemonPaths, *, timeout_s: float = 15.0) -> Client:
             subprocess.run([sys.executable, "-m", "hotweights", "daemon", "--detach", "--socket-dir",
                             str(paths.directory)], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                            close_fds=True, check=False, timeout=timeout_s)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return connect(paths)
-        except DaemonUnavailable as exc:
-            if time.monotonic() > deadline:
-                tail = paths.log.read_text(errors="replace").splitlines()[-5:] if paths.log.exists() else []
-                raise DaemonUnavailable(f"could not start the daemon ({exc}); last lines of {paths.log}: "
-                                        + " | ".join(tail)) from None
-            time.sleep(0.05)
+
+    def give_up(exc: DaemonUnavailable) -> DaemonUnavailable:
+        tail = paths.log.read_text(errors="replace").splitlines()[-5:] if paths.log.exists() else []
+        return DaemonUnavailable(f"could not start the daemon ({exc}); last lines of {paths.log}: " + " | ".join(tail))
+
+    return _retry(lambda: connect(paths), time.monotonic() + timeout_s, lambda: True, give_up)

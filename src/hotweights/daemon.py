@@ -21,7 +21,6 @@ import logging
 import os
 import signal
 import socket
-import stat
 import struct
 import sys
 import threading
@@ -29,25 +28,21 @@ import time
 from dataclasses import dataclass
 
 from . import __version__, evidence
-from .errors import HotweightsError, ProtocolError
+from .errors import DaemonAlreadyRunning, ProtocolError
 from .manifest import Manifest
 from .paths import DaemonPaths, ensure_socket_dir
 from .protocol import (
     PROTOCOL_VERSION, Attach, AttachMismatch, AttachMiss, AttachOk, Error, Hello, HelloOk,
     Message, Publish, PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk,
-    close_fds, recv_message, send_message,
+    recv_message, send_message,
 )
-from .registry import Registry
+from .registry import Registry, check_pool_fds
+from .wire import close_fds
 
 logger = logging.getLogger(__name__)
 
 _UNSYNCABLE = {"bad_frame", "frame_too_large", "truncated", "too_many_fds"}
-_REQUIRED_SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
 _MAX_CONNECTIONS = 64
-
-
-class DaemonAlreadyRunning(HotweightsError):
-    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +232,7 @@ class Daemon:
     def _publish(self, manifest: Manifest, fds: list[int], peer_pid: int) -> Message:
         taken = False
         try:
-            problem = _check_pool_fds(manifest, fds)
+            problem = check_pool_fds(manifest, fds)
             if problem:
                 logger.warning("publish rejected: peer_pid=%d key=%s reason=%s", peer_pid, manifest.key.short, problem)
                 return Error("bad_manifest", problem)
@@ -254,25 +249,6 @@ class Daemon:
         finally:
             if not taken:
                 close_fds(fds)
-
-
-def _check_pool_fds(manifest: Manifest, fds: list[int]) -> str:
-    """Why the fds cannot back the manifest, or '' if they can."""
-    if len(fds) != len(manifest.pools):
-        return f"manifest names {len(manifest.pools)} pools but {len(fds)} fds came with it"
-    for i, (fd, pool) in enumerate(zip(fds, manifest.pools)):
-        if pool.device != "cpu":
-            continue  # VMM handles: only the CUDA driver can size them, and the daemon has none
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size != pool.nbytes:
-            return f"pool {i}: fd is not a memfd of {pool.nbytes} bytes (size {st.st_size})"
-        try:
-            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-        except OSError:
-            seals = 0
-        if seals & _REQUIRED_SEALS != _REQUIRED_SEALS:
-            return f"pool {i}: memfd is not sealed against write/shrink/grow (seals {seals:#x})"
-    return ""
 
 
 def _drain_and_close(conn: socket.socket) -> None:
@@ -293,6 +269,16 @@ def _try_send(conn: socket.socket, msg: Message) -> None:
         send_message(conn, msg)
     except OSError:
         pass
+
+
+def detach() -> None:
+    """Double-fork into the background: the daemon is then no descendant of the caller,
+    so an engine that kills its process tree on exit (vLLM does) leaves it running."""
+    if os.fork() > 0:
+        os._exit(0)
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
 
 
 def run(config: DaemonConfig) -> int:

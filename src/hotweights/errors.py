@@ -1,7 +1,7 @@
 """Exception types. A class exists only where a caller acts differently on it.
 
 Expected outcomes of an attach (miss, mismatch, daemon absent) are values, not
-exceptions: see ``hotweights.loading.attach.AttachResult``. These types are for
+exceptions: see ``hotweights.client.Outcome`` and ``hotweights.loading.attach.AttachResult``. These types are for
 the exceptional paths and for the strict (fallback disabled) policy.
 """
 
@@ -24,20 +24,20 @@ class ManifestError(HotweightsError):
     """A manifest or tensor spec is inconsistent (bad dtype, overflow, out of pool)."""
 
 
-class KeyMismatch(HotweightsError):
-    """The cached entry was built for something else; ``diffs`` lists every field."""
+class WrongEntry(ProtocolError):
+    """The daemon answered an attach with another key or pools on another device: a broken
+    invariant that no fallback may paper over."""
 
-    def __init__(self, diffs: list[str]) -> None:
-        super().__init__("; ".join(diffs))
-        self.diffs = list(diffs)
-
-
-class CacheMiss(HotweightsError):
-    """The daemon holds no entry for the requested key."""
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="wrong_entry")
 
 
 class DaemonUnavailable(HotweightsError):
     """No daemon answers on the socket (absent, starting, or refused)."""
+
+
+class DaemonAlreadyRunning(HotweightsError):
+    """Another daemon holds the lock of this socket directory."""
 
 
 class TrustError(HotweightsError):

@@ -1,13 +1,26 @@
-"""The evidence lines of DESIGN.md, built in one place.
+"""The evidence lines of DESIGN.md, built and recognised in one place.
 
 Users and ``hotweights verify`` grep for these exact shapes
 (``Mapped|weight cache|falling back``); tests assert them character for character.
-Change a shape only together with the README section "Evidence lines".
+The patterns below are the only parsers of them (verify, ``preload --engine vllm``).
+Change a shape only together with its pattern and the README section "Evidence lines".
 """
 
 from __future__ import annotations
 
+import re
+
 GIB = 1 << 30
+
+PUBLISHED_RE = re.compile(r"Published (\d+) tensors \(([\d.]+) GiB\) to weight cache: (\S+) \[([0-9a-f]+)\] "
+                          r"on (\S+)")
+MAPPED_RE = re.compile(r"Mapped (\d+) tensors \(([\d.]+) GiB\) from weight cache daemon (\S+) "
+                       r"\(mode=(\w+)\) in ([\d.]+) ms")
+READY_MARK = "Weight cache daemon READY"
+FALLBACK_MARK = "falling back to disk loading"
+STRICT_MARK = "and fallback is disabled"
+# lines of a write-through that did not publish (vLLM plugin and policy)
+WRITE_THROUGH_FAILED = ("write-through publish failed", "write-through publish refused", "write-through skipped")
 
 
 def daemon_ready(socket_path: str, pid: int) -> str:

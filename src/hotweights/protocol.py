@@ -1,22 +1,16 @@
-"""Wire format between clients and the daemon: typed messages, one codec, hard limits.
+"""The message vocabulary between clients and the daemon: typed messages, one codec.
 
-Frame = 4-byte big-endian length + one msgpack map tagged by ``op``. File descriptors
-travel as ``SCM_RIGHTS`` ancillary data on the frame's first bytes. Checks run cheapest
-and most dangerous first: the length is checked against ``MAX_FRAME_BYTES`` before a
-body byte is read, ancillary truncation (``MSG_CTRUNC``) is an error, and every fd
-received is closed on every error path. Decoding rejects unknown ops, missing or extra
-fields and wrong types by name. No pickle.
+One frozen dataclass per message, tagged by ``op`` in one table; ``encode`` packs a
+message into a msgpack map, ``decode`` rejects unknown ops, missing or extra fields and
+wrong types by name. No pickle. Framing and fds live in ``wire.py``.
 
-Not covered: authentication (the daemon checks ``SO_PEERCRED``; see daemon.py) and
-what the fds point at (the daemon checks memfd seals and sizes on publish).
+Not covered: authentication (``wire.py`` and ``daemon.py`` check peers) and what the
+fds point at (the daemon checks memfd seals and sizes on publish).
 """
 
 from __future__ import annotations
 
-import array
-import os
 import socket
-import struct
 import typing
 from dataclasses import dataclass, fields
 from typing import Any
@@ -25,13 +19,10 @@ import msgpack
 
 from .errors import ManifestError, ProtocolError
 from .key import CacheKey
-from .manifest import Manifest, PoolSpec
+from .manifest import Manifest
+from .wire import close_fds, recv_frame, send_frame
 
-PROTOCOL_VERSION = 1
-MAX_FRAME_BYTES = 32 << 20  # a 100k-tensor manifest is ~15 MiB
-MAX_FDS_PER_FRAME = 253  # Linux SCM_MAX_FD
-_HEADER = struct.Struct(">I")
-_FD_SIZE = array.array("i").itemsize
+PROTOCOL_VERSION = 2  # 2: attach carries the key only
 
 
 # -- requests ---------------------------------------------------------------------------
@@ -50,7 +41,6 @@ class Status:
 @dataclass(frozen=True, slots=True)
 class Attach:
     key: CacheKey
-    client_pid: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,20 +164,6 @@ def _manifest_wire(manifest: Manifest) -> dict[str, Any]:
     return wire
 
 
-def peek_pools(body: Any) -> list[PoolSpec] | None:
-    """The pool specs of an unpacked ``attach_ok`` body, before the whole reply is validated.
-
-    Lets an engine start mapping (and copying) pools while it validates the manifest;
-    None for any other body or a malformed pool list (``decode_body`` then says what is wrong).
-    """
-    try:
-        if not (isinstance(body, dict) and body.get("op") == "attach_ok"):
-            return None
-        return [PoolSpec(n, d) for n, d in body["manifest"]["pools"]]
-    except (ValueError, TypeError, KeyError, ManifestError):
-        return None
-
-
 def unpack(data: bytes) -> Any:
     """Frame bytes -> msgpack value; ProtocolError if they are not msgpack."""
     try:
@@ -234,25 +210,8 @@ def _convert(op: str, name: str, value: Any, hint: Any) -> Any:
     return float(value) if hint is float else value
 
 
-# -- frames -----------------------------------------------------------------------------
-
-
 def send_message(sock: socket.socket, msg: Message, fds: list[int] | tuple[int, ...] = ()) -> None:
     send_frame(sock, encode(msg), fds)
-
-
-def send_frame(sock: socket.socket, payload: bytes, fds: list[int] | tuple[int, ...] = ()) -> None:
-    if len(payload) > MAX_FRAME_BYTES:
-        raise ProtocolError(f"frame of {len(payload)} bytes exceeds MAX_FRAME_BYTES={MAX_FRAME_BYTES}")
-    if len(fds) > MAX_FDS_PER_FRAME:
-        raise ProtocolError(f"{len(fds)} fds exceed MAX_FDS_PER_FRAME={MAX_FDS_PER_FRAME}")
-    data = _HEADER.pack(len(payload)) + payload
-    if fds:
-        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
-        sent = sock.sendmsg([data], ancillary)
-        data = data[sent:]
-    if data:
-        sock.sendall(data)
 
 
 def recv_message(sock: socket.socket) -> tuple[Message, list[int]]:
@@ -263,56 +222,3 @@ def recv_message(sock: socket.socket) -> tuple[Message, list[int]]:
     except BaseException:
         close_fds(fds)
         raise
-
-
-def recv_frame(sock: socket.socket) -> tuple[bytes, list[int]]:
-    """Raise EOFError on a clean close before a frame starts, ProtocolError on a broken frame."""
-    fds: list[int] = []
-    try:
-        header = bytearray()
-        while len(header) < _HEADER.size:
-            chunk, ancdata, flags, _ = sock.recvmsg(
-                _HEADER.size - len(header), socket.CMSG_SPACE(MAX_FDS_PER_FRAME * _FD_SIZE)
-            )
-            fds.extend(_fds_from(ancdata))
-            if flags & socket.MSG_CTRUNC:
-                raise ProtocolError(f"more than {MAX_FDS_PER_FRAME} fds in one frame", code="too_many_fds")
-            if not chunk:
-                if not header and not fds:
-                    raise EOFError("peer closed the connection")
-                raise ProtocolError("connection closed inside a frame header", code="truncated")
-            header += chunk
-        (length,) = _HEADER.unpack(header)
-        if length > MAX_FRAME_BYTES:
-            raise ProtocolError(
-                f"frame length {length} exceeds MAX_FRAME_BYTES={MAX_FRAME_BYTES}", code="frame_too_large"
-            )
-        body = bytearray(length)
-        view = memoryview(body)
-        got = 0
-        while got < length:
-            n = sock.recv_into(view[got:])
-            if n == 0:
-                raise ProtocolError(f"connection closed after {got} of {length} frame bytes", code="truncated")
-            got += n
-        return bytes(body), fds
-    except BaseException:
-        close_fds(fds)
-        raise
-
-
-def _fds_from(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
-    fds: list[int] = []
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            usable = len(data) - len(data) % _FD_SIZE
-            fds.extend(array.array("i", data[:usable]))
-    return fds
-
-
-def close_fds(fds: list[int] | tuple[int, ...]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass

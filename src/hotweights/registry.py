@@ -4,16 +4,16 @@ Lifetime: the registry owns exactly one fd per pool of each ready entry. An atta
 gets ``os.dup`` copies that the client owns; the registry's fds are closed only on
 release or shutdown. Physical memory lives while any process holds an fd or a
 mapping, so engines that attached keep their weights after a release or a daemon
-death. Entries move ``ready -> released`` (publishing happens in one message);
-an illegal move raises ``InvalidTransition`` naming the state, event and entry.
+death. An entry is present or it is not: publishing happens in one message.
 
 Thread-safety: every public method takes the registry lock.
 """
 
 from __future__ import annotations
 
-import enum
+import fcntl
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,21 +21,9 @@ from typing import Any
 
 from .key import CacheKey
 from .manifest import Manifest
-from .protocol import close_fds
+from .wire import close_fds
 
-
-class State(enum.Enum):
-    READY = "ready"
-    RELEASED = "released"
-
-
-TRANSITIONS: dict[tuple[State, str], State] = {
-    (State.READY, "release"): State.RELEASED,
-}
-
-
-class InvalidTransition(RuntimeError):
-    pass
+_REQUIRED_SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
 
 
 @dataclass
@@ -43,14 +31,7 @@ class Entry:
     manifest: Manifest
     fds: list[int]
     published_at: float = field(default_factory=time.time)
-    state: State = State.READY
     num_attaches: int = 0
-
-    def move(self, event: str) -> None:
-        nxt = TRANSITIONS.get((self.state, event))
-        if nxt is None:
-            raise InvalidTransition(f"entry {self.manifest.key.short}: no move from {self.state.value} on {event}")
-        self.state = nxt
 
     def describe(self) -> dict[str, Any]:
         key = self.manifest.key
@@ -59,7 +40,7 @@ class Entry:
             "layout": key.layout, "device": key.device, "tp": f"{key.tp_rank}/{key.tp_size}",
             "nbytes": self.manifest.nbytes, "num_tensors": len(self.manifest.tensors),
             "num_pools": len(self.manifest.pools), "num_attaches": self.num_attaches,
-            "state": self.state.value, "published_at": self.published_at,
+            "published_at": self.published_at,
         }
 
 
@@ -119,9 +100,7 @@ class Registry:
         with self._lock:
             keys = [k for k in self._entries if key_short is None or k.short == key_short]
             for k in keys:
-                entry = self._entries.pop(k)
-                entry.move("release")
-                close_fds(entry.fds)
+                close_fds(self._entries.pop(k).fds)
             return [k.short for k in keys]
 
     def describe(self) -> tuple[list[dict[str, Any]], dict[str, int]]:
@@ -131,3 +110,22 @@ class Registry:
         for e in entries:
             per_device[e["device"]] = per_device.get(e["device"], 0) + e["nbytes"]
         return entries, per_device
+
+
+def check_pool_fds(manifest: Manifest, fds: list[int]) -> str:
+    """Why the fds cannot back the manifest, or '' if they can."""
+    if len(fds) != len(manifest.pools):
+        return f"manifest names {len(manifest.pools)} pools but {len(fds)} fds came with it"
+    for i, (fd, pool) in enumerate(zip(fds, manifest.pools)):
+        if pool.device != "cpu":
+            continue  # VMM handles: only the CUDA driver can size them, and the daemon has none
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != pool.nbytes:
+            return f"pool {i}: fd is not a memfd of {pool.nbytes} bytes (size {st.st_size})"
+        try:
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        except OSError:
+            seals = 0
+        if seals & _REQUIRED_SEALS != _REQUIRED_SEALS:
+            return f"pool {i}: memfd is not sealed against write/shrink/grow (seals {seals:#x})"
+    return ""

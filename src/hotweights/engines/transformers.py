@@ -3,7 +3,8 @@
 The model is built with parameters on the meta device (no memory, no random init),
 then ``attach_module`` installs the cached tensors as parameters: zero-copy views of
 the daemon's pools, or engine-owned clones in copy mode. With ``load_format="auto"``
-it is an ordinary disk load through the same path, for baselines.
+it is an ordinary disk load through the same path, for baselines. ``generate`` is
+``hotweights generate``: load, then complete one prompt greedily.
 """
 
 from __future__ import annotations
@@ -17,15 +18,15 @@ import torch
 
 from ..config import AttachConfig
 from ..loading.checkpoint import open_checkpoint
-from ..loading.attach import attach_module, meta_parameters
-from ..loading.policy import LoadedWeights, load_tensors
+from ..loading.policy import LoadedWeights, Source, load_tensors
+from .modules import attach_module, meta_parameters
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class LoadReport:
-    source: str  # cache | disk | disk+publish
+    source: Source
     build_s: float
     weights_s: float
     reason: str
@@ -56,3 +57,28 @@ def load_model(model_dir: str | os.PathLike[str], *, dtype: str = "auto", device
     model.eval()
     t2 = time.perf_counter()
     return model, LoadReport(weights.source, t1 - t0, t2 - t1, weights.reason, weights.key.short)
+
+
+@dataclass(frozen=True, slots=True)
+class Generated:
+    text: str
+    token_ids: list[int]
+    report: LoadReport
+    total_s: float
+
+
+def generate(model_dir: str | os.PathLike[str], prompt: str, *, max_tokens: int = 16, dtype: str = "auto",
+             device: str = "cpu", config: AttachConfig | dict | None = None,
+             load_format: str = "hotweights") -> Generated:
+    """Load ``model_dir`` (cache or disk) and complete ``prompt`` greedily."""
+    from transformers import AutoTokenizer
+
+    start = time.perf_counter()
+    model, report = load_model(model_dir, dtype=dtype, device=device, config=config, load_format=load_format)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ids = tokenizer(prompt, return_tensors="pt").input_ids.to(model.device)
+    with torch.inference_mode():
+        out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    new = out[0, ids.shape[1]:]
+    return Generated(tokenizer.decode(new, skip_special_tokens=True), new.tolist(), report,
+                     time.perf_counter() - start)

@@ -1,47 +1,99 @@
-"""The fallback policy: cache first; on miss/mismatch/absence, disk (logged) or fail.
+"""The fallback policy, once for every engine: cache first; else disk (logged) or fail.
+
+An engine hands ``attach_first`` an ordered list of ``Candidate`` keys (the vLLM plugin:
+engine layout, then checkpoint layout; transformers: one checkpoint key) and a ``use``
+function that turns an attached entry into what the engine needs. The first candidate
+that attaches and that ``use`` accepts wins. When none does:
 
 - ``fallback=True``: log ``Weight cache unusable (<reason>); falling back to disk
-  loading`` and read the checkpoint; with ``publish=True`` the disk load goes into
-  pools that are published, and the engine then attaches to them (write-through), so
-  the next start is warm.
+  loading`` and return the reason; the engine then reads the checkpoint (with
+  ``publish=True`` it publishes what it read: write-through, so the next start is warm).
 - ``fallback=False``: raise ``WeightCacheUnusable`` whose message starts
   ``Weight cache unusable (<reason>) and fallback is disabled``.
 
-Never a silent fallback.
+Never a silent fallback. ``load_tensors`` is the whole policy for checkpoint tensors.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TypeVar
 
 import torch
 
 from .. import evidence
-from ..client import ensure_daemon
+from ..client import Outcome, connect_for
 from ..config import AttachConfig
-from ..errors import WeightCacheUnusable
+from ..errors import ManifestError, WeightCacheUnusable
 from ..key import CacheKey
-from ..paths import daemon_paths
+from ..pools.devices import Device, resolve_device
 from .attach import AttachResult, attach_tensors
 from .checkpoint import Checkpoint, checkpoint_key, open_checkpoint, target_dtype
-from .devices import Device, resolve_device
 from .digest import DigestCache
-from .preload import DEFAULT_POOL_BYTES, load_checkpoint, publish
+from .preload import load_checkpoint
+from .publish import DEFAULT_POOL_BYTES, publish
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    key: CacheKey
+    label: str = ""  # "engine layout": prefixes its reason when several candidates are tried
+    evidence_mode: str | None = None  # the mode named in the Mapped line, when not the config's
+
+
+def attach_first(candidates: Sequence[Candidate], config: AttachConfig,
+                 use: Callable[[Candidate, AttachResult], T]) -> tuple[T | None, str]:
+    """``(use(candidate, attached), "")`` for the first candidate that attaches and fits,
+    else ``(None, reason)`` after the fallback line; raises in strict mode."""
+    reasons: list[str] = []
+    for cand in candidates:
+        # a strict config waits for a starting daemon once, not once per candidate
+        result = attach_tensors(cand.key, dataclasses.replace(config, state_timeout_s=0.0) if reasons else config,
+                                evidence_mode=cand.evidence_mode)
+        if result.ok:
+            try:
+                value = use(cand, result)
+            except (ManifestError, RuntimeError, ValueError) as exc:
+                entry = f"{cand.label.replace(' ', '-')} entry" if cand.label else "cached entry"
+                result = AttachResult(Outcome.UNUSABLE, f"{entry} does not fit this model: {exc}")
+            else:
+                if reasons:
+                    logger.info("no usable %s entry (%s); using the %s entry", candidates[0].label, reasons[0],
+                                cand.label)
+                return value, ""
+        labelled = len(candidates) > 1 and result.outcome is not Outcome.ABSENT
+        reasons.append(f"{cand.label}: {result.reason}" if labelled else result.reason)
+        if result.outcome is Outcome.ABSENT:
+            break  # no daemon: no other key can do better
+    reason = "; ".join(reasons)
+    if not config.fallback:
+        raise WeightCacheUnusable(evidence.strict_failure(reason), reason=reason)
+    logger.warning(evidence.falling_back(reason))
+    return None, reason
+
+
+class Source(StrEnum):
+    CACHE = "cache"
+    DISK = "disk"
+    DISK_PUBLISH = "disk+publish"
 
 
 @dataclass(frozen=True, slots=True)
 class LoadedWeights:
     tensors: dict[str, torch.Tensor]
-    source: str  # "cache" | "disk" | "disk+publish"
+    source: Source
     key: CacheKey
     seconds: float
     reason: str = ""
-    attach: AttachResult | None = field(default=None, repr=False)
 
 
 def load_tensors(model: str | os.PathLike[str] | Checkpoint, *, dtype: str = "auto", device: str = "cpu",
@@ -53,26 +105,25 @@ def load_tensors(model: str | os.PathLike[str] | Checkpoint, *, dtype: str = "au
     dtype = ckpt.resolve_dtype(dtype)
     dev = resolve_device(device)
     key = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid)
+
+    def done(tensors: dict[str, torch.Tensor], source: Source, reason: str = "") -> LoadedWeights:
+        return LoadedWeights(tensors, source, key, time.perf_counter() - start, reason)
+
     if not use_cache:
-        tensors = _read_disk(ckpt, dtype, dev)
-        return LoadedWeights(tensors, "disk", key, time.perf_counter() - start, "load format auto")
-    result = attach_tensors(key, config)
-    if result.ok:
-        return LoadedWeights(result.tensors, "cache", key, time.perf_counter() - start, attach=result)
-    if not config.fallback:
-        raise WeightCacheUnusable(evidence.strict_failure(result.reason), reason=result.reason)
-    logger.warning(evidence.falling_back(result.reason))
+        return done(read_disk(ckpt, dtype, dev), Source.DISK, "load format auto")
+    tensors, reason = attach_first([Candidate(key)], config, lambda _, attached: attached.tensors)
+    if tensors is not None:
+        return done(tensors, Source.CACHE)
     if config.publish:
         published = publish_from_disk(ckpt, dtype, dev, config)
         if published.ok:
-            return LoadedWeights(published.tensors, "disk+publish", key, time.perf_counter() - start,
-                                 result.reason, attach=published)
+            return done(published.tensors, Source.DISK_PUBLISH, reason)
         logger.warning("write-through publish not attachable: reason=%s; using a plain disk load", published.reason)
-    tensors = _read_disk(ckpt, dtype, dev)
-    return LoadedWeights(tensors, "disk", key, time.perf_counter() - start, result.reason)
+    return done(read_disk(ckpt, dtype, dev), Source.DISK, reason)
 
 
-def _read_disk(ckpt: Checkpoint, dtype: str, dev: Device) -> dict[str, torch.Tensor]:
+def read_disk(ckpt: Checkpoint, dtype: str, dev: Device) -> dict[str, torch.Tensor]:
+    """Every tensor of ``ckpt`` on ``dev``, cast to ``dtype``: a plain disk load."""
     from safetensors.torch import load_file
 
     quantized = ckpt.quantization[0] != "none"
@@ -87,35 +138,15 @@ def _read_disk(ckpt: Checkpoint, dtype: str, dev: Device) -> dict[str, torch.Ten
 
 def publish_from_disk(ckpt: Checkpoint, dtype: str, dev: Device, config: AttachConfig, *,
                       evidence_mode: str | None = None) -> AttachResult:
-    """Write-through: disk -> pools -> publish -> attach our own published pools."""
+    """Write-through of a checkpoint: disk -> pools -> publish -> attach our own published pools."""
     start = time.perf_counter()
     writer, digests = load_checkpoint(ckpt, dtype=dtype, device=dev.pool_device, pool_bytes=DEFAULT_POOL_BYTES)
     cache = DigestCache()
     for shard in ckpt.shards:
         cache.put(shard.stat, digests[shard.name])
     key = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid, digests=digests)
-    paths = daemon_paths(config.socket_dir)
-    with ensure_daemon(paths) as client:
+    with connect_for(config, start=True) as client:
         manifest = publish(client, writer, key, load_s=time.perf_counter() - start)
     logger.info(evidence.published(len(manifest.tensors), manifest.tensor_nbytes, key.model, key.short,
                                    key.device, time.perf_counter() - start))
     return attach_tensors(key, config, evidence_mode=evidence_mode)
-
-
-def entry_nbytes(key: CacheKey, config: AttachConfig) -> int:
-    """Bytes the daemon holds for ``key`` (what a zero_copy attach will map), 0 if none.
-
-    With fallback false the daemon may still be starting: wait for it like an attach would.
-    """
-    from ..client import wait_for_daemon
-    from ..errors import DaemonUnavailable
-
-    try:
-        client = wait_for_daemon(daemon_paths(config.socket_dir), socket_path=config.socket_path,
-                                 connect_timeout_s=config.connect_timeout_s,
-                                 state_timeout_s=0.0 if config.fallback else config.state_timeout_s)
-    except DaemonUnavailable:
-        return 0
-    with client:
-        entries = client.status().entries
-    return sum(int(e["nbytes"]) for e in entries if e.get("key") == key.short and e.get("state") == "ready")

@@ -3,8 +3,7 @@
 The loader is the only process that reads weight bytes. Per shard it walks the file
 through an ``mmap`` in offset order, hashing every byte (xxh3-128, for the cache key)
 and copying each tensor into its pool slot with the dtype cast, so each page is read
-from disk once. ``PoolWriter`` is shared with write-through publish: lay out, fill,
-export, publish.
+from disk once. The pools are written by ``publish.PoolWriter`` (all at once).
 
 Not covered: tensor-parallel sharding of checkpoint-layout entries (an engine's TP
 ranks slice the checkpoint tensors themselves), quantized re-packing.
@@ -19,84 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import torch
-
-from ..client import Client, ensure_daemon
-from ..errors import CheckpointError, PoolError
+from ..client import Outcome, connect_for
+from ..config import AttachConfig
+from ..errors import CheckpointError
 from ..key import CacheKey
-from ..manifest import Manifest, pack
-from ..paths import daemon_paths
-from ..pools import backend, torch_dtype
-from ..protocol import AttachOk, close_fds
+from ..pools.devices import resolve_device
 from .checkpoint import Checkpoint, checkpoint_key, open_checkpoint, target_dtype
-from .devices import resolve_device
 from .digest import DigestCache
+from .publish import DEFAULT_POOL_BYTES, PoolWriter, publish
 from .reader import Staging, plan_segments
 
 logger = logging.getLogger(__name__)
-DEFAULT_POOL_BYTES = 1 << 30
-
-
-class PoolWriter:
-    """Pools laid out for a list of tensors; ``dest(name)`` is where each one goes."""
-
-    def __init__(self, items: list[tuple[str, str, tuple[int, ...]]], *, device: str, pool_bytes: int) -> None:
-        self.pool_specs, self.specs = pack(items, pool_bytes=pool_bytes, device=device)
-        self.device = device
-        need = sum(p.nbytes for p in self.pool_specs)
-        impl = backend(device)
-        free = impl.available_bytes(device)
-        if need > free:
-            raise PoolError(f"not enough memory on {device}: the entry needs {need / 2**30:.2f} GiB, "
-                            f"{free / 2**30:.2f} GiB is available; free memory or release entries")
-        self.pools = []
-        try:
-            for p in self.pool_specs:
-                self.pools.append(impl.create(p.nbytes, device))
-        except BaseException:
-            self.close()
-            raise
-        self._flat = [p.as_tensor() for p in self.pools]
-        self._by_name = {s.name: s for s in self.specs}
-
-    @property
-    def torch_device(self) -> torch.device:
-        return self._flat[0].device if self._flat else torch.device("cpu")
-
-    def dest(self, name: str) -> torch.Tensor:
-        s = self._by_name[name]
-        return self._flat[s.pool][s.offset: s.offset + s.nbytes].view(torch_dtype(s.dtype)).view(s.shape)
-
-    def export(self, key: CacheKey, *, load_s: float, aliases: dict[str, str] | None = None) -> tuple[Manifest, list[int]]:
-        """Finish writing; the returned fds belong to the caller (send, then close)."""
-        manifest = Manifest(key, self.pool_specs, self.specs, dict(aliases or {}), load_s)
-        self._flat.clear()
-        fds: list[int] = []
-        try:
-            for pool in self.pools:
-                fds.append(pool.export())
-        except BaseException:
-            close_fds(fds)
-            raise
-        finally:
-            self.close()
-        return manifest, fds
-
-    def close(self) -> None:
-        self._flat = []
-        for pool in self.pools:
-            pool.close()
-        self.pools = []
-
-
-def publish(client: Client, writer: PoolWriter, key: CacheKey, *, load_s: float,
-            aliases: dict[str, str] | None = None) -> Manifest:
-    manifest, fds = writer.export(key, load_s=load_s, aliases=aliases)
-    try:
-        client.publish(manifest, fds)
-    finally:
-        close_fds(fds)
-    return manifest
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,17 +62,15 @@ def preload(model_dir: str | os.PathLike[str], *, dtype: str = "auto", device: s
     ckpt = open_checkpoint(model_dir)
     dtype = ckpt.resolve_dtype(dtype)
     dev = resolve_device(device)
-    paths = daemon_paths(socket_dir)
     cache = DigestCache()
-    with ensure_daemon(paths) as client:
+    with connect_for(AttachConfig(socket_dir=socket_dir), start=True) as client:
         known = {s.name: d for s in ckpt.shards if (d := cache.get(s.stat))}
         if len(known) == len(ckpt.shards):
             key = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid, digests=known)
-            reply, fds = client.attach(key)
-            close_fds(fds)
-            if isinstance(reply, AttachOk):
+            answer = client.lookup(key)
+            if answer.outcome is Outcome.OK:
                 logger.info("already cached: key=%s model=%s", key.short, key.model)
-                return PreloadResult(key, len(reply.manifest.tensors), reply.manifest.tensor_nbytes, 0.0, True,
+                return PreloadResult(key, len(answer.manifest.tensors), answer.manifest.tensor_nbytes, 0.0, True,
                                      client.socket_path)
         start = time.perf_counter()
         writer, digests = load_checkpoint(ckpt, dtype=dtype, device=dev.pool_device, pool_bytes=pool_bytes,

@@ -15,6 +15,7 @@ Not covered: O_DIRECT reads (the page cache is used, and left warm).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -107,7 +108,7 @@ class Staging:
         if a % isz:  # finish the element split by the previous block boundary
             head = carry.pop(name) + bytes(raw[: first * isz - a].numpy())
             value = torch.frombuffer(bytearray(head), dtype=src_dtype)
-            with torch.cuda.stream(self.stream) if self.cuda else _null():
+            with torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext():
                 dst[first - 1:first].copy_(value.to(dst.dtype), non_blocking=self.cuda)
         if b % isz and b < total:
             carry[name] = bytes(raw[last * isz - a:].numpy())
@@ -123,14 +124,6 @@ class Staging:
             if body.storage_offset() % isz:
                 body = body.clone()
             dst[first:last].copy_(body.view(src_dtype))
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def plan_segments(tensors, dest: Callable[[str], torch.Tensor], size: int) -> list[list[tuple]]:

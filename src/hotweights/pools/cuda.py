@@ -53,7 +53,7 @@ def _require_driver() -> None:
 
 @functools.cache
 def _device_index(device: str) -> int:
-    from ..loading.devices import index_of_uuid
+    from .devices import index_of_uuid
 
     uuid = device.split(":", 1)[1]
     try:

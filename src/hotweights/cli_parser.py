@@ -1,0 +1,124 @@
+"""The ``hotweights`` argument parser: every subcommand, flag, default and help text."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from . import __version__
+
+DTYPES = ["auto", "float16", "bfloat16", "float32"]
+
+
+def _socket_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--socket-dir", default=None,
+                   help="daemon directory (default: $HOTWEIGHTS_SOCKET_DIR, $XDG_RUNTIME_DIR/hotweights, "
+                        "/tmp/hotweights-<uid>)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hotweights", description="Keep LLM weights resident across restarts.")
+    parser.add_argument("--version", action="version", version=f"hotweights {__version__}")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("daemon", help="run the keeper daemon in the foreground")
+    _socket_dir(p)
+    p.add_argument("--max-bytes", type=int, default=0, help="refuse publishes beyond this many bytes (0: no cap)")
+    p.add_argument("--detach", action="store_true",
+                   help="double-fork into the background (no longer a descendant of the caller, so an engine "
+                        "that kills its process tree on exit does not take the daemon with it)")
+
+    p = sub.add_parser("preload", help="load a checkpoint into the cache (starts the daemon if needed)")
+    p.add_argument("--model", required=True, help="checkpoint directory (safetensors)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--pool-mib", type=int, default=1024, help="size cap of one pool in MiB (default 1024)")
+    p.add_argument("--engine", choices=["checkpoint", "vllm"], default="checkpoint",
+                   help="checkpoint (default): the checkpoint's tensors, no engine in the loop; vllm: run vLLM's own "
+                        "loader (a vLLM server started with --load-format hotweights and publish) and publish the "
+                        "engine layout, one entry per TP rank, on the device vLLM runs on")
+    p.add_argument("--vllm-python", help="python that has vLLM (default $HOTWEIGHTS_VLLM_PYTHON, else this one)")
+    p.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for vLLM, repeatable (e.g. --vllm-arg=--max-model-len=4096)")
+    p.add_argument("--log", type=Path, help="with --engine vllm: where to keep vLLM's log")
+    p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
+    _socket_dir(p)
+
+    p = sub.add_parser("status", help="what the daemon holds")
+    p.add_argument("--json", action="store_true")
+    _socket_dir(p)
+
+    p = sub.add_parser("release", help="drop an entry (engines that attached keep their mapping)")
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("key", nargs="?", help="short key from `hotweights status`")
+    group.add_argument("--all", action="store_true")
+    p.add_argument("--json", action="store_true")
+    _socket_dir(p)
+
+    p = sub.add_parser("stop", help="stop the daemon (engines that attached keep their weights)")
+    _socket_dir(p)
+
+    p = sub.add_parser("demo-model", help="write a deterministic Qwen3-architecture demo checkpoint")
+    p.add_argument("directory")
+    p.add_argument("--size", default="tiny", choices=["tiny", "small", "1g", "0.6b", "8b"])
+    p.add_argument("--gen-device", default="cpu", help="where random weights are drawn (cuda is faster for 8b)")
+
+    p = sub.add_parser("inspect", help="a checkpoint's cache key: arch, dtype, digests (reads no daemon)")
+    p.add_argument("--model", required=True)
+    p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("serve", help="OpenAI-compatible server (transformers) loading through the cache")
+    p.add_argument("model")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--load-format", default="hotweights", choices=["hotweights", "auto"])
+    p.add_argument("--model-loader-extra-config", default="{}",
+                   help="JSON: mode, fallback, socket_dir, socket_path, connect_timeout_s, state_timeout_s, publish")
+
+    p = sub.add_parser("observe", help="start a server command, time it to /health, write LABEL.log/.json",
+                       description="Time-to-ready is measured from process start to the first 200 from the "
+                                   "health URL, so it includes up to one poll interval (--interval).")
+    p.add_argument("label")
+    p.add_argument("cmd", nargs="*", help="-- CMD ARGS... (everything after --)")
+    p.add_argument("--health-url", default="http://127.0.0.1:8000/health")
+    p.add_argument("--interval", type=float, default=1.0, help="poll interval in seconds (default 1)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for ready (default 600)")
+    p.add_argument("--out", default=".", help="directory for LABEL.log and LABEL.json")
+    p.add_argument("--grace", type=float, default=30.0, help="seconds between SIGINT and SIGKILL on the way out")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--then", default=None, help="once ready, run this shell command, then stop the server")
+    group.add_argument("--exit-when-ready", action="store_true", help="stop the server as soon as it is ready")
+
+    p = sub.add_parser("verify", help="run the acceptance procedure and write a report")
+    p.add_argument("--engine", default="hotweights", choices=["hotweights", "vllm"])
+    p.add_argument("--model", required=True)
+    p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--out", default="hotweights-verify")
+    p.add_argument("--prompt", default="The weight cache")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds each server may take to be ready")
+    p.add_argument("--engine-cmd", default=None,
+                   help="server command template with {python} {model} {port} {dtype} {device} {tp} "
+                        "{load_format} {extra} (default: the --engine's own)")
+    p.add_argument("--json", action="store_true", help="print the receipts as one JSON line")
+
+    p = sub.add_parser("generate", help="load a model (cache or disk) with transformers and complete a prompt")
+    p.add_argument("--model", required=True)
+    p.add_argument("--prompt", default="The weight cache says")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--load-format", default="hotweights", choices=["hotweights", "auto"])
+    p.add_argument("--model-loader-extra-config", default="{}", help="JSON: mode, fallback, socket_dir, ...")
+    p.add_argument("--json", action="store_true")
+    return parser

@@ -1,0 +1,51 @@
+"""Terminal presentation for the CLI: the preload progress bar and the status table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .evidence import GIB
+
+
+class ProgressBar:
+    """A rich progress bar with throughput when stderr is a terminal; a no-op otherwise."""
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.enabled = enabled
+        self._progress: Any = None
+        self._task: Any = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return None
+        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+        self._progress = Progress("[bold]preload", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                                  TimeRemainingColumn(), transient=True)
+        self._progress.start()
+        self._task = self._progress.add_task("preload", total=None)
+        return self.update
+
+    def update(self, done: int, total: int) -> None:
+        self._progress.update(self._task, completed=done, total=total)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def status_table(status: Any, socket_path: Path) -> str:
+    """``hotweights status`` as text: the daemon line, bytes per device, one row per entry."""
+    lines = [f"daemon pid={status.pid} version={status.daemon_version} uptime={status.uptime_s:.0f}s "
+             f"socket={socket_path}"]
+    for dev, nbytes in sorted(status.bytes_by_device.items()):
+        lines.append(f"  {dev}: {nbytes / GIB:.2f} GiB")
+    lines.append(f"{'KEY':<14}{'MODEL':<20}{'LAYOUT':<14}{'TP':<5}{'DTYPE':<10}{'DEVICE':<16}{'GiB':>8}"
+                 f"{'TENSORS':>9}{'ATTACHES':>10}")
+    for e in status.entries:
+        lines.append(f"{e['key']:<14}{e['model'][:19]:<20}{e['layout'][:13]:<14}{e['tp']:<5}{e['dtype']:<10}"
+                     f"{e['device'][:15]:<16}{e['nbytes'] / GIB:>8.2f}{e['num_tensors']:>9}{e['num_attaches']:>10}")
+    if not status.entries:
+        lines.append("(no entries)")
+    return "\n".join(lines)

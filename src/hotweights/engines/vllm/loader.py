@@ -1,0 +1,231 @@
+"""``HotweightsModelLoader``: vLLM's model loader for load format ``hotweights``.
+
+Imports vLLM at the top: ``register()`` imports this module lazily, inside vLLM.
+
+- **Engine layout** (key layout ``vllm/<version>``, with tp/pp rank, dtype, quantization
+  and KV-cache dtype): the tensors vLLM itself ends up with after loading and
+  ``process_weights_after_loading``. Attach builds the model on the meta device,
+  installs the cached tensors (``attach_module(exact=False)``: tied weights stay one
+  object; tensors created by post-processing are registered too), then reruns
+  ``process_weights_after_loading`` under ``weights_already_processed`` so quantization
+  methods rebuild their Python-side state without transforming the weights. Filled by
+  write-through (``publish: true``) or ``hotweights preload --engine vllm``.
+- **Checkpoint layout, streamed**: an entry made by plain ``hotweights preload`` is
+  attached zero-copy and fed to vLLM's own ``model.load_weights`` instead of the disk.
+  Evidence: ``(mode=stream)`` plus ``Streamed N cached tensors ...``.
+
+vLLM's CPU build packs unquantized linear weights during post-processing (see
+``cpu_packing``); the engine layout keeps those weights as loaded and attach packs
+them again (a copy in the engine). On the GPU the whole model is mapped.
+
+The fallback and strict policy is ``loading.policy.attach_first``. A disk load runs
+vLLM's ``DefaultModelLoader`` built from a copy of the ``LoadConfig`` with
+``load_format="auto"`` and no extra config. Local model directories only.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import time
+
+import torch
+import vllm
+from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+
+from ...client import connect_for
+from ...errors import DaemonUnavailable, ManifestError
+from ...key import CacheKey
+from ...loading.attach import AttachResult
+from ...loading.checkpoint import Checkpoint, checkpoint_key, open_checkpoint
+from ...loading.digest import DigestCache
+from ...loading.policy import Candidate, attach_first, publish_from_disk
+from ...loading.publish import publish_tensors
+from ...pools.devices import Device, resolve_device
+from ..modules import Slot, attach_module, module_tensors
+from .cpu_packing import keep_cpu_packed_weights
+from .options import sleep_mode_refusal, split_extra_config
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Keys:
+    ckpt: Checkpoint
+    device: Device
+    dtype: str
+    engine: CacheKey
+    checkpoint: CacheKey
+
+
+class HotweightsModelLoader(BaseModelLoader):
+    """Attaches vLLM's own post-processed tensors, or streams cached checkpoint tensors."""
+
+    def __init__(self, load_config) -> None:
+        super().__init__(load_config)
+        self.layout, self.config = split_extra_config(load_config.model_loader_extra_config)
+        if dataclasses.is_dataclass(load_config):
+            disk = dataclasses.replace(load_config, load_format="auto", model_loader_extra_config={})
+        else:
+            disk = copy.copy(load_config)
+            disk.load_format, disk.model_loader_extra_config = "auto", {}
+        self._disk_config = disk
+        self._stream: AttachResult | None = None
+        self._keys_memo: dict[tuple, Keys] = {}  # get_external_weight_memory and load_model share keys
+
+    # -- keys ------------------------------------------------------------------------------
+
+    def _keys(self, vllm_config, model_config) -> Keys:
+        memo = (model_config.model, str(model_config.dtype), id(vllm_config))
+        if memo not in self._keys_memo:
+            self._keys_memo[memo] = self._compute_keys(vllm_config, model_config)
+        return self._keys_memo[memo]
+
+    def _compute_keys(self, vllm_config, model_config) -> Keys:
+        from vllm.distributed import (get_pp_group, get_tensor_model_parallel_rank,
+                                      get_tensor_model_parallel_world_size)
+
+        device = torch.device(vllm_config.device_config.device)
+        dev = resolve_device("cpu" if device.type != "cuda" else
+                             f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}")
+        dtype = str(model_config.dtype).removeprefix("torch.")
+        ckpt = open_checkpoint(model_config.model, validate=False)  # headers only: the key needs no more
+        layout = f"vllm/{getattr(vllm, '__version__', 'unknown')}"
+        if quant := getattr(model_config, "quantization", None):
+            layout += f"/quant={quant}"
+        cache_dtype = getattr(vllm_config.cache_config, "cache_dtype", "auto")
+        if cache_dtype and cache_dtype != "auto":
+            layout += f"/kv={cache_dtype}"
+        pp = get_pp_group()
+        digests = DigestCache()  # read digests.json once for both keys
+        engine = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid, cache=digests,
+                                tp_size=get_tensor_model_parallel_world_size(),
+                                tp_rank=get_tensor_model_parallel_rank(), pp_size=pp.world_size,
+                                pp_rank=pp.rank_in_group, layout=layout)
+        checkpoint = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid, cache=digests)
+        return Keys(ckpt, dev, dtype, engine, checkpoint)
+
+    # -- vLLM API --------------------------------------------------------------------------
+
+    def download_model(self, model_config) -> None:
+        open_checkpoint(model_config.model)  # local directories only; fails with a clear message
+
+    def get_external_weight_memory(self, vllm_config) -> int:
+        """Bytes of an engine-layout entry this worker will map zero-copy (0 otherwise)."""
+        if self.config.mode != "zero_copy" or self.layout == "checkpoint":
+            return 0
+        try:
+            key = self._keys(vllm_config, vllm_config.model_config).engine
+            with connect_for(self.config) as client:
+                return client.entry_nbytes(key)
+        except DaemonUnavailable:
+            return 0
+        except Exception as exc:  # never block startup on sizing; the load itself reports problems
+            logger.warning("cannot size the cached weights: %s; assuming none are external", exc)
+            return 0
+
+    def load_model(self, vllm_config, model_config, prefix: str = ""):
+        refusal = sleep_mode_refusal(bool(getattr(model_config, "enable_sleep_mode", False)),
+                                     self.config.mode, self.layout)
+        if refusal:
+            raise ValueError(refusal)
+        keys = self._keys(vllm_config, model_config)
+        candidates = []
+        if self.layout in ("auto", "engine"):
+            candidates.append(Candidate(keys.engine, "engine layout"))
+        if self.layout in ("auto", "checkpoint"):
+            candidates.append(Candidate(keys.checkpoint, "checkpoint layout", evidence_mode="stream"))
+
+        def use(cand: Candidate, attached: AttachResult):
+            if cand.key is keys.engine:
+                return self._build(vllm_config, model_config, prefix, attached)
+            return self._streamed(vllm_config, model_config, prefix, attached)
+
+        model, _ = attach_first(candidates, self.config, use)
+        if model is not None:
+            return model
+        if self.config.publish and self.layout == "checkpoint":
+            attached = publish_from_disk(keys.ckpt, keys.dtype, keys.device, self.config, evidence_mode="stream")
+            if attached.ok:
+                return self._streamed(vllm_config, model_config, prefix, attached)
+            logger.warning("write-through publish not attachable: reason=%s; loading from disk", attached.reason)
+        if not self.config.publish:
+            return DefaultModelLoader(self._disk_config).load_model(vllm_config, model_config, prefix)
+        with keep_cpu_packed_weights() as kept:
+            model = DefaultModelLoader(self._disk_config).load_model(vllm_config, model_config, prefix)
+        self._write_through(model, kept, keys)
+        return model
+
+    def load_weights(self, model, model_config) -> None:
+        """Checkpoint tensors into an already built model: from the streamed entry, else disk."""
+        attached, self._stream = self._stream, None
+        if attached is None:
+            DefaultModelLoader(self._disk_config).load_weights(model, model_config)
+            return
+        start = time.perf_counter()
+        with torch.no_grad():
+            loaded = model.load_weights(iter(attached.tensors.items()))
+        expected = {name for name, _ in model.named_parameters()}
+        missing = sorted(expected - set(loaded)) if loaded is not None else []
+        if missing:
+            raise ValueError(f"the cached checkpoint did not provide {len(missing)} parameters vLLM expects, "
+                             f"e.g. {missing[:3]}")
+        logger.info("Streamed %d cached tensors into vLLM's weight loaders in %.2f s (layout=checkpoint)",
+                    len(attached.tensors), time.perf_counter() - start)
+
+    # -- paths -----------------------------------------------------------------------------
+
+    def _streamed(self, vllm_config, model_config, prefix, attached: AttachResult):
+        self._stream = attached
+        return super().load_model(vllm_config, model_config, prefix)  # calls self.load_weights
+
+    def _build(self, vllm_config, model_config, prefix, attached: AttachResult):
+        from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
+        from vllm.model_executor.utils import weights_already_processed
+        from vllm.utils.torch_utils import set_default_torch_dtype
+
+        start = time.perf_counter()
+        load_device = getattr(self.load_config, "device", None) or vllm_config.device_config.device
+        with set_default_torch_dtype(model_config.dtype):
+            with torch.device("meta"):
+                model = initialize_model(vllm_config=vllm_config, model_config=model_config, prefix=prefix)
+            attach_module(model, attached.tensors, exact=False)
+            registered = time.perf_counter()
+            with weights_already_processed(), torch.no_grad():
+                process_weights_after_loading(model, model_config, torch.device(load_device))
+        end = time.perf_counter()
+        logger.info("Built the vLLM model from %d cached engine-layout tensors in %.2f s (layout=%s; meta "
+                    "init + register %.2f s, post-processing %.2f s)", len(attached.tensors), end - start,
+                    attached.manifest.key.layout, registered - start, end - registered)
+        return model.eval()
+
+    def _write_through(self, model, kept: dict, keys: Keys) -> None:
+        def unpacked(slot: Slot, t: torch.Tensor) -> torch.Tensor:
+            # a weight the CPU packing replaced by an empty tensor is published as loaded
+            return kept.get(id(slot.owner), t) if slot.leaf == "weight" and t.numel() == 0 else t
+
+        try:
+            tensors, aliases, owners = module_tensors(model, substitute=unpacked)
+        except ManifestError as exc:
+            logger.warning("write-through skipped: %s", exc)
+            return
+        packed = {name for name, slot in owners.items() if slot.leaf == "weight"
+                  and getattr(slot.owner, "weight").numel() == 0}
+        kept.clear()
+
+        def repoint(name: str, view: torch.Tensor) -> None:
+            if name in packed:
+                return  # the engine uses its packed copy; the kept original goes with the entry
+            slot = owners[name]
+            current = slot.owner._parameters.get(slot.leaf)
+            if current is not None:
+                current.data = view
+            else:
+                slot.owner._buffers[slot.leaf] = view
+
+        try:  # publish_tensors consumes the dict: each original goes once its pool is sealed
+            publish_tensors(tensors, keys.engine, self.config, device=keys.device, aliases=aliases, repoint=repoint)
+        except Exception as exc:  # the engine already works from its disk load
+            logger.warning("write-through publish failed: %s; serving from the disk load", exc)

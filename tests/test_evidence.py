@@ -1,0 +1,31 @@
+"""Evidence lines: exact shapes, and the patterns that recognise them (the only parsers).
+
+Run: pytest tests/test_evidence.py
+"""
+
+from __future__ import annotations
+
+from hotweights import evidence
+
+
+def test_evidence_shapes_are_exact():
+    assert evidence.mapped(47, 3 << 29, "/run/hw/daemon.sock", "zero_copy", 3.25) == (
+        "Mapped 47 tensors (1.50 GiB) from weight cache daemon /run/hw/daemon.sock (mode=zero_copy) in 3.2 ms")
+    assert evidence.published(399, 16 << 30, "Qwen3-8B", "abcdef012345", "cuda:GPU-1", 4.567) == (
+        "Published 399 tensors (16.00 GiB) to weight cache: Qwen3-8B [abcdef012345] on cuda:GPU-1 in 4.57 s")
+    assert evidence.falling_back("daemon unavailable: x") == (
+        "Weight cache unusable (daemon unavailable: x); falling back to disk loading")
+    assert evidence.strict_failure("miss").startswith("Weight cache unusable (miss) and fallback is disabled")
+    assert evidence.daemon_ready("/s", 12) == "Weight cache daemon READY: socket=/s pid=12"
+
+
+def test_patterns_recognise_the_lines_they_are_built_from():
+    mapped = evidence.mapped(47, 3 << 29, "/run/hw/daemon.sock", "stream", 3.25)
+    m = evidence.MAPPED_RE.search("INFO 11-29 12:40:16 [hotweights] " + mapped)
+    assert m and m.groups() == ("47", "1.50", "/run/hw/daemon.sock", "stream", "3.2")
+    published = evidence.published(399, 16 << 30, "Qwen3-8B", "abcdef012345", "cuda:GPU-1", 4.567)
+    assert evidence.PUBLISHED_RE.search(published).groups() == ("399", "16.00", "Qwen3-8B", "abcdef012345",
+                                                                  "cuda:GPU-1")
+    assert evidence.FALLBACK_MARK in evidence.falling_back("x")
+    assert evidence.STRICT_MARK in evidence.strict_failure("x")
+    assert evidence.daemon_ready("/s", 1).startswith(evidence.READY_MARK)
