@@ -49,12 +49,13 @@ def socket_dir() -> Path:
 
 
 class DaemonProc:
-    def __init__(self, socket_dir: Path, *extra: str) -> None:
+    def __init__(self, socket_dir: Path, *extra: str, max_fds: int | None = None) -> None:
         self.paths = DaemonPaths(socket_dir)
         self.log_path = socket_dir / "test-daemon.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "hotweights", "daemon", "--socket-dir", str(socket_dir),
-                                      *extra], stdout=self._log, stderr=subprocess.STDOUT)
+                                      *extra], stdout=self._log, stderr=subprocess.STDOUT,
+                                     preexec_fn=(lambda: _limit_fds(max_fds)) if max_fds else None)
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -85,6 +86,12 @@ class DaemonProc:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+def _limit_fds(n: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
 
 
 @pytest.fixture

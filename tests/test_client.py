@@ -6,6 +6,7 @@ Run: pytest tests/test_client.py
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 from pathlib import Path
@@ -29,8 +30,9 @@ def _send_attach_ok(sock: socket.socket, *, key: CacheKey = KEY, fds_short: int 
     pools, specs = pack([("w", "float16", (4,)), ("v", "float16", (300,))], pool_bytes=512, device="cpu")
     fds = []
     for p in pools:
-        fd = os.memfd_create("t")
+        fd = os.memfd_create("t", os.MFD_ALLOW_SEALING)
         os.ftruncate(fd, p.nbytes)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
         fds.append(fd)
     body = msgpack.unpackb(encode(AttachOk(Manifest(key, pools, specs))))
     body["manifest"]["pools"] = [[n, device] for n, _ in body["manifest"]["pools"]]  # a lying daemon
@@ -86,6 +88,19 @@ def test_attach_answered_with_pools_on_another_device_is_refused_before_mapping(
     _send_attach_ok(b, device="cuda:GPU-x")
     with pytest.raises(WrongEntry, match="pools on cuda:GPU-x for a key on cpu"):
         Client(a, Path("x")).attach(KEY)
+    recv_frame(b)
+    assert open_fds() == before
+
+
+def test_pools_that_are_not_what_they_claim_are_refused_before_mapping(pair):
+    a, b = pair
+    before = open_fds()
+    gpu_key = CacheKey(shards=(ShardId("m", 1, "h", "c"),), arch="A", dtype="float16", model="m",
+                       device_kind="cuda", device_id="GPU-x")
+    _send_attach_ok(b, device="cuda:GPU-x")  # memfds where CUDA allocations belong
+    with pytest.raises(ProtocolError, match=r"daemon sent a pool this engine will not map: pool 0: fd is "
+                                            r"/memfd:t \(deleted\), not a CUDA allocation"):
+        Client(a, Path("x")).attach(gpu_key)
     recv_frame(b)
     assert open_fds() == before
 

@@ -33,8 +33,13 @@ KEY = CacheKey(shards=(ShardId("m", 1, "h", "c"),), arch="A", dtype="float16", m
 def raw(daemon: DaemonProc) -> socket.socket:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(5)
-    s.connect(str(daemon.paths.socket))
-    return s
+    for _ in range(1000):  # a full listen backlog answers EAGAIN at once
+        try:
+            s.connect(str(daemon.paths.socket))
+            return s
+        except BlockingIOError:
+            time.sleep(0.005)
+    raise TimeoutError("listen backlog stayed full")
 
 
 def sealed_memfd(nbytes: int, *, seal: bool = True) -> int:
@@ -146,7 +151,7 @@ def encode_hello() -> bytes:
 
 @pytest.mark.parametrize("problem, message", [
     ("count", "manifest names 1 pools but 2 fds came with it"),
-    ("size", "fd is not a memfd of 1024 bytes (size 256)"),
+    ("size", "fd is not a memfd of 1024 bytes (/memfd:t (deleted), size 256)"),
     ("unsealed", "memfd is not sealed against write/shrink/grow"),
 ])
 def test_liar_publish_is_rejected_without_leaking(daemon, problem, message):
@@ -249,3 +254,138 @@ def test_client_of_another_uid_is_rejected(daemon):
         raise AssertionError(f"the other-uid client reported: {answer!r}") from None
     assert reply["op"] == "error" and reply["code"] == "forbidden", answer
     assert "connection rejected: peer_uid=65534" in daemon.log()
+
+
+# -- what one client can cost (issue 11) ---------------------------------------------------
+
+
+def publish_one(daemon: DaemonProc) -> bytes:
+    """Publish KEY with known bytes; returns them."""
+    data = bytes(range(256)) * 4
+    pools, specs = pack([("w", "float16", (512,))], pool_bytes=1024, device="cpu")
+    fd = os.memfd_create("t", os.MFD_ALLOW_SEALING)
+    os.pwrite(fd, data, 0)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    with connect(daemon.paths) as c:
+        c.publish(Manifest(KEY, pools, specs), [fd])
+    os.close(fd)
+    return data
+
+
+def attached_bytes(daemon: DaemonProc) -> bytes:
+    with connect(daemon.paths, timeout_s=5) as c:
+        reply = c.attach(KEY)
+        (fd,) = reply.take_fds()
+        assert reply.answer().outcome is Outcome.OK
+    with mmap.mmap(fd, 1024, mmap.MAP_PRIVATE, mmap.PROT_READ) as m:
+        data = bytes(m)
+    os.close(fd)
+    return data
+
+
+def test_a_full_fd_table_sheds_connections_and_loses_nothing(socket_dir):
+    d = DaemonProc(socket_dir, max_fds=160)
+    try:
+        data = publish_one(d)
+        baseline = resting_fds(d)
+        attackers = []
+        spare = sealed_memfd(64)
+        for _ in range(40):  # each: half a header with many fds, then silence
+            try:
+                s = raw(d)
+                s.sendmsg([b"\x00\x00"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("60i", *[spare] * 60))])
+                attackers.append(s)
+            except OSError:
+                break
+        time.sleep(1.5)  # past the stall time: the stalled connections may be shed
+        for attempt in range(20):  # shedding may take the first tries; serving goes on
+            r = run_cli("status", "--json", "--socket-dir", str(socket_dir), timeout=30)
+            if r.returncode == 0:
+                break
+        assert r.returncode == 0, r.stderr
+        assert attached_bytes(d) == data
+        assert d.proc.poll() is None
+        for s in attackers:
+            s.close()
+        os.close(spare)
+        assert settle_fds(d, baseline) == baseline
+        assert "fd table full" in d.log() or "too_many_fds" in d.log()
+        assert "Traceback" not in d.log()
+    finally:
+        d.stop()
+
+
+def test_silent_connections_cannot_lock_others_out(daemon):
+    data = publish_one(daemon)
+    idle = [raw(daemon) for _ in range(200)]  # one pid, far over its cap and the table
+    try:
+        time.sleep(0.2)
+        r = run_cli("status", "--json", "--socket-dir", str(daemon.paths.directory))
+        assert r.returncode == 0, r.stderr
+        assert attached_bytes(daemon) == data
+        threads = int(next(line.split()[1] for line in open(f"/proc/{daemon.pid}/status") if line.startswith("Threads")))
+        assert threads <= 16 + 8, threads  # the pid's cap, not 200 threads
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_a_frame_must_finish_within_its_deadline(socket_dir):
+    d = DaemonProc(socket_dir)
+    try:
+        with raw(d) as s:
+            s.sendall(struct.pack(">I", 100) + b"x")  # starts a frame, then stalls
+            s.settimeout(20)
+            start = time.monotonic()
+            reply = recv_message(s)[0]
+            assert reply.code == "slow_frame" and 9 <= time.monotonic() - start < 15
+    finally:
+        d.stop()
+
+
+def test_huge_keys_cost_little_and_always_get_a_typed_reply(daemon):
+    publish_one(daemon)
+    wire = KEY.to_wire()
+    with raw(daemon) as s:  # 1,000,000 shards (~12 MB): refused from the header alone
+        send_frame(s, msgpack.packb({"op": "attach", "key": {**wire, "shards": [["s", i, "h", "c"]
+                                                                                  for i in range(1_000_000)]}}))
+        reply = recv_message(s)[0]
+        assert reply.code == "frame_too_large" and "only a publish" in reply.message
+    with raw(daemon) as s:  # under the small-frame cap but over the shard count
+        send_frame(s, msgpack.packb({"op": "attach", "key": {**wire, "shards": [["s", i, "h", "c"]
+                                                                                  for i in range(20_000)]}}))
+        reply = recv_message(s)[0]
+        assert reply.code == "bad_message" and "key.shards has 20000 entries; at most 16384" in reply.message
+    many = [[f"model-{i:05d}.safetensors", i + 1, "h", "c"] for i in range(16000)]
+    with raw(daemon) as s:  # a mismatch against 16,000 shards: a bounded reply
+        send_frame(s, msgpack.packb({"op": "attach", "key": {**wire, "shards": many}}))
+        reply = recv_message(s)[0]
+        assert type(reply).__name__ == "AttachMismatch" and len(reply.diffs) == 33
+        assert reply.diffs[-1].startswith("... and ") and reply.diffs[-1].endswith(" more differences")
+    rss_kib = int(next(line.split()[1] for line in open(f"/proc/{daemon.pid}/status") if line.startswith("VmRSS")))
+    assert rss_kib < 200 * 1024, rss_kib
+
+
+def test_type_confused_frames_get_typed_replies_and_no_traceback(daemon):
+    frames = [
+        msgpack.packb({"op": "hello", b"version": 2}),  # str and bytes field names mixed
+        msgpack.packb({"op": "attach", "key": {**KEY.to_wire(), b"dtype": "x"}}),
+        msgpack.packb({"op": "publish", "manifest": {"key": 1, "pools": [[1, 2]], "tensors": [], "aliases": {},
+                                                     "load_s": 0}}),
+        msgpack.packb({"op": "release", "key_short": None, "all": "yes"}),
+    ]
+    with raw(daemon) as s:
+        for payload in frames:
+            send_frame(s, payload)
+            assert recv_message(s)[0].code == "bad_message"
+    assert "Traceback" not in daemon.log()
+
+
+def test_rejection_lines_are_bounded_and_rate_limited(daemon):
+    with raw(daemon) as s:
+        for _ in range(200):
+            send_frame(s, msgpack.packb({"op": "x" * 100_000}))
+            assert recv_message(s)[0].code == "unknown_op"
+    lines = [line for line in daemon.log().splitlines() if "request rejected" in line]
+    assert 1 <= len(lines) <= 20  # the burst; the rest are counted, not written
+    assert max(len(line) for line in daemon.log().splitlines()) < 1000

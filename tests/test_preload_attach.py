@@ -108,6 +108,26 @@ def test_checkpoint_modified_in_place_never_matches(model_copy, daemon, keep_mti
     assert len(result.diffs) == 1 and result.diffs[0].startswith("shards[model.safetensors].content_digest: cached=")
 
 
+def test_rehash_catches_bytes_changed_through_a_shared_mapping(model_copy, daemon):
+    import mmap
+
+    model = model_copy("tiny")
+    path = model / "model.safetensors"
+    offset = open_checkpoint(model).shards[0].tensors[-1].begin
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED) as m:
+        m[offset] = (m[offset] + 1) % 256  # dirties the page: mtime and ctime move now
+        preload(model, dtype="float32", socket_dir=str(daemon.paths.directory))
+        before = os.stat(path)
+        m[offset + 1] = (m[offset + 1] + 1) % 256  # the page is already dirty: no time moves
+        m.flush()
+        assert (os.stat(path).st_mtime_ns, os.stat(path).st_ctime_ns) == (before.st_mtime_ns, before.st_ctime_ns)
+    config = AttachConfig(socket_dir=str(daemon.paths.directory))
+    stale = attach_tensors(checkpoint_key(open_checkpoint(model), dtype="float32"), config)
+    assert stale.ok  # the documented limit: the digest cache cannot see this change
+    fresh = attach_tensors(checkpoint_key(open_checkpoint(model), dtype="float32", rehash=True), config)
+    assert fresh.outcome == "mismatch" and fresh.diffs[0].startswith("shards[model.safetensors].content_digest")
+
+
 def test_copy_mode_owns_its_memory(models, daemon):
     preload(models["small"], dtype="float16", socket_dir=str(daemon.paths.directory))
     key = key_for(models["small"], "float16")

@@ -39,8 +39,23 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"hotweights {args.command}: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a path the user named that cannot be used: one line, no traceback
+        where = f"cannot use {exc.filename}: " if exc.filename else ""
+        print(f"hotweights {args.command}: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _extra_config(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        extra = json.loads(args.model_loader_extra_config)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--model-loader-extra-config is not valid JSON ({exc}): "
+                         f"{args.model_loader_extra_config!r}; e.g. '{{\"fallback\": false}}'") from None
+    if not isinstance(extra, dict):
+        raise ValueError("--model-loader-extra-config must be a JSON object, e.g. '{\"fallback\": false}'")
+    return extra
 
 
 def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
@@ -159,12 +174,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .config import AttachConfig
     from .serve.app import ServeConfig, run
 
-    extra = json.loads(args.model_loader_extra_config)
-    if not isinstance(extra, dict):
-        raise ValueError("--model-loader-extra-config must be a JSON object")
     return run(ServeConfig(model=args.model, host=args.host, port=args.port, dtype=args.dtype, device=args.device,
                            served_model_name=args.served_model_name, max_model_len=args.max_model_len,
-                           load_format=args.load_format, attach=AttachConfig.from_dict(extra)))
+                           load_format=args.load_format, attach=AttachConfig.from_dict(_extra_config(args))))
 
 
 def cmd_observe(args: argparse.Namespace) -> int:
@@ -197,7 +209,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .engines.transformers import generate
 
     result = generate(args.model, args.prompt, max_tokens=args.max_tokens, dtype=args.dtype, device=args.device,
-                      config=json.loads(args.model_loader_extra_config), load_format=args.load_format)
+                      config=_extra_config(args), load_format=args.load_format)
     report = result.report
     _emit(args, {"source": report.source, "weights_s": report.weights_s, "build_s": report.build_s,
                  "total_s": result.total_s, "key": report.key_short, "completion": result.text,

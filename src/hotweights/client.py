@@ -17,6 +17,7 @@ import enum
 import fcntl
 import os
 import socket
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from .config import AttachConfig
-from .errors import DaemonUnavailable, ManifestError, ProtocolError, WrongEntry
+from .errors import DaemonUnavailable, ManifestError, ProtocolError, TrustError, WrongEntry
 from .key import CacheKey
 from .manifest import Manifest, PoolSpec
-from .paths import DaemonPaths, daemon_paths
+from .paths import DaemonPaths, check_socket_dir, daemon_paths
+from .pools.fds import pool_fds_problem
 from .protocol import (
     PROTOCOL_VERSION, Attach, AttachMismatch, AttachMiss, AttachOk, Error, Hello, HelloOk, Message, Publish,
     PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk, decode_body, recv_message, send_message, unpack,
@@ -78,6 +80,9 @@ class AttachReply:
         if any(p.device != key.device for p in self.pools):
             self.close()
             raise WrongEntry(f"daemon answered pools on {self.pools[0].device} for a key on {key.device}")
+        if self.pools and (problem := pool_fds_problem(self.pools, self._fds)):
+            self.close()
+            raise ProtocolError(f"daemon sent a pool this engine will not map: {problem}", code="bad_pool")
 
     def take_fds(self) -> list[int]:
         fds, self._fds = self._fds, []
@@ -195,15 +200,31 @@ class Client:
 
 def connect(paths: DaemonPaths, *, socket_path: str | os.PathLike[str] | None = None,
             timeout_s: float = 2.0) -> Client:
-    """Connect and say hello; DaemonUnavailable says why not (absent, stale, refused)."""
+    """Connect, authenticate the daemon, say hello.
+
+    Before a byte (or an fd) is sent: the socket's directory must be a private directory
+    of this user, and the process that answers must run as this user (``SO_PEERCRED``);
+    TrustError otherwise. DaemonUnavailable says why no daemon answered.
+    """
     path = Path(socket_path) if socket_path else paths.socket
+    try:
+        check_socket_dir(path.parent)
+    except FileNotFoundError:
+        raise DaemonUnavailable(f"no daemon socket at {path}") from None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     sock.settimeout(timeout_s)
     try:
-        sock.connect(str(path))
+        _connect_patiently(sock, str(path), time.monotonic() + timeout_s)
+        pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if uid != os.getuid():
+            raise TrustError(f"the daemon at {path} (pid {pid}) runs as uid {uid}, not as you (uid {os.getuid()}): "
+                             f"refusing to send it anything; stop it, or use a daemon of your own with --socket-dir")
         client = Client(sock, path)
         client.hello()
         return client
+    except TrustError:
+        sock.close()
+        raise
     except FileNotFoundError:
         sock.close()
         raise DaemonUnavailable(f"no daemon socket at {path}") from None
@@ -213,6 +234,19 @@ def connect(paths: DaemonPaths, *, socket_path: str | os.PathLike[str] | None = 
     except (TimeoutError, ProtocolError, OSError) as exc:
         sock.close()
         raise DaemonUnavailable(f"daemon at {path} did not answer hello: {exc}") from None
+
+
+def _connect_patiently(sock: socket.socket, path: str, deadline: float) -> None:
+    # a full listen backlog answers EAGAIN at once on Unix sockets: the daemon is up and
+    # busy accepting, so wait for it rather than call it absent
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError("the daemon's listen backlog stayed full") from None
+            time.sleep(0.005)
 
 
 def connect_for(config: AttachConfig, *, start: bool = False) -> Client:

@@ -2,7 +2,9 @@
 
 Names follow vLLM's weight-cache loader: ``mode``, ``fallback``, ``socket_dir``,
 ``socket_path``, ``connect_timeout_s``, ``state_timeout_s``, plus ``publish``
-(write-through after a disk load). Unknown keys are an error, named.
+(write-through after a disk load) and ``rehash`` (hash the checkpoint at every start:
+catches bytes changed through a shared mapping, which keep mtime and ctime). Unknown
+keys are an error, named.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ class AttachConfig:
     connect_timeout_s: float = 2.0
     state_timeout_s: float = 10.0
     publish: bool = False
+    rehash: bool = False  # hash the checkpoint files at every start instead of trusting the digest cache
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        for name in ("fallback", "publish"):
+        for name in ("fallback", "publish", "rehash"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("connect_timeout_s", "state_timeout_s"):

@@ -3,12 +3,17 @@
 Pure Python: no torch, no CUDA context, no GPU memory of its own. One daemon per user
 per socket directory, guaranteed by an ``flock`` on ``daemon.lock`` held for the
 daemon's life; only the lock holder removes a stale ``daemon.sock``. Every connection
-is checked with ``SO_PEERCRED``: another uid is logged and closed. A bad request gets a
-typed ``error`` reply and one warning line, and the daemon goes on serving; a frame
-that cannot be re-synchronised (oversized, truncated) also closes that connection.
+is checked with ``SO_PEERCRED``: another uid is logged and closed. What one peer may
+cost is bounded (``Limits``): connection slots (the oldest silent connection gives way,
+``guard.py``), a deadline for each frame once it has started, frames over
+``small_frame_bytes`` only with fds (publishes) and one of them read at a time, counts
+per message (``key.py``, ``manifest.py``), and rate-limited warning lines. A bad request
+gets a typed ``error`` reply and serving goes on; a frame that cannot be
+re-synchronised also closes its connection. When the fd table is full the daemon sheds
+connections (stalled ones first), logs, and keeps serving: no request ends it.
 
-Lifetime: published fds belong to the registry; attach replies carry dups that are
-closed here right after ``sendmsg`` (the kernel holds them in flight).
+Lifetime: published fds belong to the registry (``keeper.py``); attach replies carry
+dups that are closed here right after ``sendmsg`` (the kernel holds them in flight).
 
 Not covered: remote clients (same host, same user only) and memory budgets per user
 beyond ``max_bytes``.
@@ -16,56 +21,58 @@ beyond ``max_bytes``.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import fcntl
 import logging
 import os
+import resource
 import signal
 import socket
 import struct
-import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from . import __version__, evidence
+from . import evidence
 from .errors import DaemonAlreadyRunning, ProtocolError
-from .manifest import Manifest
+from .guard import Connections, Limits, Phase, Refuser, Warnings, drain_and_close, short, try_send
+from .keeper import Keeper
 from .paths import DaemonPaths, ensure_socket_dir
-from .protocol import (
-    PROTOCOL_VERSION, Attach, AttachMismatch, AttachMiss, AttachOk, Error, Hello, HelloOk,
-    Message, Publish, PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk,
-    recv_message, send_message,
-)
-from .registry import Registry, check_pool_fds
-from .wire import close_fds
+from .protocol import Error, Message, StopOk, decode, send_message
+from .wire import close_fds, recv_body, recv_header, wait_for_frame
 
 logger = logging.getLogger(__name__)
 
-_UNSYNCABLE = {"bad_frame", "frame_too_large", "truncated", "too_many_fds"}
-_MAX_CONNECTIONS = 64
+_UNSYNCABLE = {"frame_too_large", "truncated", "too_many_fds", "slow_frame"}  # the stream is out of step
 
 
 @dataclass(frozen=True, slots=True)
 class DaemonConfig:
     paths: DaemonPaths
     max_bytes: int = 0  # 0 = no budget
-    idle_timeout_s: float = 60.0
+    limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
         if self.max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {self.max_bytes}")
-        if self.idle_timeout_s <= 0:
-            raise ValueError(f"idle_timeout_s must be > 0, got {self.idle_timeout_s}")
 
 
 class Daemon:
     def __init__(self, config: DaemonConfig) -> None:
         self.config = config
-        self.registry = Registry()
-        self.started = time.monotonic()
+        self.limits = config.limits
+        self.warnings = Warnings(logger)
+        self.keeper = Keeper(max_bytes=config.max_bytes, warnings=self.warnings, on_stop=self.stop)
+        self.registry = self.keeper.registry
+        self.connections = Connections(max_connections=self.limits.max_connections,
+                                       max_per_pid=self.limits.max_connections_per_pid, stall_s=self.limits.stall_s)
+        self._refuser: Refuser | None = None
+        self._large_frame = threading.Lock()  # one frame over small_frame_bytes read and decoded at a time
         self._stopping = threading.Event()
-        self._slots = threading.BoundedSemaphore(_MAX_CONNECTIONS)
         self._lock_fd = -1
+        self._reserve_fd = -1  # given up when the fd table is full, to accept and shed a connection
         self._listener: socket.socket | None = None
         self._socket_ino = 0
 
@@ -99,12 +106,15 @@ class Daemon:
             os.umask(old_umask)
         os.chmod(paths.socket, 0o600)
         self._socket_ino = os.stat(paths.socket).st_ino
-        listener.listen(64)
+        listener.listen(1024)  # the kernel caps it at net.core.somaxconn
         listener.settimeout(0.2)
         self._listener = listener
 
     def serve_forever(self) -> None:
         assert self._listener is not None, "open() first"
+        _tune_process()
+        self._refuser = Refuser()
+        self._reserve_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         logger.info(evidence.daemon_ready(str(self.config.paths.socket), os.getpid()))
         try:
             while not self._stopping.is_set():
@@ -112,13 +122,50 @@ class Daemon:
                     conn, _ = self._listener.accept()
                 except TimeoutError:
                     continue
-                if not self._slots.acquire(blocking=False):
-                    logger.warning("connection rejected: reason=too-many-connections limit=%d", _MAX_CONNECTIONS)
-                    conn.close()
+                except OSError as exc:
+                    if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                        self.warnings.warn("accept", "accept failed: errno=%d reason=%s", exc.errno, exc)
+                        continue
+                    self._shed_for_fds()
                     continue
-                threading.Thread(target=self._serve_connection, args=(conn,), daemon=True).start()
+                self._admit(conn)
         finally:
             self.close()
+
+    def _admit(self, conn: socket.socket) -> None:
+        pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if uid != os.getuid():
+            self.warnings.warn("connection", "connection rejected: peer_uid=%d peer_pid=%d reason=uid-mismatch",
+                               uid, pid)
+            self._refuser.refuse(conn, Error("forbidden", f"uid {uid} may not use the daemon of uid {os.getuid()}"))
+            return
+        refusal = self.connections.admit(conn, pid)
+        if refusal:
+            self.warnings.warn("connection", "connection rejected: peer_pid=%d reason=%s", pid, refusal)
+            self._refuser.refuse(conn, Error("busy", refusal))
+            return
+        try:
+            threading.Thread(target=self._serve_connection, args=(conn, pid), daemon=True).start()
+        except RuntimeError as exc:  # no thread to be had: shed this connection, keep serving
+            self.connections.leave(conn)
+            self.warnings.warn("connection", "connection rejected: peer_pid=%d reason=%s", pid, exc)
+            conn.close()
+
+    def _shed_for_fds(self) -> None:
+        """The fd table is full: drop stalled connections (they may hold fds in flight),
+        then accept and close one pending connection with the reserve fd."""
+        shed = self.connections.shed_stalled()
+        os.close(self._reserve_fd)
+        try:
+            conn, _ = self._listener.accept()
+            conn.close()
+        except OSError:
+            pass
+        finally:
+            self._reserve_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        self.warnings.warn("fds", "fd table full: shed %d stalled connections and one new one; serving goes on "
+                           "(connections=%d)", shed, len(self.connections))
+        time.sleep(0.01)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -141,134 +188,87 @@ class Daemon:
 
     # -- connections ----------------------------------------------------------------
 
-    def _serve_connection(self, conn: socket.socket) -> None:
-        try:
-            with conn:
-                pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-                if uid != os.getuid():
-                    logger.warning("connection rejected: peer_uid=%d peer_pid=%d reason=uid-mismatch", uid, pid)
-                    _try_send(conn, Error("forbidden", f"uid {uid} may not use the daemon of uid {os.getuid()}"))
-                    _drain_and_close(conn)
-                    return
-                conn.settimeout(self.config.idle_timeout_s)
-                while not self._stopping.is_set():
-                    if not self._serve_one(conn, pid):
-                        return
-        finally:
-            self._slots.release()
+    def _serve_connection(self, conn: socket.socket, pid: int) -> None:
+        with conn:
+            try:
+                while not self._stopping.is_set() and self._serve_one(conn, pid):
+                    pass
+            except Exception as exc:  # a bug must cost this connection, never the daemon
+                self.warnings.warn("internal", "connection failed: peer_pid=%d error=%r", pid, exc)
+            finally:
+                self.connections.leave(conn)
 
     def _serve_one(self, conn: socket.socket, peer_pid: int) -> bool:
         """Serve one request; False when the connection should close."""
         try:
-            msg, fds = recv_message(conn)
-        except (EOFError, TimeoutError, ConnectionError):
+            conn.settimeout(self.limits.idle_timeout_s)
+            if not wait_for_frame(conn):
+                return False
+            self.connections.enter(conn, Phase.RECEIVING)
+            msg, fds = self._read_request(conn)
+        except (EOFError, TimeoutError, OSError):
             return False
         except ProtocolError as exc:
-            logger.warning("request rejected: peer_pid=%d code=%s reason=%s", peer_pid, exc.code, exc)
-            _try_send(conn, Error(exc.code, str(exc)))
+            self.warnings.warn("request", "request rejected: peer_pid=%d code=%s reason=%s", peer_pid, exc.code, exc)
+            try_send(conn, Error(exc.code, str(short(exc, 1000))))
             if exc.code in _UNSYNCABLE:
-                _drain_and_close(conn)
+                drain_and_close(conn)
                 return False
+            self.connections.enter(conn, Phase.IDLE)
             return True
+        self.connections.enter(conn, Phase.SERVING)
         out_fds: list[int] = []
         try:
-            reply, out_fds = self._handle(msg, fds, peer_pid)
+            reply, out_fds = self.keeper.handle(msg, fds, peer_pid)
         except Exception as exc:  # a bug in a handler must not take the daemon down
-            logger.exception("request failed: peer_pid=%d op=%s", peer_pid, type(msg).__name__)
-            reply = Error("internal", f"daemon error: {exc}")
+            self.warnings.warn("internal", "request failed: peer_pid=%d op=%s error=%r", peer_pid,
+                               type(msg).__name__, exc)
+            reply = Error("internal", f"daemon error: {short(exc, 500)}")
         try:
-            send_message(conn, reply, out_fds)
+            try:
+                send_message(conn, reply, out_fds)
+            except ProtocolError as exc:  # the reply itself broke a limit: say so instead
+                send_message(conn, Error("reply_too_large", str(exc)))
         except OSError:
             return False
         finally:
             close_fds(out_fds)
+        self.connections.enter(conn, Phase.IDLE)
         return not isinstance(reply, StopOk)
 
-    def _handle(self, msg: Message, fds: list[int], peer_pid: int) -> tuple[Message, list[int]]:
-        if not isinstance(msg, Publish) and fds:
-            close_fds(fds)
-            return Error("bad_message", f"op {type(msg).__name__} takes no fds, got {len(fds)}"), []
-        if isinstance(msg, Hello):
-            if msg.version != PROTOCOL_VERSION:
-                return Error("version", f"client speaks protocol {msg.version}, daemon {PROTOCOL_VERSION}; "
-                                        f"use matching hotweights versions"), []
-            return HelloOk(PROTOCOL_VERSION, __version__, os.getpid()), []
-        if isinstance(msg, Status):
-            entries, per_device = self.registry.describe()
-            return StatusOk(os.getpid(), __version__, time.monotonic() - self.started, entries, per_device,
-                            "torch" in sys.modules), []
-        if isinstance(msg, Attach):
-            return self._attach(msg, peer_pid)
-        if isinstance(msg, Publish):
-            return self._publish(msg.manifest, fds, peer_pid), []
-        if isinstance(msg, Release):
-            if not msg.all and not msg.key_short:
-                return Error("bad_message", "release needs a key or all=true"), []
-            released = self.registry.release(None if msg.all else msg.key_short)
-            logger.info("released: keys=%s peer_pid=%d", ",".join(released) or "-", peer_pid)
-            return ReleaseOk(released), []
-        if isinstance(msg, Stop):
-            logger.info("stop requested: peer_pid=%d", peer_pid)
-            self.stop()
-            return StopOk(), []
-        return Error("bad_message", f"{type(msg).__name__} is a reply, not a request"), []
-
-    def _attach(self, msg: Attach, peer_pid: int) -> tuple[Message, list[int]]:
-        found = self.registry.lookup(msg.key)
-        if found is not None:
-            manifest, dups = found
-            logger.info("attach served: key=%s peer_pid=%d tensors=%d pools=%d", msg.key.short, peer_pid,
-                        len(manifest.tensors), len(manifest.pools))
-            return AttachOk(manifest), dups
-        closest = self.registry.closest(msg.key)
-        if closest is None:
-            logger.info("attach miss: key=%s peer_pid=%d reason=empty", msg.key.short, peer_pid)
-            return AttachMiss(f"the daemon holds no entries (requested {msg.key.short})"), []
-        manifest, diffs = closest
-        logger.info("attach mismatch: key=%s peer_pid=%d closest=%s diffs=%d", msg.key.short, peer_pid,
-                    manifest.key.short, len(diffs))
-        return AttachMismatch(manifest.key.model, manifest.key.short, diffs), []
-
-    def _publish(self, manifest: Manifest, fds: list[int], peer_pid: int) -> Message:
-        taken = False
+    def _read_request(self, conn: socket.socket) -> tuple[Message, list[int]]:
+        deadline = time.monotonic() + self.limits.frame_timeout_s
+        length, fds = recv_header(conn, deadline=deadline)
         try:
-            problem = check_pool_fds(manifest, fds)
-            if problem:
-                logger.warning("publish rejected: peer_pid=%d key=%s reason=%s", peer_pid, manifest.key.short, problem)
-                return Error("bad_manifest", problem)
-            taken = True
-            refusal = self.registry.add(manifest, fds, max_bytes=self.config.max_bytes)
-            if refusal is not None:
-                logger.warning("publish rejected: peer_pid=%d key=%s reason=%s", peer_pid, manifest.key.short,
-                               refusal[0])
-                return Error(*refusal)
-            key = manifest.key
-            logger.info(evidence.published(len(manifest.tensors), manifest.tensor_nbytes, key.model, key.short,
-                                           key.device, manifest.load_s))
-            return PublishOk(key.short)
-        finally:
-            if not taken:
-                close_fds(fds)
+            large = length > self.limits.small_frame_bytes
+            if large and not fds:
+                raise ProtocolError(f"frame of {length} bytes without fds; only a publish (which carries fds) may "
+                                    f"exceed {self.limits.small_frame_bytes} bytes", code="frame_too_large")
+            if large and not self._large_frame.acquire(timeout=self.limits.large_frame_wait_s):
+                raise ProtocolError("another large frame is being read; retry", code="frame_too_large")
+            try:
+                return decode(recv_body(conn, length, deadline=deadline)), fds
+            finally:
+                if large:
+                    self._large_frame.release()
+                    _trim_heap()
+        except BaseException:
+            close_fds(fds)
+            raise
+
+def _tune_process() -> None:
+    """Room for fds, and a heap that gives memory back: thread-per-connection under glibc
+    otherwise grows one malloc arena per thread, each keeping its freed memory."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(-8, 2)  # M_ARENA_MAX = 2
 
 
-def _drain_and_close(conn: socket.socket) -> None:
-    """Close after an error reply without a TCP-style reset: closing with unread input
-    makes the kernel discard our reply (ECONNRESET at the peer), so read what is pending first."""
-    try:
-        conn.shutdown(socket.SHUT_WR)
-        conn.settimeout(0.5)
-        deadline = time.monotonic() + 0.5
-        while time.monotonic() < deadline and conn.recv(65536):
-            pass
-    except OSError:
-        pass
-
-
-def _try_send(conn: socket.socket, msg: Message) -> None:
-    try:
-        send_message(conn, msg)
-    except OSError:
-        pass
+def _trim_heap() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def detach() -> None:

@@ -19,6 +19,8 @@ from typing import Any
 LAYOUT_CHECKPOINT = "checkpoint"
 
 
+MAX_SHARDS = 16384  # checkpoint files per key: bounds what one request can make the daemon compare
+
 @dataclass(frozen=True, slots=True)
 class ShardId:
     """One safetensors file: relative name, size, digest of its raw header, digest of its bytes."""
@@ -38,7 +40,7 @@ class ShardId:
         name, size, header_digest, content_digest = value
         if not (isinstance(name, str) and type(size) is int and isinstance(header_digest, str)
                 and isinstance(content_digest, str)):
-            raise ValueError(f"shard {value!r} has fields of the wrong type")
+            raise ValueError(f"shard {str(value)[:80]} has fields of the wrong type")
         return cls(name, size, header_digest, content_digest)
 
 
@@ -105,8 +107,8 @@ class CacheKey:
     @classmethod
     def from_wire(cls, value: Any) -> CacheKey:
         """Build from a decoded map; rejects unknown or missing fields and wrong types by name."""
-        if not isinstance(value, dict):
-            raise ValueError("key must be a map")
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ValueError("key must be a map with string field names")
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(value) - set(known))
         missing = sorted(set(known) - set(value))
@@ -118,6 +120,8 @@ class CacheKey:
             if name == "shards":
                 if not isinstance(item, list):
                     raise ValueError("key.shards must be a list")
+                if len(item) > MAX_SHARDS:
+                    raise ValueError(f"key.shards has {len(item)} entries; at most {MAX_SHARDS} are accepted")
                 kwargs[name] = tuple(ShardId.from_wire(s) for s in item)
                 continue
             expected = int if f.type == "int" else str

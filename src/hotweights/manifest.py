@@ -26,6 +26,9 @@ DTYPE_ITEMSIZE: dict[str, int] = {
 MAX_NBYTES = 1 << 50  # 1 PiB: anything larger is a lie, not a checkpoint
 MAX_RANK = 16
 
+# what one manifest may hold: bounds the work and memory of one publish
+MAX_COUNTS = {"pools": 4096, "tensors": 1 << 20, "aliases": 1 << 20}
+MAX_DIMS = 32
 
 @dataclass(frozen=True, slots=True)
 class PoolSpec:
@@ -37,7 +40,7 @@ class PoolSpec:
     def __post_init__(self) -> None:
         if type(self.nbytes) is not int or not 0 < self.nbytes <= MAX_NBYTES:
             raise ManifestError(f"pool nbytes must be in 1..{MAX_NBYTES}, got {self.nbytes!r}")
-        if not (self.device == "cpu" or self.device.startswith("cuda:")):
+        if not (isinstance(self.device, str) and (self.device == "cpu" or self.device.startswith("cuda:"))):
             raise ManifestError(f"pool device must be 'cpu' or 'cuda:<uuid>', got {self.device!r}")
 
 
@@ -114,9 +117,9 @@ class TensorSpec:
         if not (isinstance(value, list) and len(value) == 7):
             raise ManifestError("tensor must be [name, dtype, shape, stride, pool, offset, nbytes]")
         name, dtype, shape, stride, pool, offset, nbytes = value
-        if not (isinstance(name, str) and isinstance(dtype, str)
-                and isinstance(shape, list) and isinstance(stride, list)):
-            raise ManifestError(f"tensor {value[0]!r}: fields of the wrong type")
+        if not (isinstance(name, str) and isinstance(dtype, str) and isinstance(shape, list)
+                and isinstance(stride, list) and len(shape) <= MAX_DIMS and len(stride) <= MAX_DIMS):
+            raise ManifestError(f"tensor {str(value[0])[:80]!r}: fields of the wrong type (or over {MAX_DIMS} dims)")
         return cls(name, dtype, tuple(shape), tuple(stride), pool, offset, nbytes)
 
 
@@ -177,6 +180,11 @@ class Manifest:
     def from_wire(cls, value: Any) -> Manifest:
         if not isinstance(value, dict) or set(value) != {"key", "pools", "tensors", "aliases", "load_s"}:
             raise ManifestError("manifest must be a map of key, pools, tensors, aliases, load_s")
+        counts = [(name, len(value[name]), limit) for name, limit in MAX_COUNTS.items()
+                  if isinstance(value[name], (list, dict)) and len(value[name]) > limit]
+        if counts:
+            raise ManifestError("; ".join(f"manifest has {n} {name}; at most {limit} are accepted"
+                                          for name, n, limit in counts))
         try:
             key = CacheKey.from_wire(value["key"])
         except ValueError as exc:

@@ -4,7 +4,8 @@ Lookup order (the only place it is done): ``--socket-dir`` / ``socket_dir``, els
 ``$HOTWEIGHTS_SOCKET_DIR``, else ``$XDG_RUNTIME_DIR/hotweights``, else
 ``/tmp/hotweights-<uid>``. The directory must be a real directory (no symlink),
 owned by the user, and not group/world accessible: anyone who can reach the socket
-can read every cached weight.
+can read every cached weight. The daemon checks it before it binds; every client
+checks it (and the daemon's uid) before it sends a byte (``client.connect``).
 
 Not covered: the digest cache location (``digest_cache_path``), which is a plain
 per-user cache file and holds no secrets.
@@ -65,8 +66,9 @@ def check_socket_dir(directory: Path) -> None:
         raise TrustError(f"socket dir {directory} is not a directory; remove it or pass --socket-dir")
     if st.st_uid != os.getuid():
         raise TrustError(
-            f"socket dir {directory} is owned by uid {st.st_uid}, not {os.getuid()}; "
-            f"pass a directory you own with --socket-dir"
+            f"socket dir {directory} is owned by uid {st.st_uid}, not {os.getuid()}: another user made it, so no "
+            f"daemon there is trusted; remove it, or pass a directory you own with --socket-dir (or set "
+            f"HOTWEIGHTS_SOCKET_DIR)"
         )
     mode = stat.S_IMODE(st.st_mode)
     if mode & 0o077:

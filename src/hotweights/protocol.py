@@ -167,7 +167,8 @@ def _manifest_wire(manifest: Manifest) -> dict[str, Any]:
 def unpack(data: bytes) -> Any:
     """Frame bytes -> msgpack value; ProtocolError if they are not msgpack."""
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=1 << 20, max_ext_len=0,
+                               max_str_len=1 << 20, max_array_len=1 << 20, max_map_len=1 << 20)
     except (ValueError, msgpack.UnpackException) as exc:
         raise ProtocolError(f"frame is not valid msgpack: {exc}", code="bad_frame") from None
 
@@ -181,6 +182,8 @@ def decode_body(body: Any) -> Message:
     """An unpacked frame -> message (``body`` is consumed)."""
     if not isinstance(body, dict):
         raise ProtocolError("frame is not a msgpack map", code="bad_frame")
+    if not all(isinstance(k, str) for k in body):
+        raise ProtocolError("frame field names must be strings", code="bad_message")
     op = body.pop("op", None)
     cls = MESSAGES.get(op) if isinstance(op, str) else None
     if cls is None:
@@ -199,7 +202,7 @@ def _convert(op: str, name: str, value: Any, hint: Any) -> Any:
             return CacheKey.from_wire(value)
         if hint is Manifest:
             return Manifest.from_wire(value)
-    except (ValueError, ManifestError) as exc:
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError, ManifestError) as exc:
         raise ProtocolError(f"op {op!r} field {name!r}: {exc}", code="bad_message") from None
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) if hint is float else (
         type(value) is hint if hint in (int, bool) else isinstance(value, hint))

@@ -11,9 +11,7 @@ Thread-safety: every public method takes the registry lock.
 
 from __future__ import annotations
 
-import fcntl
 import os
-import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,7 +21,6 @@ from .key import CacheKey
 from .manifest import Manifest
 from .wire import close_fds
 
-_REQUIRED_SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
 
 
 @dataclass
@@ -110,22 +107,3 @@ class Registry:
         for e in entries:
             per_device[e["device"]] = per_device.get(e["device"], 0) + e["nbytes"]
         return entries, per_device
-
-
-def check_pool_fds(manifest: Manifest, fds: list[int]) -> str:
-    """Why the fds cannot back the manifest, or '' if they can."""
-    if len(fds) != len(manifest.pools):
-        return f"manifest names {len(manifest.pools)} pools but {len(fds)} fds came with it"
-    for i, (fd, pool) in enumerate(zip(fds, manifest.pools)):
-        if pool.device != "cpu":
-            continue  # VMM handles: only the CUDA driver can size them, and the daemon has none
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size != pool.nbytes:
-            return f"pool {i}: fd is not a memfd of {pool.nbytes} bytes (size {st.st_size})"
-        try:
-            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-        except OSError:
-            seals = 0
-        if seals & _REQUIRED_SEALS != _REQUIRED_SEALS:
-            return f"pool {i}: memfd is not sealed against write/shrink/grow (seals {seals:#x})"
-    return ""

@@ -6,6 +6,9 @@ run cheapest and most dangerous first: the length is checked against
 ``MAX_FRAME_BYTES`` before a body byte is read, ancillary truncation (``MSG_CTRUNC``) is
 an error, and every fd received is closed on every error path.
 
+A receiver that must not be held up (the daemon) passes a ``deadline``: once a frame
+has started, all of it must arrive by then (``slow_frame`` otherwise).
+
 Stdlib only. Not covered: what a payload means (``protocol.py``).
 """
 
@@ -15,6 +18,7 @@ import array
 import os
 import socket
 import struct
+import time
 
 from .errors import ProtocolError
 
@@ -38,18 +42,36 @@ def send_frame(sock: socket.socket, payload: bytes, fds: list[int] | tuple[int, 
         sock.sendall(data)
 
 
-def recv_frame(sock: socket.socket) -> tuple[bytes, list[int]]:
-    """Raise EOFError on a clean close before a frame starts, ProtocolError on a broken frame."""
+def recv_frame(sock: socket.socket, *, deadline: float | None = None) -> tuple[bytes, list[int]]:
+    """One frame and its fds (the caller owns them). EOFError on a clean close before a
+    frame starts, ProtocolError on a broken, oversized or (past ``deadline``) slow frame."""
+    length, fds = recv_header(sock, deadline=deadline)
+    try:
+        return recv_body(sock, length, deadline=deadline), fds
+    except BaseException:
+        close_fds(fds)
+        raise
+
+
+def wait_for_frame(sock: socket.socket) -> bool:
+    """Block (socket timeout) until a frame starts, consuming nothing; False on a clean close."""
+    return bool(sock.recv(1, socket.MSG_PEEK))
+
+
+def recv_header(sock: socket.socket, *, deadline: float | None = None) -> tuple[int, list[int]]:
+    """The frame length (checked against ``MAX_FRAME_BYTES``) and the fds sent with the header."""
     fds: list[int] = []
     try:
         header = bytearray()
         while len(header) < _HEADER.size:
+            _arm(sock, deadline)
             chunk, ancdata, flags, _ = sock.recvmsg(
                 _HEADER.size - len(header), socket.CMSG_SPACE(MAX_FDS_PER_FRAME * _FD_SIZE)
             )
             fds.extend(_fds_from(ancdata))
-            if flags & socket.MSG_CTRUNC:
-                raise ProtocolError(f"more than {MAX_FDS_PER_FRAME} fds in one frame", code="too_many_fds")
+            if flags & socket.MSG_CTRUNC or len(fds) > MAX_FDS_PER_FRAME:
+                raise ProtocolError(f"more than {MAX_FDS_PER_FRAME} fds in one frame (or no room for them)",
+                                    code="too_many_fds")
             if not chunk:
                 if not header and not fds:
                     raise EOFError("peer closed the connection")
@@ -60,18 +82,42 @@ def recv_frame(sock: socket.socket) -> tuple[bytes, list[int]]:
             raise ProtocolError(
                 f"frame length {length} exceeds MAX_FRAME_BYTES={MAX_FRAME_BYTES}", code="frame_too_large"
             )
-        body = bytearray(length)
-        view = memoryview(body)
-        got = 0
+        return length, fds
+    except TimeoutError:
+        close_fds(fds)
+        if deadline is None:
+            raise
+        raise ProtocolError("frame header not complete within the frame deadline", code="slow_frame") from None
+    except BaseException:
+        close_fds(fds)
+        raise
+
+
+def recv_body(sock: socket.socket, length: int, *, deadline: float | None = None) -> bytes:
+    body = bytearray(length)
+    view = memoryview(body)
+    got = 0
+    try:
         while got < length:
+            _arm(sock, deadline)
             n = sock.recv_into(view[got:])
             if n == 0:
                 raise ProtocolError(f"connection closed after {got} of {length} frame bytes", code="truncated")
             got += n
-        return bytes(body), fds
-    except BaseException:
-        close_fds(fds)
-        raise
+    except TimeoutError:
+        if deadline is None:
+            raise
+        raise ProtocolError(f"frame of {length} bytes not complete within the frame deadline ({got} read)",
+                            code="slow_frame") from None
+    return bytes(body)
+
+
+def _arm(sock: socket.socket, deadline: float | None) -> None:
+    if deadline is not None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        sock.settimeout(remaining)
 
 
 def _fds_from(ancdata: list[tuple[int, int, bytes]]) -> list[int]:

@@ -21,7 +21,7 @@ import torch
 from .. import evidence
 from ..client import Outcome, connect_for
 from ..config import AttachConfig
-from ..errors import DaemonUnavailable, PoolError, ProtocolError, WrongEntry
+from ..errors import DaemonUnavailable, PoolError, ProtocolError, TrustError, WrongEntry
 from ..evidence import GIB
 from ..key import CacheKey
 from ..manifest import Manifest, PoolSpec
@@ -39,6 +39,7 @@ class AttachResult:
     manifest: Manifest | None = None
     diffs: tuple[str, ...] = ()
     socket_path: str = ""
+    mode: str = ""  # zero_copy: the tensors are views of the pools; copy: engine-owned
     ms: float = 0.0
     # wall-clock ms per phase of an ok attach, for benchmarks: connect, request (reply +
     # fds), map (import and map every pool; copy mode also issues the copies), decode
@@ -65,6 +66,8 @@ def attach_tensors(key: CacheKey, config: AttachConfig | None = None, *,
         client = connect_for(config)
     except DaemonUnavailable as exc:
         return AttachResult(Outcome.ABSENT, f"daemon unavailable: {exc}")
+    except TrustError as exc:
+        return AttachResult(Outcome.ABSENT, f"untrusted daemon: {exc}")
     at.append(("connect", time.perf_counter()))
     with client:
         socket_path = str(client.socket_path)
@@ -92,8 +95,8 @@ def attach_tensors(key: CacheKey, config: AttachConfig | None = None, *,
     phases = {name: round((t - at[i][1]) * 1e3, 3) for i, (name, t) in enumerate(at[1:])}
     logger.info(evidence.mapped(len(manifest.tensors), manifest.tensor_nbytes, socket_path,
                                 evidence_mode or config.mode, ms))
-    return AttachResult(Outcome.OK, tensors=tensors, manifest=manifest, socket_path=socket_path, ms=ms,
-                        phases=phases)
+    return AttachResult(Outcome.OK, tensors=tensors, manifest=manifest, socket_path=socket_path, mode=config.mode,
+                        ms=ms, phases=phases)
 
 
 @dataclass(slots=True)

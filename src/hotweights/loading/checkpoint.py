@@ -227,16 +227,17 @@ def _bad_tensor(path: Path, name: str, info: Any, data_start: int, file_size: in
 def checkpoint_key(ckpt: Checkpoint, *, dtype: str, device_kind: str = "cpu", device_id: str = "host",
                    digests: dict[str, str] | None = None, cache: DigestCache | None = None,
                    tp_size: int = 1, tp_rank: int = 0, pp_size: int = 1, pp_rank: int = 0,
-                   layout: str = "checkpoint") -> CacheKey:
+                   layout: str = "checkpoint", rehash: bool = False) -> CacheKey:
     """The key of ``ckpt`` as loaded with ``dtype`` on a device.
 
     Shard content digests come from ``digests`` (name -> digest, fresh from a preload)
-    or else from the digest cache by file identity; only a cache miss reads the file.
+    or else from the digest cache by file identity; only a cache miss reads the file,
+    unless ``rehash`` (read and hash every file now).
     """
     cache = cache or DigestCache()
     shards = []
     for shard in ckpt.shards:
-        content = (digests or {}).get(shard.name) or cache.digest(shard.path, shard.stat)
+        content = (digests or {}).get(shard.name) or cache.digest(shard.path, shard.stat, rehash=rehash)
         shards.append(ShardId(shard.name, shard.stat.st_size, xxhash.xxh3_128_hexdigest(shard.header_bytes),
                               content))
     quant, quant_digest = ckpt.quantization

@@ -86,12 +86,17 @@ class DigestCache:
             tmp.write_text(json.dumps(data))
             os.replace(tmp, self.path)
 
-    def digest(self, path: Path, st: os.stat_result) -> str:
-        """Cached digest, else hash the file now (logged: it reads every byte)."""
-        cached = self.get(st)
+    def digest(self, path: Path, st: os.stat_result, *, rehash: bool = False) -> str:
+        """Cached digest, else hash the file now (logged: it reads every byte).
+
+        ``rehash`` hashes the file even when the cache has it: the only way to notice bytes
+        changed through a shared mapping, which changes neither mtime nor ctime.
+        """
+        cached = None if rehash else self.get(st)
         if cached is not None:
             return cached
-        logger.info("digest cache miss: file=%s bytes=%d; hashing it", path, st.st_size)
+        logger.info("digest %s: file=%s bytes=%d; hashing it", "re-hash" if rehash else "cache miss", path,
+                    st.st_size)
         digest = hash_file(path)
         if os.stat(path).st_mtime_ns == st.st_mtime_ns:
             self.put(st, digest)

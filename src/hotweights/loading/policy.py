@@ -30,7 +30,7 @@ import torch
 from .. import evidence
 from ..client import Outcome, connect_for
 from ..config import AttachConfig
-from ..errors import ManifestError, WeightCacheUnusable
+from ..errors import DaemonUnavailable, ManifestError, TrustError, WeightCacheUnusable
 from ..key import CacheKey
 from ..pools.devices import Device, resolve_device
 from .attach import AttachResult, attach_tensors
@@ -51,10 +51,13 @@ class Candidate:
 
 
 def attach_first(candidates: Sequence[Candidate], config: AttachConfig,
-                 use: Callable[[Candidate, AttachResult], T]) -> tuple[T | None, str]:
+                 use: Callable[[Candidate, AttachResult], T], *, skipped: Sequence[str] = ()) -> tuple[T | None, str]:
     """``(use(candidate, attached), "")`` for the first candidate that attaches and fits,
-    else ``(None, reason)`` after the fallback line; raises in strict mode."""
-    reasons: list[str] = []
+    else ``(None, reason)`` after the fallback line; raises in strict mode.
+
+    ``skipped``: why candidates the engine cannot use were left out (they lead the reason).
+    """
+    reasons: list[str] = list(skipped)
     for cand in candidates:
         # a strict config waits for a starting daemon once, not once per candidate
         result = attach_tensors(cand.key, dataclasses.replace(config, state_timeout_s=0.0) if reasons else config,
@@ -104,7 +107,8 @@ def load_tensors(model: str | os.PathLike[str] | Checkpoint, *, dtype: str = "au
     ckpt = model if isinstance(model, Checkpoint) else open_checkpoint(model, validate=False)
     dtype = ckpt.resolve_dtype(dtype)
     dev = resolve_device(device)
-    key = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid)
+    key = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid,
+                         rehash=config.rehash and use_cache)
 
     def done(tensors: dict[str, torch.Tensor], source: Source, reason: str = "") -> LoadedWeights:
         return LoadedWeights(tensors, source, key, time.perf_counter() - start, reason)
@@ -145,8 +149,12 @@ def publish_from_disk(ckpt: Checkpoint, dtype: str, dev: Device, config: AttachC
     for shard in ckpt.shards:
         cache.put(shard.stat, digests[shard.name])
     key = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid, digests=digests)
-    with connect_for(config, start=True) as client:
-        manifest = publish(client, writer, key, load_s=time.perf_counter() - start)
+    try:
+        with connect_for(config, start=True) as client:
+            manifest = publish(client, writer, key, load_s=time.perf_counter() - start)
+    except (DaemonUnavailable, TrustError) as exc:
+        writer.close()
+        return AttachResult(Outcome.ABSENT, f"no daemon to publish to: {exc}")
     logger.info(evidence.published(len(manifest.tensors), manifest.tensor_nbytes, key.model, key.short,
                                    key.device, time.perf_counter() - start))
     return attach_tensors(key, config, evidence_mode=evidence_mode)

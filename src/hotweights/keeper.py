@@ -1,0 +1,109 @@
+"""What the daemon does with one decoded request: the ops over the registry.
+
+``Keeper.handle(msg, fds, peer_pid) -> (reply, out_fds)``. A caller error is a typed
+``Error`` reply plus one (rate-limited, cut-short) warning line; every fd that came
+with the request is owned by the registry or closed before ``handle`` returns. Replies
+are bounded: a mismatch lists at most ``MAX_DIFFS`` differing fields.
+
+Lifetime: published fds belong to the registry; an attach reply carries dups that the
+daemon closes right after sending them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+from . import __version__, evidence
+from .guard import Warnings
+from .manifest import Manifest
+from .protocol import (
+    PROTOCOL_VERSION, Attach, AttachMismatch, AttachMiss, AttachOk, Error, Hello, HelloOk, Message, Publish,
+    PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk,
+)
+from .pools.fds import pool_fds_problem
+from .registry import Registry
+from .wire import close_fds
+
+logger = logging.getLogger("hotweights.daemon")
+MAX_DIFFS = 32
+
+
+class Keeper:
+    def __init__(self, *, max_bytes: int, warnings: Warnings, on_stop) -> None:
+        self.registry = Registry()
+        self.max_bytes = max_bytes
+        self.warnings = warnings
+        self.on_stop = on_stop
+        self.started = time.monotonic()
+
+    def handle(self, msg: Message, fds: list[int], peer_pid: int) -> tuple[Message, list[int]]:
+        if not isinstance(msg, Publish) and fds:
+            close_fds(fds)
+            return Error("bad_message", f"op {type(msg).__name__} takes no fds, got {len(fds)}"), []
+        if isinstance(msg, Hello):
+            if msg.version != PROTOCOL_VERSION:
+                return Error("version", f"client speaks protocol {msg.version}, daemon {PROTOCOL_VERSION}; "
+                                        f"use matching hotweights versions"), []
+            return HelloOk(PROTOCOL_VERSION, __version__, os.getpid()), []
+        if isinstance(msg, Status):
+            entries, per_device = self.registry.describe()
+            return StatusOk(os.getpid(), __version__, time.monotonic() - self.started, entries, per_device,
+                            "torch" in sys.modules), []
+        if isinstance(msg, Attach):
+            return self._attach(msg, peer_pid)
+        if isinstance(msg, Publish):
+            return self._publish(msg.manifest, fds, peer_pid), []
+        if isinstance(msg, Release):
+            if not msg.all and not msg.key_short:
+                return Error("bad_message", "release needs a key or all=true"), []
+            released = self.registry.release(None if msg.all else msg.key_short)
+            logger.info("released: keys=%s peer_pid=%d", ",".join(released) or "-", peer_pid)
+            return ReleaseOk(released), []
+        if isinstance(msg, Stop):
+            logger.info("stop requested: peer_pid=%d", peer_pid)
+            self.on_stop()
+            return StopOk(), []
+        return Error("bad_message", f"{type(msg).__name__} is a reply, not a request"), []
+
+    def _attach(self, msg: Attach, peer_pid: int) -> tuple[Message, list[int]]:
+        found = self.registry.lookup(msg.key)
+        if found is not None:
+            manifest, dups = found
+            logger.info("attach served: key=%s peer_pid=%d tensors=%d pools=%d", msg.key.short, peer_pid,
+                        len(manifest.tensors), len(manifest.pools))
+            return AttachOk(manifest), dups
+        closest = self.registry.closest(msg.key)
+        if closest is None:
+            logger.info("attach miss: key=%s peer_pid=%d reason=empty", msg.key.short, peer_pid)
+            return AttachMiss(f"the daemon holds no entries (requested {msg.key.short})"), []
+        manifest, diffs = closest
+        logger.info("attach mismatch: key=%s peer_pid=%d closest=%s diffs=%d", msg.key.short, peer_pid,
+                    manifest.key.short, len(diffs))
+        if len(diffs) > MAX_DIFFS:
+            diffs = diffs[:MAX_DIFFS] + [f"... and {len(diffs) - MAX_DIFFS} more differences"]
+        return AttachMismatch(manifest.key.model, manifest.key.short, diffs), []
+
+    def _publish(self, manifest: Manifest, fds: list[int], peer_pid: int) -> Message:
+        taken = False
+        try:
+            problem = pool_fds_problem(manifest.pools, fds)
+            if problem:
+                self.warnings.warn("publish", "publish rejected: peer_pid=%d key=%s reason=%s", peer_pid,
+                                   manifest.key.short, problem)
+                return Error("bad_manifest", problem)
+            taken = True
+            refusal = self.registry.add(manifest, fds, max_bytes=self.max_bytes)
+            if refusal is not None:
+                self.warnings.warn("publish", "publish rejected: peer_pid=%d key=%s reason=%s", peer_pid,
+                                   manifest.key.short, refusal[0])
+                return Error(*refusal)
+            key = manifest.key
+            logger.info(evidence.published(len(manifest.tensors), manifest.tensor_nbytes, key.model, key.short,
+                                           key.device, manifest.load_s))
+            return PublishOk(key.short)
+        finally:
+            if not taken:
+                close_fds(fds)
