@@ -25,6 +25,7 @@ vLLM's ``DefaultModelLoader`` built from a copy of the ``LoadConfig`` with
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -36,17 +37,19 @@ from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
 from ...client import connect_for
-from ...errors import DaemonUnavailable, ManifestError
+from ...errors import DaemonUnavailable, HotweightsError, ManifestError
 from ...key import CacheKey
-from ...loading.attach import AttachResult
+from ...loading.attach import AttachResult, attach_tensors
 from ...loading.checkpoint import Checkpoint, checkpoint_key, open_checkpoint
 from ...loading.digest import DigestCache
 from ...loading.policy import Candidate, attach_first, publish_from_disk
 from ...loading.publish import publish_tensors
 from ...pools.devices import Device, resolve_device
 from ..modules import Slot, attach_module, module_tensors
+from . import capabilities
 from .cpu_packing import keep_cpu_packed_weights
 from .options import sleep_mode_refusal, split_extra_config
+from .writes import WriteGuard, ZeroCopyWrite, own_buffers, storages
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +77,9 @@ class HotweightsModelLoader(BaseModelLoader):
         self._disk_config = disk
         self._stream: AttachResult | None = None
         self._keys_memo: dict[tuple, Keys] = {}  # get_external_weight_memory and load_model share keys
+        self.caps = capabilities.detect()
+        if (line := capabilities.missing_line(self.caps)) and not _said_once(line):
+            logger.info(line)
 
     # -- keys ------------------------------------------------------------------------------
 
@@ -100,11 +106,15 @@ class HotweightsModelLoader(BaseModelLoader):
             layout += f"/kv={cache_dtype}"
         pp = get_pp_group()
         digests = DigestCache()  # read digests.json once for both keys
+        fresh = ({s.name: digests.digest(s.path, s.stat, rehash=True) for s in ckpt.shards}  # once, for both keys
+                 if self.config.rehash else None)
         engine = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid, cache=digests,
+                                digests=fresh,
                                 tp_size=get_tensor_model_parallel_world_size(),
                                 tp_rank=get_tensor_model_parallel_rank(), pp_size=pp.world_size,
                                 pp_rank=pp.rank_in_group, layout=layout)
-        checkpoint = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid, cache=digests)
+        checkpoint = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid, cache=digests,
+                                    digests=fresh)
         return Keys(ckpt, dev, dtype, engine, checkpoint)
 
     # -- vLLM API --------------------------------------------------------------------------
@@ -132,18 +142,35 @@ class HotweightsModelLoader(BaseModelLoader):
         if refusal:
             raise ValueError(refusal)
         keys = self._keys(vllm_config, model_config)
-        candidates = []
-        if self.layout in ("auto", "engine"):
+        candidates, skipped = [], []
+        refusal = capabilities.engine_layout_refusal(self.caps, getattr(model_config, "quantization", None))
+        if self.layout in ("auto", "engine") and refusal:
+            skipped.append(f"engine layout: {refusal}" if self.layout == "auto" else refusal)
+        elif self.layout in ("auto", "engine"):
             candidates.append(Candidate(keys.engine, "engine layout"))
         if self.layout in ("auto", "checkpoint"):
             candidates.append(Candidate(keys.checkpoint, "checkpoint layout", evidence_mode="stream"))
 
         def use(cand: Candidate, attached: AttachResult):
-            if cand.key is keys.engine:
+            if cand.key is not keys.engine:
+                return self._streamed(vllm_config, model_config, prefix, attached)
+            try:
                 return self._build(vllm_config, model_config, prefix, attached)
-            return self._streamed(vllm_config, model_config, prefix, attached)
+            except ZeroCopyWrite as exc:
+                logger.warning("vLLM's post-processing: %s; attaching this engine-layout entry by copy", exc)
+                copied = attach_tensors(keys.engine, dataclasses.replace(self.config, mode="copy"))
+                if not copied.ok:
+                    raise ValueError(copied.reason) from None
+                return self._build(vllm_config, model_config, prefix, copied)
+            except RuntimeError as exc:
+                if "CUDA error" not in str(exc):
+                    raise
+                raise HotweightsError(  # the context is gone: no fallback can run in this process
+                    f"CUDA failed while vLLM post-processed the mapped engine-layout entry ({exc}); this process "
+                    f"cannot continue. Start with --model-loader-extra-config '{{\"mode\": \"copy\"}}' and "
+                    f"report it") from exc
 
-        model, _ = attach_first(candidates, self.config, use)
+        model, _ = attach_first(candidates, self.config, use, skipped=skipped)
         if model is not None:
             return model
         if self.config.publish and self.layout == "checkpoint":
@@ -183,17 +210,21 @@ class HotweightsModelLoader(BaseModelLoader):
 
     def _build(self, vllm_config, model_config, prefix, attached: AttachResult):
         from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
-        from vllm.model_executor.utils import weights_already_processed
         from vllm.utils.torch_utils import set_default_torch_dtype
 
         start = time.perf_counter()
         load_device = getattr(self.load_config, "device", None) or vllm_config.device_config.device
+        # GPU mappings are read-only: the engine owns its buffers, and no op may write a weight
+        zero_copy = attached.manifest.key.device_kind == "cuda" and attached.mode == "zero_copy"
+        mapped = storages(attached.tensors.values()) if zero_copy else frozenset()
+        already = self.caps.weights_already_processed or contextlib.nullcontext
         with set_default_torch_dtype(model_config.dtype):
             with torch.device("meta"):
                 model = initialize_model(vllm_config=vllm_config, model_config=model_config, prefix=prefix)
             attach_module(model, attached.tensors, exact=False)
+            own_buffers(model, mapped)
             registered = time.perf_counter()
-            with weights_already_processed(), torch.no_grad():
+            with already(), torch.no_grad(), WriteGuard(mapped):
                 process_weights_after_loading(model, model_config, torch.device(load_device))
         end = time.perf_counter()
         logger.info("Built the vLLM model from %d cached engine-layout tensors in %.2f s (layout=%s; meta "
@@ -229,3 +260,13 @@ class HotweightsModelLoader(BaseModelLoader):
             publish_tensors(tensors, keys.engine, self.config, device=keys.device, aliases=aliases, repoint=repoint)
         except Exception as exc:  # the engine already works from its disk load
             logger.warning("write-through publish failed: %s; serving from the disk load", exc)
+
+
+_SAID: set[str] = set()
+
+
+def _said_once(line: str) -> bool:
+    """True if ``line`` was already logged by this process (vLLM builds loaders repeatedly)."""
+    seen = line in _SAID
+    _SAID.add(line)
+    return seen

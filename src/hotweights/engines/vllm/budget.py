@@ -1,0 +1,134 @@
+"""The GPU memory budget with weights that live outside the engine.
+
+vLLM asks for ``--gpu-memory-utilization`` x total memory and refuses to start when less
+is free. Weights the daemon holds on the GPU are not free, yet a zero-copy engine maps
+them instead of allocating its own: they are the engine's weights, counted once. So the
+engine's own budget is ``requested - external`` and only that must be free; the KV cache
+then gets what a disk start gets (budget minus weights minus activations).
+
+vLLM versions with ``get_external_weight_memory`` do this themselves. For the others,
+``install()`` wraps their ``request_memory`` with the same arithmetic (``engine_budget``)
+and, when a start cannot fit, adds one line saying what the cache holds and what to set.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+import math
+from typing import Any
+
+from ...evidence import GIB
+
+logger = logging.getLogger(__name__)
+
+
+def engine_budget(*, total: int, free: int, utilization: float, external: int) -> tuple[int, str]:
+    """``(bytes the engine may allocate, '')``, or ``(0, why it cannot start)``.
+
+    ``external``: bytes of weights this engine maps from the cache (0 for a disk start).
+    """
+    requested = math.ceil(total * utilization)
+    engine = requested - external
+    if engine <= 0:
+        return 0, (f"the mapped weights ({external / GIB:.2f} GiB) exceed the --gpu-memory-utilization budget "
+                   f"({utilization}, {requested / GIB:.2f} GiB); raise --gpu-memory-utilization")
+    if free < engine:
+        return 0, (f"{free / GIB:.2f} GiB is free but the engine needs {engine / GIB:.2f} GiB "
+                   f"(--gpu-memory-utilization {utilization} x {total / GIB:.2f} GiB"
+                   + (f" minus {external / GIB:.2f} GiB of mapped weights" if external else "") + ")")
+    return engine, ""
+
+
+def fitting_utilization(*, total: int, free: int, external: int, margin: float = 0.01) -> float:
+    """The largest --gpu-memory-utilization a start can use with ``free`` bytes free."""
+    return max(0.0, math.floor(((free + external) / total - margin) * 100) / 100)
+
+
+def install() -> bool:
+    """Wrap vLLM's ``request_memory`` in its GPU worker; True if done (idempotent).
+
+    Where vLLM takes no external weights, the wrapper applies ``engine_budget`` with the
+    bytes this worker will map; everywhere, a start that cannot fit while the cache holds
+    memory on the GPU gets one more sentence: what the cache holds and what to set.
+    """
+    try:
+        worker = importlib.import_module("vllm.v1.worker.gpu_worker")
+    except ImportError:  # a build without the GPU worker (the CPU build): nothing to budget
+        return False
+    original = getattr(worker, "request_memory", None)
+    if original is None or getattr(original, "_hotweights", False):
+        return False
+    takes_external = "external_weight_memory" in inspect.signature(original).parameters
+    init_device = worker.Worker.init_device
+
+    @functools.wraps(init_device)
+    def record_config(self: Any) -> Any:
+        _starting.append(self.vllm_config)
+        try:
+            return init_device(self)
+        finally:
+            _starting.pop()
+
+    @functools.wraps(original)
+    def request_memory(init_snapshot: Any, cache_config: Any, *args: Any, **kwargs: Any) -> int:
+        mapped, held = _external_bytes(_starting[-1] if _starting else None)
+        total, free = int(init_snapshot.total_memory), int(init_snapshot.free_memory)
+        hint = (f"; the weight cache holds {held / GIB:.2f} GiB on this GPU: start with --load-format hotweights "
+                f"(its weights count as this engine's), or --gpu-memory-utilization "
+                f"{fitting_utilization(total=total, free=free, external=mapped)}, or `hotweights release`"
+                if held and not mapped else "")
+        if takes_external:
+            try:
+                return original(init_snapshot, cache_config, *args, **kwargs)
+            except ValueError as exc:
+                raise ValueError(f"{exc}{hint}") from None
+        utilization = float(cache_config.gpu_memory_utilization)
+        engine, problem = engine_budget(total=total, free=free, utilization=utilization, external=mapped)
+        if problem:
+            raise ValueError(f"hotweights: cannot start within the GPU budget: {problem}{hint}")
+        if mapped:
+            logger.info("GPU budget: %.2f GiB (--gpu-memory-utilization %s), of which %.2f GiB are the mapped "
+                        "weights, %.2f GiB for the engine's own allocations", math.ceil(total * utilization) / GIB,
+                        utilization, mapped / GIB, engine / GIB)
+        return engine
+
+    request_memory._hotweights = True  # type: ignore[attr-defined]
+    worker.request_memory = request_memory
+    worker.Worker.init_device = record_config
+    return True
+
+
+_starting: list[Any] = []  # the vllm_config of the worker whose device is being set up
+
+
+def _external_bytes(vllm_config: Any) -> tuple[int, int]:
+    """(bytes this worker maps from the cache, bytes the cache holds on its GPU)."""
+    if vllm_config is None:
+        return 0, 0
+    try:
+        from ...client import connect_for
+        from ...errors import HotweightsError
+        from ...pools.devices import gpu_uuid
+        from .options import LOAD_FORMAT, split_extra_config
+
+        import torch
+
+        load_config = vllm_config.load_config
+        ours = load_config.load_format == LOAD_FORMAT
+        config = split_extra_config(load_config.model_loader_extra_config)[1] if ours else None
+        mapped = 0
+        if ours:
+            from .loader import HotweightsModelLoader
+
+            mapped = HotweightsModelLoader(load_config).get_external_weight_memory(vllm_config)
+        from ...config import AttachConfig
+
+        with connect_for(config or AttachConfig()) as client:
+            device = f"cuda:{gpu_uuid(torch.cuda.current_device())}"
+            held = int(client.status().bytes_by_device.get(device, 0))
+        return mapped, held
+    except (HotweightsError, OSError, ValueError):
+        return 0, 0

@@ -1,0 +1,72 @@
+"""Strict starts fail in seconds, not after vLLM's start-up.
+
+vLLM calls a loader only after its own start-up (a minute and more on a GPU). With
+``--load-format hotweights`` and ``{"fallback": false}`` on the command line, the plugin
+checks at registration, in the process that parses that command line: no daemon (or an
+untrusted one), or a daemon that holds no entry of this model at all, is a certain
+failure, so it logs the strict evidence message and exits 1 right there. Anything finer
+(dtype, layout, TP rank) is left to the loader, which knows vLLM's resolved config.
+
+Not covered: options given through ``--config`` files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from ... import evidence
+from ...client import connect_for
+from ...errors import DaemonUnavailable, TrustError
+from .options import LOAD_FORMAT, split_extra_config
+
+logger = logging.getLogger(__name__)
+
+
+def strict_target(argv: list[str]) -> tuple[str, dict] | None:
+    """``(model, extra config)`` when ``argv`` starts vLLM with load format hotweights and
+    the fallback off; None otherwise (or when the command line cannot be read)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--load-format")
+    parser.add_argument("--model-loader-extra-config")
+    parser.add_argument("--model")
+    known, rest = parser.parse_known_args(argv)
+    if known.load_format != LOAD_FORMAT:
+        return None
+    try:
+        extra = json.loads(known.model_loader_extra_config or "{}")
+    except json.JSONDecodeError:
+        return None  # vLLM reports it
+    model = known.model or (rest[1] if len(rest) > 1 and rest[0] == "serve" else None)
+    if not isinstance(extra, dict) or extra.get("fallback", True) is not False or not model:
+        return None
+    return model, extra
+
+
+def check(argv: list[str] | None = None) -> None:
+    """Exit 1 with the strict message when a strict start cannot possibly be served."""
+    target = strict_target(list(sys.argv[1:] if argv is None else argv))
+    if target is None:
+        return
+    model, extra = target
+    try:
+        _, config = split_extra_config(extra)
+        with connect_for(config) as client:
+            entries = client.status().entries
+    except ValueError:
+        return  # the loader reports a bad extra config, named
+    except DaemonUnavailable as exc:
+        _fail(f"daemon unavailable: {exc}")
+    except TrustError as exc:
+        _fail(f"untrusted daemon: {exc}")
+    name = Path(model).name
+    if not any(e.get("model") == name for e in entries):
+        _fail(f"cache miss for {name}: the daemon holds no entry of this model ({len(entries)} entries)")
+
+
+def _fail(reason: str) -> None:
+    logger.error(evidence.strict_failure(reason))
+    raise SystemExit(1)

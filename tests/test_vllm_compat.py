@@ -1,0 +1,64 @@
+"""vLLM compatibility without vLLM: the GPU budget arithmetic and the strict preflight's
+reading of the command line. Capability detection against the real vLLM is in test_vllm.py.
+
+Run: pytest tests/test_vllm_compat.py
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hotweights.engines.vllm.budget import engine_budget, fitting_utilization
+from hotweights.engines.vllm.preflight import check, strict_target
+
+GIB = 1 << 30
+H200 = int(139.8 * GIB)
+
+
+def test_mapped_weights_are_the_engines_own_and_only_the_rest_must_be_free():
+    # 15.26 GiB held by the daemon: 124.5 GiB free, 0.92 x 139.8 = 128.6 GiB requested
+    free, weights = H200 - int(15.3 * GIB), int(15.26 * GIB)
+    engine, problem = engine_budget(total=H200, free=free, utilization=0.92, external=weights)
+    assert problem == "" and engine == -(-H200 * 92 // 100) - weights
+    # a disk start next to the same cache cannot fit, and says by how much
+    engine, problem = engine_budget(total=H200, free=free, utilization=0.92, external=0)
+    assert engine == 0 and problem.startswith("124.50 GiB is free but the engine needs 128.62 GiB")
+    assert fitting_utilization(total=H200, free=free, external=0) == 0.88
+
+
+def test_budget_smaller_than_the_weights_is_refused():
+    engine, problem = engine_budget(total=100 * GIB, free=100 * GIB, utilization=0.1, external=20 * GIB)
+    assert engine == 0 and "exceed the --gpu-memory-utilization budget (0.1, 10.00 GiB)" in problem
+
+
+def test_kv_cache_equals_a_disk_start():
+    # vLLM: kv = budget - weights(consumed by the load) - activations; zero-copy consumes ~0
+    total, activations, weights = H200, 3 * GIB, 15 * GIB
+    disk_budget, _ = engine_budget(total=total, free=total, utilization=0.9, external=0)
+    mapped_budget, _ = engine_budget(total=total, free=total - weights, utilization=0.9, external=weights)
+    assert (disk_budget - weights - activations) == (mapped_budget - 0 - activations)
+
+
+@pytest.mark.parametrize("argv, target", [
+    (["--model", "/m/qwen", "--load-format", "hotweights", "--model-loader-extra-config", '{"fallback": false}'],
+     ("/m/qwen", {"fallback": False})),
+    (["serve", "/m/qwen", "--load-format=hotweights", '--model-loader-extra-config={"fallback": false}'],
+     ("/m/qwen", {"fallback": False})),
+    (["--model", "/m/qwen", "--load-format", "hotweights"], None),  # fallback on: the loader decides
+    (["--model", "/m/qwen", "--load-format", "auto", "--model-loader-extra-config", '{"fallback": false}'], None),
+    (["--model", "/m/qwen", "--load-format", "hotweights", "--model-loader-extra-config", "{bad"], None),
+])
+def test_preflight_reads_the_command_line(argv, target):
+    assert strict_target(argv) == target
+
+
+def test_preflight_fails_a_strict_start_at_once(socket_dir, daemon, caplog, tmp_path):
+    missing = ["--model", str(tmp_path / "qwen"), "--load-format", "hotweights", "--model-loader-extra-config"]
+    with pytest.raises(SystemExit):
+        check(missing + [json.dumps({"fallback": False, "socket_dir": str(tmp_path / "none")})])
+    assert "Weight cache unusable (daemon unavailable: no daemon socket at" in caplog.text
+    with pytest.raises(SystemExit):  # a daemon that holds nothing of this model
+        check(missing + [json.dumps({"fallback": False, "socket_dir": str(daemon.paths.directory)})])
+    assert "Weight cache unusable (cache miss for qwen: the daemon holds no entry of this model" in caplog.text
