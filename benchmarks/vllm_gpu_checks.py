@@ -31,10 +31,9 @@ import re
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
-from hotweights.observe import Observed, free_port
+from hotweights.observe import Observed, complete, free_port
 
 EVIDENCE = ("hotweights", "Weight cache", "weight cache", "falling back", "KV cache", "Model loading took",
             "GPU budget", "Free memory on device", "Error", "error")
@@ -51,17 +50,6 @@ def gpu_used_mib() -> int:
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hotweights", *args], capture_output=True, text=True)
-
-
-def complete(port: int, model: str) -> str | None:
-    body = {"model": model, "prompt": "The weight cache", "max_tokens": 16, "temperature": 0}
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return json.loads(r.read())["choices"][0]["text"]
-    except (OSError, KeyError, ValueError):
-        return None
 
 
 class Session:
@@ -82,7 +70,8 @@ class Session:
 
     def finish(self, obs: Observed, *, timeout_s: float = 400) -> dict:
         receipt = obs.wait_ready(timeout_s=timeout_s, interval_s=0.5)
-        answer = complete(obs.port, self.model) if receipt.ready else None  # type: ignore[attr-defined]
+        url = f"http://127.0.0.1:{obs.port}"  # type: ignore[attr-defined]
+        answer = complete(url, "The weight cache", model=self.model) if receipt.ready else None
         result = {"ready": receipt.ready, "seconds": round(receipt.elapsed_s, 2), "answer": answer}
         return result
 

@@ -30,3 +30,80 @@ def test_malformed_extra_config_names_the_option(models, command):
 def test_unusable_socket_dir_is_one_line(models, socket_dir, reason):
     r = run_cli("preload", "--model", str(models["tiny"]), "--socket-dir", socket_dir)
     assert one_line_error(r, 1) == f"hotweights preload: cannot use {socket_dir}: {reason}"
+
+
+@pytest.mark.parametrize("command", ["serve", "generate"])
+def test_a_model_path_that_does_not_exist_is_one_line_at_once(tmp_path, command):
+    missing = str(tmp_path / "demo" / "modle")
+    args = [missing] if command == "serve" else ["--model", missing]
+    r = run_cli(command, *args, timeout=30)
+    assert one_line_error(r, 1) == (f"hotweights {command}: model directory {missing} does not exist; models are "
+                                    f"local directories (download the model first)")
+
+
+def busy_port():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    return s
+
+
+def test_serve_on_a_busy_port_fails_before_loading_the_model(models):
+    with busy_port() as s:
+        port = s.getsockname()[1]
+        r = run_cli("serve", str(models["tiny"]), "--port", str(port), timeout=60)
+    line = one_line_error(r, 2)
+    assert line.startswith(f"hotweights serve: cannot listen on 127.0.0.1:{port} (Address already in use)")
+    assert "startup:" not in r.stderr and "Mapped" not in r.stderr  # nothing was loaded
+
+
+def test_verify_never_polls_a_server_it_did_not_start(models, tmp_path):
+    with busy_port() as s:
+        port = s.getsockname()[1]
+        r = run_cli("verify", "--model", str(models["tiny"]), "--port", str(port), "--out", str(tmp_path / "v"),
+                    timeout=120)
+    assert one_line_error(r, 2).startswith(f"hotweights verify: port {port} is busy")
+    assert not (tmp_path / "v" / "disk.json").exists()
+
+
+def test_a_missing_extra_is_one_line_naming_it(models):
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['fastapi'] = None; from hotweights.cli import main; "
+            f"sys.exit(main(['serve', {str(models['tiny'])!r}]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert one_line_error(r, 1) == "hotweights serve: fastapi is not installed; pip install 'hotweights[serve]'"
+
+
+def test_status_json_without_a_daemon_is_json(socket_dir):
+    import json
+
+    r = run_cli("status", "--json", "--socket-dir", str(socket_dir))
+    assert r.returncode == 1
+    data = json.loads(r.stdout)
+    assert data["running"] is False and "no daemon socket at" in data["reason"]
+
+
+def test_the_model_is_given_either_way(models):
+    by_position = run_cli("inspect", str(models["tiny"]), "--json")
+    by_option = run_cli("inspect", "--model", str(models["tiny"]), "--json")
+    assert by_position.returncode == by_option.returncode == 0 and by_position.stdout == by_option.stdout
+    both = run_cli("inspect", str(models["tiny"]), "--model", "/elsewhere")
+    assert both.returncode == 2 and "give the model directory once" in both.stderr
+
+
+def test_serve_help_shows_help_texts_and_defaults():
+    r = run_cli("serve", "--help")
+    assert r.returncode == 0 and "port to listen on" in r.stdout and "(default: 8000)" in r.stdout
+
+
+def test_status_warns_when_a_model_is_cached_twice(models, daemon):
+    sock = str(daemon.paths.directory)
+    for dtype in ("float16", "bfloat16"):
+        assert run_cli("preload", str(models["tiny"]), "--dtype", dtype, "--socket-dir", sock).returncode == 0
+    r = run_cli("status", "--socket-dir", sock)
+    assert r.returncode == 0 and "note: tiny is cached 2 times (float16 checkpoint on cpu, bfloat16 checkpoint on " \
+                                 "cpu)" in r.stdout, r.stdout

@@ -29,3 +29,13 @@ def test_patterns_recognise_the_lines_they_are_built_from():
     assert evidence.FALLBACK_MARK in evidence.falling_back("x")
     assert evidence.STRICT_MARK in evidence.strict_failure("x")
     assert evidence.daemon_ready("/s", 1).startswith(evidence.READY_MARK)
+
+
+def test_strict_advice_follows_what_went_wrong():
+    assert evidence.strict_failure("x").endswith("start the daemon and preload the model (hotweights preload "
+                                                 "--model DIR), or set fallback to true")
+    dtype = evidence.advice_for("mismatch", ("dtype: cached=float16 requested=bfloat16",))
+    assert dtype == ("the cache holds this model as float16: start with --dtype float16, or preload bfloat16 too "
+                     "(hotweights preload --model DIR --dtype bfloat16)")
+    assert evidence.advice_for("miss") == "preload the model (hotweights preload --model DIR)"
+    assert evidence.advice_for("absent") == evidence.START_AND_PRELOAD

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -65,6 +66,24 @@ def test_preload_prints_publish_line_and_is_idempotent(models, daemon):
     assert "Published 47 tensors" in daemon.log()
     second = run_cli(*args)
     assert second.returncode == 0 and second.stdout.startswith("Already cached: small [")
+
+
+@pytest.mark.parametrize("change", ["chmod", "copy"])
+def test_preload_of_the_same_bytes_is_already_cached(model_copy, daemon, change):
+    """Restart scripts run `preload && serve` every time: the same bytes under the same key
+    must succeed, even when the digest cache cannot know the files (new ctime, new inode)."""
+    model = model_copy("tiny")
+    args = ("--dtype", "float16", "--socket-dir", str(daemon.paths.directory))
+    assert run_cli("preload", "--model", str(model), *args).returncode == 0
+    if change == "chmod":
+        os.chmod(model / "model.safetensors", 0o600)
+        again = model
+    else:
+        again = model.parent / "identical"
+        shutil.copytree(model, again)
+    second = run_cli("preload", "--model", str(again), *args)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.startswith(f"Already cached: {again.name} ["), second.stdout
 
 
 def test_preload_starts_a_detached_daemon(models, socket_dir):

@@ -87,6 +87,23 @@ def test_streaming_matches_non_streaming(warm_server):
     assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
 
 
+def test_max_completion_tokens_is_honoured(warm_server):
+    _, data = warm_server.post("/v1/completions", {"prompt": "Hello", "max_completion_tokens": 3, "max_tokens": 16,
+                                                   "temperature": 0})
+    assert data["usage"]["completion_tokens"] == 3
+
+
+def test_the_first_streamed_chat_chunk_names_the_role(warm_server):
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0, "stream": True}
+    req = urllib.request.Request(warm_server.url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        events = [json.loads(line[6:]) for line in r.read().decode().splitlines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all("role" not in e["choices"][0]["delta"] for e in events[1:])
+
+
 def test_chat_uses_the_template_and_is_deterministic(warm_server):
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0}
     s1, a = warm_server.post("/v1/chat/completions", body)
@@ -110,6 +127,7 @@ def test_seeded_sampling_is_reproducible(warm_server):
     ({"prompt": "x", "n": 2}, "n"),
     ({"prompt": "x", "model": "other"}, "model"),
     ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": "x", "logprobs": 2}, "logprobs"),  # not implemented: refused, never silently ignored
 ])
 def test_bad_requests_get_400_with_an_openai_error(warm_server, body, param):
     status, data = warm_server.post("/v1/completions", body)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import evidence
-from .cli_parser import build_parser
+from .cli_parser import build_parser, resolve_model
 
 logger = logging.getLogger("hotweights")
 
@@ -24,7 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     tail: list[str] = []
     if "--" in argv:  # observe: everything after -- is the server command, options included
         argv, tail = argv[:argv.index("--")], argv[argv.index("--") + 1:]
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    resolve_model(parser, args)
     if tail:
         args.cmd = list(getattr(args, "cmd", [])) + tail
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
@@ -39,12 +41,29 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"hotweights {args.command}: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:  # a feature whose extra is not installed
+        print(f"hotweights {args.command}: {missing_extra(exc.name or '')}", file=sys.stderr)
+        return 1
     except OSError as exc:  # a path the user named that cannot be used: one line, no traceback
         where = f"cannot use {exc.filename}: " if exc.filename else ""
         print(f"hotweights {args.command}: {where}{exc.strerror or exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+EXTRAS = {"torch": "engine", "safetensors": "engine", "transformers": "engine", "tokenizers": "engine",
+          "fastapi": "serve", "uvicorn": "serve", "pydantic": "serve", "starlette": "serve"}
+
+
+def missing_extra(module: str) -> str:
+    """One line naming the extra (or package) that brings ``module``."""
+    root = module.split(".")[0]
+    if root in EXTRAS:
+        return f"{root} is not installed; pip install 'hotweights[{EXTRAS[root]}]'"
+    if root == "vllm":
+        return "vllm is not installed here; install hotweights into vLLM's own environment (pip install hotweights)"
+    return f"{root} is not installed (pip install {root})"
 
 
 def _extra_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -121,9 +140,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     from .console import status_table
     from .paths import daemon_paths
 
-    with connect(daemon_paths(args.socket_dir)) as client:
-        status = client.status()
-    data = {"pid": status.pid, "version": status.daemon_version, "uptime_s": round(status.uptime_s, 1),
+    from .errors import DaemonUnavailable
+
+    try:
+        with connect(daemon_paths(args.socket_dir)) as client:
+            status = client.status()
+    except DaemonUnavailable as exc:
+        if not args.json:
+            raise
+        _emit(args, {"running": False, "reason": str(exc)}, "")
+        return 1
+    data = {"running": True, "pid": status.pid, "version": status.daemon_version, "uptime_s": round(status.uptime_s, 1),
             "entries": status.entries, "bytes_by_device": status.bytes_by_device,
             "torch_imported": status.torch_imported, "socket": str(client.socket_path)}
     _emit(args, data, status_table(status, client.socket_path))
@@ -170,11 +197,22 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_dir(path: str) -> str:
+    """A local model directory, or one line saying it is not one (no hub, no network)."""
+    from .errors import CheckpointError
+
+    if not Path(path).is_dir():
+        raise CheckpointError(f"model directory {path} does not exist; models are local directories "
+                              f"(download the model first)")
+    return path
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from .config import AttachConfig
     from .serve.app import ServeConfig, run
 
-    return run(ServeConfig(model=args.model, host=args.host, port=args.port, dtype=args.dtype, device=args.device,
+    return run(ServeConfig(model=_model_dir(args.model), host=args.host, port=args.port, dtype=args.dtype,
+                           device=args.device,
                            served_model_name=args.served_model_name, max_model_len=args.max_model_len,
                            load_format=args.load_format, attach=AttachConfig.from_dict(_extra_config(args))))
 
@@ -208,7 +246,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from .engines.transformers import generate
 
-    result = generate(args.model, args.prompt, max_tokens=args.max_tokens, dtype=args.dtype, device=args.device,
+    result = generate(_model_dir(args.model), args.prompt, max_tokens=args.max_tokens, dtype=args.dtype, device=args.device,
                       config=_extra_config(args), load_format=args.load_format)
     report = result.report
     _emit(args, {"source": report.source, "weights_s": report.weights_s, "build_s": report.build_s,

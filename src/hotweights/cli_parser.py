@@ -8,12 +8,32 @@ from pathlib import Path
 from . import __version__
 
 DTYPES = ["auto", "float16", "bfloat16", "float32"]
+MODEL_COMMANDS = {"preload", "inspect", "serve", "verify", "generate"}
 
 
 def _socket_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument("--socket-dir", default=None,
                    help="daemon directory (default: $HOTWEIGHTS_SOCKET_DIR, $XDG_RUNTIME_DIR/hotweights, "
                         "/tmp/hotweights-<uid>)")
+
+
+def _model(p: argparse.ArgumentParser) -> None:
+    # like `vllm serve`: the model directory as the first argument or as --model
+    p.add_argument("model_pos", nargs="?", metavar="MODEL", default=argparse.SUPPRESS,
+                   help="local model directory (safetensors); required, here or as --model")
+    p.add_argument("--model", dest="model_opt", metavar="MODEL", default=argparse.SUPPRESS,
+                   help="the same, as an option")
+
+
+def resolve_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``args.model`` from MODEL or --model MODEL (one of them, or both the same)."""
+    if args.command not in MODEL_COMMANDS:
+        return
+    given = {m for m in (getattr(args, "model_pos", None), getattr(args, "model_opt", None)) if m}
+    if len(given) != 1:
+        parser.error("give the model directory once: MODEL or --model MODEL" if given else
+                     "a model directory is required: MODEL or --model MODEL")
+    args.model = given.pop()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "that kills its process tree on exit does not take the daemon with it)")
 
     p = sub.add_parser("preload", help="load a checkpoint into the cache (starts the daemon if needed)")
-    p.add_argument("--model", required=True, help="checkpoint directory (safetensors)")
+    _model(p)
     p.add_argument("--dtype", default="auto", choices=DTYPES)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
@@ -66,21 +86,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-device", default="cpu", help="where random weights are drawn (cuda is faster for 8b)")
 
     p = sub.add_parser("inspect", help="a checkpoint's cache key: arch, dtype, digests (reads no daemon)")
-    p.add_argument("--model", required=True)
+    _model(p)
     p.add_argument("--dtype", default="auto", choices=DTYPES)
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("serve", help="OpenAI-compatible server (transformers) loading through the cache")
-    p.add_argument("model")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--dtype", default="auto", choices=DTYPES)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--served-model-name", default=None)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--load-format", default="hotweights", choices=["hotweights", "auto"])
+    p = sub.add_parser("serve", help="OpenAI-compatible server (transformers) loading through the cache",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _model(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on; taken before the model loads")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="weight dtype (auto: the checkpoint's)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--served-model-name", default=None, help="model name in the API (%(default)s: the path)")
+    p.add_argument("--max-model-len", type=int, default=None, help="context length (%(default)s: the model's)")
+    p.add_argument("--load-format", default="hotweights", choices=["hotweights", "auto"],
+                   help="hotweights: through the cache (with the fallback on by default); auto: from disk")
     p.add_argument("--model-loader-extra-config", default="{}",
-                   help="JSON: mode, fallback, socket_dir, socket_path, connect_timeout_s, state_timeout_s, publish")
+                   help="JSON: mode, fallback, socket_dir, socket_path, connect_timeout_s, state_timeout_s, "
+                        "publish, rehash")
 
     p = sub.add_parser("observe", help="start a server command, time it to /health, write LABEL.log/.json",
                        description="Time-to-ready is measured from process start to the first 200 from the "
@@ -98,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("verify", help="run the acceptance procedure and write a report")
     p.add_argument("--engine", default="hotweights", choices=["hotweights", "vllm"])
-    p.add_argument("--model", required=True)
+    _model(p)
     p.add_argument("--dtype", default="auto", choices=DTYPES)
     p.add_argument("--device", default="cpu")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
@@ -113,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the receipts as one JSON line")
 
     p = sub.add_parser("generate", help="load a model (cache or disk) with transformers and complete a prompt")
-    p.add_argument("--model", required=True)
+    _model(p)
     p.add_argument("--prompt", default="The weight cache says")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--dtype", default="auto", choices=DTYPES)

@@ -48,4 +48,13 @@ def status_table(status: Any, socket_path: Path) -> str:
                      f"{e['device'][:15]:<16}{e['nbytes'] / GIB:>8.2f}{e['num_tensors']:>9}{e['num_attaches']:>10}")
     if not status.entries:
         lines.append("(no entries)")
+    by_model: dict[str, list[dict]] = {}
+    for e in status.entries:
+        by_model.setdefault(e["model"], []).append(e)
+    for model, entries in sorted(by_model.items()):
+        if len(entries) > 1:  # a second dtype or layout is a second copy of the weights
+            kinds = ", ".join(f"{e['dtype']} {e['layout']} on {e['device'][:12]}" for e in entries)
+            lines.append(f"note: {model} is cached {len(entries)} times ({kinds}): "
+                         f"{sum(e['nbytes'] for e in entries) / GIB:.2f} GiB in all; release what no engine uses "
+                         f"(hotweights release KEY)")
     return "\n".join(lines)

@@ -45,8 +45,22 @@ def falling_back(reason: str) -> str:
     return f"Weight cache unusable ({reason}); falling back to disk loading"
 
 
-def strict_failure(reason: str) -> str:
-    return (
-        f"Weight cache unusable ({reason}) and fallback is disabled; start the daemon and "
-        f"preload the model (hotweights preload --model DIR), or set fallback to true"
-    )
+START_AND_PRELOAD = "start the daemon and preload the model (hotweights preload --model DIR)"
+
+
+def strict_failure(reason: str, advice: str = START_AND_PRELOAD) -> str:
+    return f"Weight cache unusable ({reason}) and fallback is disabled; {advice}, or set fallback to true"
+
+
+def advice_for(outcome: str, diffs: tuple[str, ...] | list[str] = ()) -> str:
+    """What to do about a strict failure, by what the attach came to."""
+    if outcome == "miss":
+        return "preload the model (hotweights preload --model DIR)"
+    for line in diffs:
+        if line.startswith("dtype: cached="):
+            cached, requested = line.removeprefix("dtype: cached=").split(" requested=")
+            return (f"the cache holds this model as {cached}: start with --dtype {cached}, or preload "
+                    f"{requested} too (hotweights preload --model DIR --dtype {requested})")
+    if outcome == "mismatch":
+        return "preload the model as this engine loads it (see the differing fields)"
+    return START_AND_PRELOAD

@@ -26,6 +26,21 @@ from pathlib import Path
 DEFAULT_HEALTH_URL = "http://127.0.0.1:8000/health"
 
 
+def complete(base_url: str, prompt: str, *, max_tokens: int = 16, model: str | None = None,
+             timeout_s: float = 120.0) -> str | None:
+    """The greedy completion of ``prompt`` from an OpenAI-compatible server, None on any failure."""
+    body: dict = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    if model is not None:
+        body["model"] = model
+    req = urllib.request.Request(base_url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return json.loads(r.read())["choices"][0]["text"]
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (another process may take it)."""
     with socket.socket() as s:

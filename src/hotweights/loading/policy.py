@@ -58,6 +58,7 @@ def attach_first(candidates: Sequence[Candidate], config: AttachConfig,
     ``skipped``: why candidates the engine cannot use were left out (they lead the reason).
     """
     reasons: list[str] = list(skipped)
+    advice = ""
     for cand in candidates:
         # a strict config waits for a starting daemon once, not once per candidate
         result = attach_tensors(cand.key, dataclasses.replace(config, state_timeout_s=0.0) if reasons else config,
@@ -73,13 +74,15 @@ def attach_first(candidates: Sequence[Candidate], config: AttachConfig,
                     logger.info("no usable %s entry (%s); using the %s entry", candidates[0].label, reasons[0],
                                 cand.label)
                 return value, ""
+        advice = advice or evidence.advice_for(result.outcome, result.diffs)
         labelled = len(candidates) > 1 and result.outcome is not Outcome.ABSENT
         reasons.append(f"{cand.label}: {result.reason}" if labelled else result.reason)
         if result.outcome is Outcome.ABSENT:
             break  # no daemon: no other key can do better
     reason = "; ".join(reasons)
     if not config.fallback:
-        raise WeightCacheUnusable(evidence.strict_failure(reason), reason=reason)
+        raise WeightCacheUnusable(evidence.strict_failure(reason, advice or evidence.START_AND_PRELOAD),
+                                  reason=reason)
     logger.warning(evidence.falling_back(reason))
     return None, reason
 

@@ -20,7 +20,7 @@ from typing import Callable
 
 from ..client import Outcome, connect_for
 from ..config import AttachConfig
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ProtocolError
 from ..key import CacheKey
 from ..pools.devices import resolve_device
 from .checkpoint import Checkpoint, checkpoint_key, open_checkpoint, target_dtype
@@ -79,7 +79,18 @@ def preload(model_dir: str | os.PathLike[str], *, dtype: str = "auto", device: s
             cache.put(shard.stat, digests[shard.name])
         key = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid, digests=digests)
         seconds = time.perf_counter() - start
-        manifest = publish(client, writer, key, load_s=seconds)
+        try:
+            manifest = publish(client, writer, key, load_s=seconds)
+        except ProtocolError as exc:
+            # the same bytes under the same key are already cached (a chmod or a byte-identical
+            # copy only missed the digest cache): that is success, not a conflict
+            answer = client.lookup(key) if exc.code == "exists" else None
+            if answer is None or answer.outcome is not Outcome.OK:
+                raise
+            logger.info("already cached: key=%s model=%s (read again: the digest cache did not know the files)",
+                        key.short, key.model)
+            return PreloadResult(key, len(answer.manifest.tensors), answer.manifest.tensor_nbytes, seconds, True,
+                                 client.socket_path)
         return PreloadResult(key, len(manifest.tensors), manifest.tensor_nbytes, seconds, False, client.socket_path)
 
 

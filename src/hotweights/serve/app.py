@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -105,11 +106,13 @@ def create_app(generator: Generator, model_name: str):
             raise BadRequest(f"model {req.model!r} is not served here; this server serves {model_name!r}", "model")
         if req.n != 1:
             raise BadRequest("only n=1 is supported", "n")
+        if req.logprobs or req.top_logprobs:
+            raise BadRequest("logprobs are not supported by this server", "logprobs")
         room = generator.max_model_len - len(prompt_ids)
         if room < 1:
             raise BadRequest(f"prompt of {len(prompt_ids)} tokens leaves no room in max_model_len "
                              f"{generator.max_model_len}", "prompt")
-        max_tokens = req.max_tokens or room
+        max_tokens = req.max_completion_tokens or req.max_tokens or room
         if max_tokens > room:
             raise BadRequest(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds max_model_len "
                              f"{generator.max_model_len}", "max_tokens")
@@ -155,9 +158,12 @@ def create_app(generator: Generator, model_name: str):
 def _sse(generator: Generator, prompt_ids: list[int], params: SamplingParams, rid: str, created: int,
          model_name: str, kind: str) -> Iterator[str]:
     obj = "chat.completion.chunk" if kind == "chatcmpl" else "text_completion"
+    first = True
     for chunk in generator.stream(prompt_ids, params):
         if kind == "chatcmpl":
-            choice = {"index": 0, "delta": {"content": chunk.text}, "finish_reason": chunk.finish_reason}
+            delta = {"role": "assistant", "content": chunk.text} if first else {"content": chunk.text}
+            choice = {"index": 0, "delta": delta, "finish_reason": chunk.finish_reason}
+            first = False
         else:
             choice = {"index": 0, "text": chunk.text, "finish_reason": chunk.finish_reason, "logprobs": None}
         yield f"data: {json.dumps({'id': rid, 'object': obj, 'created': created, 'model': model_name, 'choices': [choice]})}\n\n"
@@ -165,11 +171,21 @@ def _sse(generator: Generator, prompt_ids: list[int], params: SamplingParams, ri
 
 
 def run(config: ServeConfig) -> int:
+    import fastapi  # noqa: F401  (both now: a missing extra is one line before anything loads)
     import uvicorn
 
+    # take the port before the model loads: a busy port is one line at once, not after a load
+    sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((config.host, config.port))
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot listen on {config.host}:{config.port} ({exc.strerror}): another process has the "
+                         f"port; stop it or pass another --port") from None
     generator, _timings = load(config)
     name = config.served_model_name or config.model
     app = create_app(generator, name)
     logger.info("serving: model=%s url=http://%s:%d", name, config.host, config.port)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     return 0

@@ -20,6 +20,9 @@ class Sampling(BaseModel):
     model_config = ConfigDict(extra="allow")  # OpenAI clients send fields we do not use
     model: str | None = None
     max_tokens: int | None = Field(default=16, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)  # the newer name; wins when given
+    logprobs: bool | int | None = None  # not implemented: any truthy value is refused with 400
+    top_logprobs: int | None = None
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = None

@@ -19,17 +19,17 @@ import json
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import CheckpointError
 from ..evidence import FALLBACK_MARK, MAPPED_RE, READY_MARK, STRICT_MARK
-from ..observe import Observed
+from ..observe import Observed, complete
 from .environment import host_record
 
 ENGINE_CMDS = {
@@ -127,6 +127,9 @@ class Procedure:
 
     def serve(self, label: str, *, load_format: str, extra: dict | None = None, dtype: str | None = None,
               measure: str | None = None) -> Run:
+        require_free_port(self.config.port)  # else /health may answer from a server we did not start
+        print(f"verify: {label}: starting the server ({self.config.engine}, load format {load_format})",
+              file=sys.stderr, flush=True)
         template = self.config.engine_cmd or ENGINE_CMDS[self.config.engine]
         cmd = self._fmt(template, load_format=load_format, extra=json.dumps(extra or {}), dtype=dtype or self.dtype)
         url = f"http://127.0.0.1:{self.config.port}"
@@ -147,16 +150,9 @@ class Procedure:
         return run
 
     def _complete(self, url: str) -> str | None:
-        body = {"prompt": self.config.prompt, "max_tokens": self.config.max_tokens, "temperature": 0}
-        if self.config.engine == "vllm":
-            body["model"] = self.config.model  # vLLM serves the model under its path
-        req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"content-type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=120) as r:
-                return json.loads(r.read())["choices"][0]["text"]
-        except (OSError, KeyError, ValueError):
-            return None
+        # vLLM serves the model under its path
+        return complete(url, self.config.prompt, max_tokens=self.config.max_tokens,
+                        model=self.config.model if self.config.engine == "vllm" else None)
 
     def _memory(self, engine_pid: int | None = None) -> dict:
         from .memory import sample
@@ -204,6 +200,7 @@ class Procedure:
                                                         "nothing; try another --prompt")
 
     def preload(self) -> bool:
+        print("verify: preload: filling the cache", file=sys.stderr, flush=True)
         start = time.monotonic()
         result = subprocess.run(self._fmt(self.config.preload_template), capture_output=True, text=True,
                                 env={**os.environ, **self._engine_env()})
@@ -267,6 +264,17 @@ class Procedure:
         return {"env": self.env, "checks": [asdict(c) for c in self.checks],
                 "runs": {k: asdict(v) for k, v in self.runs.items()}, "memory": self.memory,
                 "passed": all(c.passed for c in self.checks)}
+
+
+def require_free_port(port: int) -> None:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            raise ValueError(f"port {port} is busy: another process listens on 127.0.0.1:{port}, and verify must "
+                             f"poll only servers it started; stop that process or pass --port "
+                             f"(make demo: DEMO_PORT=8001 make demo)") from None
 
 
 def _is_evidence(line: str) -> bool:

@@ -64,9 +64,10 @@ def check(argv: list[str] | None = None) -> None:
         _fail(f"untrusted daemon: {exc}")
     name = Path(model).name
     if not any(e.get("model") == name for e in entries):
-        _fail(f"cache miss for {name}: the daemon holds no entry of this model ({len(entries)} entries)")
+        _fail(f"cache miss for {name}: the daemon holds no entry of this model ({len(entries)} entries)",
+              evidence.advice_for("miss"))
 
 
-def _fail(reason: str) -> None:
-    logger.error(evidence.strict_failure(reason))
+def _fail(reason: str, advice: str = evidence.START_AND_PRELOAD) -> None:
+    logger.error(evidence.strict_failure(reason, advice))
     raise SystemExit(1)

@@ -56,6 +56,7 @@ def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_di
     label = log_path.stem if log_path else "vllm-preload"
     start = time.monotonic()
     obs = Observed(label, cmd, out_dir=log_dir, health_url=f"http://127.0.0.1:{port}/health")
+    said = 0
     try:
         while True:
             text = obs.log_text()
@@ -75,6 +76,10 @@ def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_di
                                       f"{causes[0] if causes else 'see the log'}\nlog: {obs.log_path}")
             if time.monotonic() - start > timeout_s:
                 raise HotweightsError(f"vLLM did not publish within {timeout_s:.0f} s; see {obs.log_path}")
+            if int(time.monotonic() - start) // 10 > said:  # a line every 10 s: vLLM's start-up is long
+                said = int(time.monotonic() - start) // 10
+                print(f"preload --engine vllm: vLLM is starting and loading the model ({said * 10} s; "
+                      f"log {obs.log_path})", file=sys.stderr, flush=True)
             time.sleep(0.5)
     finally:
         obs.stop(grace_s=20)
