@@ -20,9 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import DaemonProc, run_cli
-from hotweights import evidence
 from hotweights.config import AttachConfig
-from hotweights.errors import CheckpointError
 from hotweights.loading.attach import attach_tensors
 from hotweights.loading.checkpoint import checkpoint_key, open_checkpoint
 from hotweights.loading.preload import preload

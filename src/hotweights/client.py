@@ -13,119 +13,28 @@ pool importers do). An ``error`` reply is raised as ``ProtocolError`` carrying i
 
 from __future__ import annotations
 
-import enum
 import fcntl
 import os
 import socket
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .config import AttachConfig
-from .errors import DaemonUnavailable, ManifestError, ProtocolError, TrustError, WrongEntry
+from .errors import DaemonUnavailable, ProtocolError, TrustError
 from .key import CacheKey
-from .manifest import Manifest, PoolSpec
+from .manifest import Manifest
 from .paths import DaemonPaths, check_socket_dir, daemon_paths
-from .pools.fds import pool_fds_problem
 from .protocol import (
-    PROTOCOL_VERSION, Attach, AttachMismatch, AttachMiss, AttachOk, Error, Hello, HelloOk, Message, Publish,
-    PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk, decode_body, recv_message, send_message, unpack,
+    PROTOCOL_VERSION, Attach, Error, Hello, HelloOk, Message, Publish, PublishOk, Release, ReleaseOk, Status,
+    StatusOk, Stop, StopOk, recv_message, send_message,
 )
+from .replies import Answer, AttachReply, Outcome
 from .wire import close_fds, recv_frame
 
-
-class Outcome(enum.StrEnum):
-    """What an attach came to; the fallback policy reads it."""
-
-    OK = "ok"
-    MISS = "miss"  # the daemon holds no entry for the key
-    MISMATCH = "mismatch"  # it holds one for something else (``diffs`` says what)
-    ABSENT = "absent"  # no daemon answered, or it failed the request
-    UNUSABLE = "unusable"  # an entry was found but cannot be used here (memory, pools, model)
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """A validated attach reply: ok with its manifest, or why not."""
-
-    outcome: Outcome
-    manifest: Manifest | None = None
-    reason: str = ""
-    diffs: tuple[str, ...] = ()
-
-
-class AttachReply:
-    """An ``attach`` reply read in two steps, so a caller can map pools before validating.
-
-    ``pools`` are the pool specs of an ``attach_ok`` frame (already checked to be on the
-    key's device), ``take_fds()`` hands their fds over, ``answer()`` validates the whole
-    reply and checks it against the key and the pools handed out. Fds not taken are
-    closed by ``answer()`` or ``close()``.
-    """
-
-    def __init__(self, key: CacheKey, payload: bytes, fds: list[int]) -> None:
-        self.key = key
-        self._fds = fds
-        self._nfds = len(fds)
-        self._given: list[PoolSpec] = []
-        try:
-            self._body = unpack(payload)  # once: pools are read from it, then it is validated
-            self.pools = _attach_ok_pools(self._body, len(fds))
-        except BaseException:
-            self.close()
-            raise
-        if any(p.device != key.device for p in self.pools):
-            self.close()
-            raise WrongEntry(f"daemon answered pools on {self.pools[0].device} for a key on {key.device}")
-        if self.pools and (problem := pool_fds_problem(self.pools, self._fds)):
-            self.close()
-            raise ProtocolError(f"daemon sent a pool this engine will not map: {problem}", code="bad_pool")
-
-    def take_fds(self) -> list[int]:
-        fds, self._fds = self._fds, []
-        self._given = list(self.pools)
-        return fds
-
-    def answer(self) -> Answer:
-        try:
-            reply = decode_body(self._body)
-            if isinstance(reply, Error):
-                raise ProtocolError(f"daemon refused attach: {reply.message}", code=reply.code)
-            if isinstance(reply, AttachMiss) and not self._nfds:
-                return Answer(Outcome.MISS, reason=f"cache miss for {self.key.model} [{self.key.short}]: "
-                                                   f"{reply.reason}")
-            if isinstance(reply, AttachMismatch) and not self._nfds:
-                return Answer(Outcome.MISMATCH, diffs=tuple(reply.diffs),
-                              reason=f"cached entry {reply.model} [{reply.key_short}] differs: "
-                                     + "; ".join(reply.diffs))
-            if not isinstance(reply, AttachOk) or self._nfds != len(reply.manifest.pools):
-                raise ProtocolError(f"bad attach reply {type(reply).__name__} with {self._nfds} fds",
-                                    code="bad_reply")
-            # the daemon must never serve another key, nor other pools than those handed out
-            if reply.manifest.key != self.key or (self._given and list(reply.manifest.pools) != self._given):
-                raise WrongEntry(f"daemon answered key {reply.manifest.key.short} for {self.key.short}")
-            return Answer(Outcome.OK, reply.manifest)
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        close_fds(self._fds)
-        self._fds = []
-
-
-def _attach_ok_pools(body: Any, nfds: int) -> list[PoolSpec]:
-    """The pool specs of an ``attach_ok`` body with one fd per pool; [] otherwise
-    (``answer()`` then says what is wrong)."""
-    try:
-        if not (isinstance(body, dict) and body.get("op") == "attach_ok"):
-            return []
-        pools = [PoolSpec(n, d) for n, d in body["manifest"]["pools"]]
-    except (ValueError, TypeError, KeyError, ManifestError):
-        return []
-    return pools if len(pools) == nfds else []
+__all__ = ["Answer", "AttachReply", "Client", "Outcome", "connect", "connect_for", "ensure_daemon", "wait_for_daemon"]
 
 
 class Client:

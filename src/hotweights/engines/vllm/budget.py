@@ -108,27 +108,24 @@ def _external_bytes(vllm_config: Any) -> tuple[int, int]:
     """(bytes this worker maps from the cache, bytes the cache holds on its GPU)."""
     if vllm_config is None:
         return 0, 0
+    import torch
+
+    from ...client import connect_for
+    from ...config import AttachConfig
+    from ...errors import HotweightsError
+    from ...pools.devices import gpu_uuid
+    from .options import LOAD_FORMAT, split_extra_config
+
+    load_config = vllm_config.load_config
     try:
-        from ...client import connect_for
-        from ...errors import HotweightsError
-        from ...pools.devices import gpu_uuid
-        from .options import LOAD_FORMAT, split_extra_config
-
-        import torch
-
-        load_config = vllm_config.load_config
-        ours = load_config.load_format == LOAD_FORMAT
-        config = split_extra_config(load_config.model_loader_extra_config)[1] if ours else None
-        mapped = 0
-        if ours:
+        mapped, config = 0, AttachConfig()
+        if load_config.load_format == LOAD_FORMAT:
             from .loader import HotweightsModelLoader
 
+            config = split_extra_config(load_config.model_loader_extra_config)[1]
             mapped = HotweightsModelLoader(load_config).get_external_weight_memory(vllm_config)
-        from ...config import AttachConfig
-
-        with connect_for(config or AttachConfig()) as client:
+        with connect_for(config) as client:
             device = f"cuda:{gpu_uuid(torch.cuda.current_device())}"
-            held = int(client.status().bytes_by_device.get(device, 0))
-        return mapped, held
+            return mapped, int(client.status().bytes_by_device.get(device, 0))
     except (HotweightsError, OSError, ValueError):
         return 0, 0
