@@ -154,3 +154,11 @@ def test_tensor_parallel_2_each_rank_publishes_and_maps_its_engine_layout(vllm_m
     log = obs.log_text()
     assert log.count("(mode=zero_copy)") == 2 and "falling back to disk loading" not in log, log[-3000:]
     assert base and warm == base
+
+
+def test_capabilities_are_detected_from_the_installed_vllm():
+    code = ("from hotweights.engines.vllm.capabilities import detect, missing_line; c = detect(); "
+            "print(c.version, c.weights_already_processed is not None, c.external_weight_memory, missing_line(c))")
+    r = subprocess.run([VLLM_PYTHON, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["0.32.0", "True", "True", "None"]  # the CPU build in CI has both
