@@ -368,8 +368,8 @@ def test_huge_keys_cost_little_and_always_get_a_typed_reply(daemon):
 
 def test_type_confused_frames_get_typed_replies_and_no_traceback(daemon):
     frames = [
-        msgpack.packb({"op": "hello", b"version": 2}),  # str and bytes field names mixed
-        msgpack.packb({"op": "attach", "key": {**KEY.to_wire(), b"dtype": "x"}}),
+        msgpack.packb({"op": "hello", "extra": 1, b"version": 2}),  # str and bytes field names mixed
+        msgpack.packb({"op": "attach", "key": {**KEY.to_wire(), "zzz": 1, b"dtype": "x"}}),
         msgpack.packb({"op": "publish", "manifest": {"key": 1, "pools": [[1, 2]], "tensors": [], "aliases": {},
                                                      "load_s": 0}}),
         msgpack.packb({"op": "release", "key_short": None, "all": "yes"}),
