@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Embedded server restart: time-to-ready (process start -> /health 200), disk vs warm.
+"""Embedded server restart: time-to-ready (process start -> /health 200), disk vs warm, and the floor.
 
-Interleaved runs in fresh processes, medians of ``--repeat``; polls every 50 ms.
-``weights_s`` is the server's own startup breakdown (the ``startup:`` line). Warm runs
-use ``{"fallback": false}`` and must log the Mapped line. Prints one JSON line.
+Interleaved runs in fresh processes, medians of ``--repeat``; polls every 50 ms. Each
+run records the server's own phases from process start (the ``startup:`` line: imports,
+cuda_context, tokenizer, model_build, weights, warmup, listening, ready). In the same run,
+the floor: a fresh ``python -c`` that imports torch and, on a GPU, creates a CUDA context
+(what no server can avoid). Warm runs use ``{"fallback": false}`` and must log the Mapped
+line. Prints one JSON line: medians, ``warm_over_floor_s``, the disk/warm ratio.
 
 Run: python benchmarks/serve_restart.py --size 1g --json   (add --device cuda on a GPU)
 """
@@ -22,7 +25,19 @@ from pathlib import Path
 
 from hotweights.observe import Observed
 
-STARTUP = re.compile(r"startup: tokenizer=([\d.]+)s model_build=([\d.]+)s weights=([\d.]+)s \(source=(\S+)\)")
+STARTUP = re.compile(r"startup: imports=(?P<imports>[\d.]+)s cuda_context=(?P<cuda_context>[\d.]+)s "
+                     r"tokenizer=(?P<tokenizer>[\d.]+)s model_build=(?P<model_build>[\d.]+)s "
+                     r"weights=(?P<weights>[\d.]+)s \(source=(?P<source>\S+)\) warmup=(?P<warmup>[\d.]+)s "
+                     r"listening=(?P<listening>[\d.]+)s ready=(?P<ready>[\d.]+)s")
+PHASES = ("imports", "cuda_context", "tokenizer", "model_build", "weights", "warmup", "listening")
+
+
+def floor_once(device: str) -> float:
+    """Seconds for a fresh interpreter to import torch (and create a CUDA context on a GPU)."""
+    code = "import torch" + (f"; torch.zeros(1, device={device!r})" if device.startswith("cuda") else "")
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", code], check=True)
+    return time.monotonic() - start
 
 
 def evict(files: list[Path]) -> None:
@@ -40,8 +55,10 @@ def run_once(label: str, model: Path, port: int, out: Path, args: list[str]) -> 
         receipt = obs.wait_ready(timeout_s=600, interval_s=0.05)
         log = obs.log_text()
     m = STARTUP.search(log)
-    return {"ready": receipt.ready, "ready_s": receipt.elapsed_s, "weights_s": float(m.group(3)) if m else None,
-            "source": m.group(4) if m else None, "mapped": "Mapped " in log, "fallback": "falling back" in log}
+    phases = {k: float(m.group(k)) for k in PHASES} if m else {}
+    return {"ready": receipt.ready, "ready_s": receipt.elapsed_s, "weights_s": phases.get("weights"),
+            "phases": phases, "source": m.group("source") if m else None, "mapped": "Mapped " in log,
+            "fallback": "falling back to disk loading" in log}
 
 
 def main() -> int:
@@ -73,8 +90,10 @@ def main() -> int:
         preload = json.loads(pre.stdout)
         strict = json.dumps({"socket_dir": sock, "fallback": False})
         runs: dict[str, list[dict]] = {"disk": [], "warm": []}
+        floors: list[float] = []
         files = sorted(model.glob("*.safetensors"))
         for i in range(args.repeat):
+            floors.append(floor_once(args.device))
             if args.cold:
                 evict(files)
             runs["disk"].append(run_once(f"disk{i}", model, args.port, out,
@@ -88,12 +107,18 @@ def main() -> int:
         daemon.wait()
     med = {k: statistics.median(r["ready_s"] for r in v) for k, v in runs.items()}
     wmed = {k: statistics.median(r["weights_s"] for r in v) for k, v in runs.items()}
+    phases = {k: {p: round(statistics.median(r["phases"][p] for r in v), 3) for p in PHASES} for k, v in runs.items()}
+    floor = statistics.median(floors)
     ok = (all(r["ready"] for v in runs.values() for r in v) and all(r["mapped"] and not r["fallback"]
                                                                      for r in runs["warm"]))
     line = {"size": args.size, "device": args.device, "page_cache": "cold" if args.cold else "warm", "nbytes": preload["nbytes"], "preload_s": preload["seconds"],
             "repeat": args.repeat, "disk_ready_s": med["disk"], "warm_ready_s": med["warm"],
             "ready_ratio": round(med["disk"] / med["warm"], 2), "disk_weights_s": wmed["disk"],
             "warm_weights_s": wmed["warm"], "weights_ratio": round(wmed["disk"] / max(wmed["warm"], 1e-6), 1),
+            "floor_s": round(floor, 3), "warm_over_floor_s": round(med["warm"] - floor, 3),
+            "floor_command": "python -c 'import torch" + ("; torch.zeros(1, device=...)'" if
+                                                           args.device.startswith("cuda") else "'"),
+            "phases_median": phases,
             "evidence_ok": ok, "runs": runs}
     print(json.dumps(line) if args.json else json.dumps(line, indent=2))
     return 0 if ok else 1

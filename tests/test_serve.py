@@ -46,7 +46,10 @@ def test_disk_warm_and_warm_restart_answer_identically(models, daemon, tmp_path)
             server.stop()
         log = server.log()
         assert "Mapped 47 tensors (0.01 GiB) from weight cache daemon" in log and "falling back" not in log
-        assert "startup: tokenizer=" in log and "(source=cache)" in log
+        line = next(x for x in log.splitlines() if "startup: imports=" in x)
+        for phase in ("cuda_context=", "tokenizer=", "model_build=", "weights=", "(source=cache)", "warmup=",
+                      "listening=", "ready=", "(from process start)"):
+            assert phase in line, line
     assert texts[0] == texts[1] == texts[2]
 
 

@@ -1,9 +1,10 @@
 """``hotweights serve``: an OpenAI-compatible server whose weights come through the cache.
 
 Startup loads the tokenizer, builds the model on the meta device, attaches the weights
-(or loads them from disk, by the fallback policy), runs one forward pass, logs a timing
-breakdown, and only then starts listening: ``/health`` answers 200 only when the model
-can answer. Bad requests get OpenAI error objects with status 400, never a 500.
+(or loads them from disk, by the fallback policy), runs one forward pass, and only then
+starts serving: ``/health`` answers 200 only when the model can answer. One line then
+gives every phase from process start (``startup: imports=... cuda_context=... tokenizer=...
+model_build=... weights=... (source=...) warmup=... listening=... ready=...``). Bad requests get OpenAI error objects with status 400, never a 500.
 
 Not covered: batching, logprobs, tools, n > 1, authentication (binds 127.0.0.1).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import time
 import uuid
@@ -47,36 +49,66 @@ class ServeConfig:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 
 
+def process_age_s() -> float:
+    """Seconds since this process started (the kernel's start time, so interpreter start-up counts)."""
+    with open("/proc/self/stat") as f:
+        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+
+
 def load(config: ServeConfig) -> tuple[Generator, dict[str, float]]:
-    """Tokenizer + model + warm-up; returns the generator and the timing breakdown."""
+    """Imports, CUDA context, tokenizer, model, weights, warm-up; returns the generator and
+    each phase's seconds, measured from process start (``imports`` holds the interpreter too)."""
     from transformers import AutoTokenizer
 
     from ..engines.transformers import load_model
 
+    t_imports = process_age_s()
     t0 = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(config.model)
+    if config.device.startswith("cuda"):
+        import torch
+
+        torch.zeros(1, device=config.device)  # the CUDA context, on its own clock
     t1 = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(config.model)
+    t2 = time.perf_counter()
     model, report = load_model(config.model, dtype=config.dtype, device=config.device, config=config.attach,
                                load_format=config.load_format)
-    t2 = time.perf_counter()
+    t3 = time.perf_counter()
     limit = config.max_model_len or int(getattr(model.config, "max_position_embeddings", 2048))
     generator = Generator(model, tokenizer, max_model_len=limit)
     list(generator.stream(generator.encode("warm up"), SamplingParams(max_tokens=1, temperature=0)))
-    t3 = time.perf_counter()
-    timings = {"tokenizer_s": t1 - t0, "model_build_s": report.build_s, "weights_s": report.weights_s,
-               "warmup_s": t3 - t2, "total_s": t3 - t0}
-    logger.info("startup: tokenizer=%.2fs model_build=%.2fs weights=%.3fs (source=%s) warmup=%.2fs total=%.2fs",
-                timings["tokenizer_s"], timings["model_build_s"], timings["weights_s"], report.source,
-                timings["warmup_s"], timings["total_s"])
+    t4 = time.perf_counter()
+    timings = {"imports_s": t_imports, "cuda_context_s": t1 - t0, "tokenizer_s": t2 - t1,
+               "model_build_s": report.build_s, "weights_s": report.weights_s, "warmup_s": t4 - t3,
+               "source": str(report.source)}
     return generator, timings
 
 
-def create_app(generator: Generator, model_name: str):
+def startup_line(timings: dict, listening_s: float, ready_s: float) -> str:
+    """The one startup line: every phase from process start, the weights phase with its source."""
+    return (f"startup: imports={timings['imports_s']:.2f}s cuda_context={timings['cuda_context_s']:.2f}s "
+            f"tokenizer={timings['tokenizer_s']:.2f}s model_build={timings['model_build_s']:.2f}s "
+            f"weights={timings['weights_s']:.3f}s (source={timings['source']}) warmup={timings['warmup_s']:.2f}s "
+            f"listening={listening_s:.2f}s ready={ready_s:.2f}s (from process start)")
+
+
+def create_app(generator: Generator, model_name: str, on_start=None):
+    import contextlib
+
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, StreamingResponse
 
-    app = FastAPI(title="hotweights", version="1")
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        if on_start is not None:
+            on_start()  # the app starts serving right after this
+        yield
+
+    app = FastAPI(title="hotweights", version="1", lifespan=lifespan)
 
     def error(status: int, message: str, param: str | None = None) -> JSONResponse:
         return JSONResponse(status_code=status, content={"error": {
@@ -183,9 +215,15 @@ def run(config: ServeConfig) -> int:
         sock.close()
         raise ValueError(f"cannot listen on {config.host}:{config.port} ({exc.strerror}): another process has the "
                          f"port; stop it or pass another --port") from None
-    generator, _timings = load(config)
+    generator, timings = load(config)
+    loaded = process_age_s()
     name = config.served_model_name or config.model
-    app = create_app(generator, name)
+
+    def on_start() -> None:
+        ready = process_age_s()
+        logger.info(startup_line(timings, ready - loaded, ready))
+
+    app = create_app(generator, name, on_start)
     logger.info("serving: model=%s url=http://%s:%d", name, config.host, config.port)
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     return 0
