@@ -21,13 +21,10 @@ beyond ``max_bytes``.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import errno
 import fcntl
 import logging
 import os
-import resource
 import signal
 import socket
 import struct
@@ -37,7 +34,9 @@ from dataclasses import dataclass, field
 
 from . import evidence
 from .errors import DaemonAlreadyRunning, ProtocolError
-from .guard import Connections, Limits, Phase, Refuser, Warnings, drain_and_close, short, try_send
+from .guard import (
+    Connections, Limits, Phase, Refuser, Warnings, drain_and_close, short, trim_heap, try_send, tune_process,
+)
 from .keeper import Keeper
 from .paths import DaemonPaths, ensure_socket_dir
 from .protocol import Error, Message, StopOk, decode, send_message
@@ -112,7 +111,7 @@ class Daemon:
 
     def serve_forever(self) -> None:
         assert self._listener is not None, "open() first"
-        _tune_process()
+        tune_process()
         self._refuser = Refuser()
         self._reserve_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         logger.info(evidence.daemon_ready(str(self.config.paths.socket), os.getpid()))
@@ -128,7 +127,11 @@ class Daemon:
                         continue
                     self._shed_for_fds()
                     continue
-                self._admit(conn)
+                try:
+                    self._admit(conn)
+                except Exception as exc:  # a peer must never end the accept loop
+                    self.warnings.warn("connection", "connection dropped: error=%r", exc)
+                    conn.close()
         finally:
             self.close()
 
@@ -155,14 +158,18 @@ class Daemon:
         """The fd table is full: drop stalled connections (they may hold fds in flight),
         then accept and close one pending connection with the reserve fd."""
         shed = self.connections.shed_stalled()
-        os.close(self._reserve_fd)
+        if self._reserve_fd >= 0:
+            os.close(self._reserve_fd)
+            self._reserve_fd = -1
         try:
             conn, _ = self._listener.accept()
             conn.close()
         except OSError:
             pass
-        finally:
+        try:
             self._reserve_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # another thread took the slot: try again at the next shortage
+            self._reserve_fd = -1
         self.warnings.warn("fds", "fd table full: shed %d stalled connections and one new one; serving goes on "
                            "(connections=%d)", shed, len(self.connections))
         time.sleep(0.01)
@@ -251,25 +258,10 @@ class Daemon:
             finally:
                 if large:
                     self._large_frame.release()
-                    _trim_heap()
+                    trim_heap()
         except BaseException:
             close_fds(fds)
             raise
-
-def _tune_process() -> None:
-    """Room for fds, and a heap that gives memory back: thread-per-connection under glibc
-    otherwise grows one malloc arena per thread, each keeping its freed memory."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).mallopt(-8, 2)  # M_ARENA_MAX = 2
-
-
-def _trim_heap() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).malloc_trim(0)
-
 
 def detach() -> None:
     """Double-fork into the background: the daemon is then no descendant of the caller,

@@ -19,8 +19,10 @@ Stdlib + the protocol only (the daemon imports it).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import enum
 import logging
+import resource
 import socket
 import threading
 import time
@@ -228,3 +230,18 @@ def try_send(conn: socket.socket, msg: Message) -> None:
         send_message(conn, msg)
     except OSError:
         pass
+
+
+def tune_process() -> None:
+    """Room for fds, and a heap that gives memory back: thread-per-connection under glibc
+    otherwise grows one malloc arena per thread, each keeping its freed memory."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(-8, 2)  # M_ARENA_MAX = 2
+
+
+def trim_heap() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
