@@ -282,8 +282,9 @@ def _is_evidence(line: str) -> bool:
 
 
 def _why(run: Run) -> str:
-    reason = next((e for e in run.evidence if "Weight cache unusable" in e), "")
-    return f"not ready (exit {run.exit_code}): {reason[-200:]}" if reason else f"not ready; see {run.log_path}"
+    line = next((e for e in run.evidence if "Weight cache unusable" in e), "")
+    reason = line[line.find("Weight cache unusable"):][:300]  # the reason first: it names what differs
+    return f"not ready (exit {run.exit_code}): {reason}" if reason else f"not ready; see {run.log_path}"
 
 
 def verify(config: VerifyConfig) -> tuple[int, dict]:
