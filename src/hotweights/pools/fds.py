@@ -57,9 +57,9 @@ def pool_fd_problem(fd: int, pool: PoolSpec) -> str:
         if seals & _REQUIRED_SEALS != _REQUIRED_SEALS:
             return f"memfd is not sealed against write/shrink/grow (seals {seals:#x})"
         return ""
-    kind = fd_kind(fd)
     if stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) in _nvidia_majors():
-        return ""
+        return ""  # the common case (/dev/nvidiactl) costs one fstat: this runs on every attach
+    kind = fd_kind(fd)
     if stat.S_IFMT(st.st_mode) == 0 and kind.startswith("anon_inode:") and "nvidia" in kind.lower():
         return ""
     return f"fd is {kind}, not a CUDA allocation exported by the NVIDIA driver"

@@ -76,7 +76,6 @@ class HotweightsModelLoader(BaseModelLoader):
             disk.load_format, disk.model_loader_extra_config = "auto", {}
         self._disk_config = disk
         self._stream: AttachResult | None = None
-        self._keys_memo: dict[tuple, Keys] = {}  # get_external_weight_memory and load_model share keys
         self.caps = capabilities.detect()
         if (line := capabilities.missing_line(self.caps)) and not _said_once(line):
             logger.info(line)
@@ -84,10 +83,11 @@ class HotweightsModelLoader(BaseModelLoader):
     # -- keys ------------------------------------------------------------------------------
 
     def _keys(self, vllm_config, model_config) -> Keys:
-        memo = (model_config.model, str(model_config.dtype), id(vllm_config))
-        if memo not in self._keys_memo:
-            self._keys_memo[memo] = self._compute_keys(vllm_config, model_config)
-        return self._keys_memo[memo]
+        # per process, not per loader: vLLM (and the budget shim) build several loaders per worker
+        memo = (model_config.model, str(model_config.dtype), id(vllm_config), self.config.rehash)
+        if memo not in _KEYS:
+            _KEYS[memo] = self._compute_keys(vllm_config, model_config)
+        return _KEYS[memo]
 
     def _compute_keys(self, vllm_config, model_config) -> Keys:
         from vllm.distributed import (get_pp_group, get_tensor_model_parallel_rank,
@@ -262,6 +262,7 @@ class HotweightsModelLoader(BaseModelLoader):
             logger.warning("write-through publish failed: %s; serving from the disk load", exc)
 
 
+_KEYS: dict[tuple, Keys] = {}  # get_external_weight_memory and load_model share keys
 _SAID: set[str] = set()
 
 
