@@ -21,6 +21,7 @@ beyond ``max_bytes``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -117,6 +118,9 @@ class Daemon:
         logger.info(evidence.daemon_ready(str(self.config.paths.socket), os.getpid()))
         try:
             while not self._stopping.is_set():
+                if self._reserve_fd < 0:  # given up in a shortage: take it back as soon as fds free up
+                    with contextlib.suppress(OSError):
+                        self._reserve_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
                 try:
                     conn, _ = self._listener.accept()
                 except TimeoutError:
