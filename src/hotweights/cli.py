@@ -214,7 +214,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return run(ServeConfig(model=_model_dir(args.model), host=args.host, port=args.port, dtype=args.dtype,
                            device=args.device,
                            served_model_name=args.served_model_name, max_model_len=args.max_model_len,
-                           load_format=args.load_format, attach=AttachConfig.from_dict(_extra_config(args))))
+                           load_format=args.load_format, model_impl=args.model_impl,
+                           attach=AttachConfig.from_dict(_extra_config(args))))
 
 
 def cmd_observe(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from . import __version__
+from .demo_model import SHAPES
 
 DTYPES = ["auto", "float16", "bfloat16", "float32"]
 MODEL_COMMANDS = {"preload", "inspect", "serve", "verify", "generate"}
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo-model", help="write a deterministic Qwen3-architecture demo checkpoint")
     p.add_argument("directory")
-    p.add_argument("--size", default="tiny", choices=["tiny", "small", "1g", "0.6b", "8b"])
+    p.add_argument("--size", default="tiny", choices=list(SHAPES))
     p.add_argument("--gen-device", default="cpu", help="where random weights are drawn (cuda is faster for 8b)")
 
     p = sub.add_parser("inspect", help="a checkpoint's cache key: arch, dtype, digests (reads no daemon)")
@@ -90,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=DTYPES)
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("serve", help="OpenAI-compatible server (transformers) loading through the cache",
+    p = sub.add_parser("serve", help="OpenAI-compatible server loading through the cache",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _model(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
@@ -101,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=None, help="context length (%(default)s: the model's)")
     p.add_argument("--load-format", default="hotweights", choices=["hotweights", "auto"],
                    help="hotweights: through the cache (with the fallback on by default); auto: from disk")
+    p.add_argument("--model-impl", default="auto", choices=["auto", "native", "transformers"],
+                   help="auto: hotweights' plain-torch decoder where it covers the model (llama, mistral, qwen2, "
+                        "qwen3; fast start), else transformers; transformers: always transformers")
     p.add_argument("--model-loader-extra-config", default="{}",
                    help="JSON: mode, fallback, socket_dir, socket_path, connect_timeout_s, state_timeout_s, "
                         "publish, rehash")

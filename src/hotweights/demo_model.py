@@ -7,7 +7,8 @@ from ``tokenizers``. transformers and vLLM load the result offline.
 
 Shapes: ``tiny`` (float32, one file, tied embeddings), ``small`` (bfloat16, 2 shards),
 ``1g`` (bfloat16, about 1 GiB, 4 shards), ``0.6b`` (Qwen3-0.6B-shaped, float16, about
-1.2 GB, tied) and ``8b`` (Qwen3-8B-shaped, bfloat16, about 16.4 GB).
+1.2 GB, tied), ``8b`` (Qwen3-8B-shaped, bfloat16, about 16.4 GB) and ``32b`` (Qwen3-32B-shaped,
+bfloat16, about 65.5 GB, 14 shards).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ SHAPES: dict[str, Shape] = {
     "1g": Shape(384, 2048, 6144, 11, 16, 8, 128, False, "bfloat16", 4),
     "0.6b": Shape(151936, 1024, 3072, 28, 16, 8, 128, True, "float16", 1),
     "8b": Shape(151936, 4096, 12288, 36, 32, 8, 128, False, "bfloat16", 4),
+    "32b": Shape(151936, 5120, 25600, 64, 64, 8, 128, False, "bfloat16", 14),
 }
 
 

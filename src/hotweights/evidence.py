@@ -64,3 +64,29 @@ def advice_for(outcome: str, diffs: tuple[str, ...] | list[str] = ()) -> str:
     if outcome == "mismatch":
         return "preload the model as this engine loads it (see the differing fields)"
     return START_AND_PRELOAD
+
+
+# the embedded server's startup line: every phase from process start (serve/app.py)
+STARTUP_PHASES = ("imports", "cuda_context", "tokenizer", "model_build", "weights", "warmup", "listening")
+STARTUP_RE = re.compile(r"startup: imports=(?P<imports>[\d.]+)s cuda_context=(?P<cuda_context>[\d.]+)s "
+                        r"tokenizer=(?P<tokenizer>[\d.]+)s model_build=(?P<model_build>[\d.]+)s "
+                        r"\(engine=(?P<engine>\w+)\) weights=(?P<weights>[\d.]+)s \(source=(?P<source>[\w+]+)\) "
+                        r"warmup=(?P<warmup>[\d.]+)s listening=(?P<listening>[\d.]+)s ready=(?P<ready>[\d.]+)s")
+
+
+def startup(phases: dict[str, float], *, engine: str, source: str, ready_s: float) -> str:
+    p = phases
+    return (f"startup: imports={p['imports']:.2f}s cuda_context={p['cuda_context']:.2f}s "
+            f"tokenizer={p['tokenizer']:.2f}s model_build={p['model_build']:.2f}s (engine={engine}) "
+            f"weights={p['weights']:.3f}s (source={source}) warmup={p['warmup']:.2f}s "
+            f"listening={p['listening']:.2f}s ready={ready_s:.2f}s (from process start)")
+
+
+def parse_startup(text: str) -> dict | None:
+    """``{"phases": {phase: s}, "engine", "source", "ready_s"}`` of the last startup line in ``text``."""
+    found = list(STARTUP_RE.finditer(text))
+    if not found:
+        return None
+    m = found[-1]
+    return {"phases": {k: float(m.group(k)) for k in STARTUP_PHASES}, "engine": m.group("engine"),
+            "source": m.group("source"), "ready_s": float(m.group("ready"))}

@@ -3,15 +3,19 @@
 The model is built with parameters on the meta device (no memory, no random init),
 then ``attach_module`` installs the cached tensors as parameters: zero-copy views of
 the daemon's pools, or engine-owned clones in copy mode. With ``load_format="auto"``
-it is an ordinary disk load through the same path, for baselines. ``generate`` is
-``hotweights generate``: load, then complete one prompt greedily.
+it is an ordinary disk load through the same path, for baselines. ``native=True`` (the
+server) builds ``engines.native.Decoder`` instead where it covers the architecture, and
+imports nothing of transformers then. ``generate`` is ``hotweights generate``: load,
+then complete one prompt greedily.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
+from pathlib import Path
 from dataclasses import dataclass
 
 import torch
@@ -31,13 +35,18 @@ class LoadReport:
     weights_s: float
     reason: str
     key_short: str
+    engine: str = "transformers"  # or "native"
 
 
 def load_model(model_dir: str | os.PathLike[str], *, dtype: str = "auto", device: str = "cpu",
-               config: AttachConfig | dict | None = None, load_format: str = "hotweights"):
-    """Return ``(model, LoadReport)``; raises WeightCacheUnusable in strict mode."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+               config: AttachConfig | dict | None = None, load_format: str = "hotweights", impl: str = "transformers"):
+    """Return ``(model, LoadReport)``; raises WeightCacheUnusable in strict mode.
 
+    ``impl``: "transformers"; "native" (the plain-torch decoder, ValueError where it does
+    not cover the model); "auto" (native where it covers the model, else transformers, logged).
+    """
+    if impl not in ("auto", "native", "transformers"):
+        raise ValueError(f"impl must be 'auto', 'native' or 'transformers', got {impl!r}")
     if load_format not in ("hotweights", "auto"):
         raise ValueError(f"load_format must be 'hotweights' or 'auto', got {load_format!r}")
     if not isinstance(config, AttachConfig):
@@ -45,9 +54,7 @@ def load_model(model_dir: str | os.PathLike[str], *, dtype: str = "auto", device
     t0 = time.perf_counter()
     ckpt = open_checkpoint(model_dir, validate=False)  # the key needs the headers only
     dtype = ckpt.resolve_dtype(dtype)
-    hf_config = AutoConfig.from_pretrained(model_dir)
-    with meta_parameters():
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=getattr(torch, dtype))
+    model, engine = build_on_meta(model_dir, getattr(torch, dtype), impl=impl)
     t1 = time.perf_counter()
     weights: LoadedWeights = load_tensors(ckpt, dtype=dtype, device=device, config=config,
                                           use_cache=load_format == "hotweights")
@@ -56,7 +63,27 @@ def load_model(model_dir: str | os.PathLike[str], *, dtype: str = "auto", device
     model.to(target)  # moves only the real buffers; parameters are already there
     model.eval()
     t2 = time.perf_counter()
-    return model, LoadReport(weights.source, t1 - t0, t2 - t1, weights.reason, weights.key.short)
+    return model, LoadReport(weights.source, t1 - t0, t2 - t1, weights.reason, weights.key.short, engine)
+
+
+def build_on_meta(model_dir: str | os.PathLike[str], dtype: torch.dtype, *, impl: str) -> tuple[torch.nn.Module, str]:
+    """The model with parameters on the meta device, and which implementation built it."""
+    if impl != "transformers":
+        from .native import Decoder, reason_unsupported
+
+        hf_config = json.loads((Path(model_dir) / "config.json").read_text())
+        reason = reason_unsupported(hf_config)
+        if reason is None:
+            return Decoder.on_meta(hf_config, dtype), "native"
+        if impl == "native":
+            raise ValueError(f"the native decoder does not cover this model ({reason}); use --model-impl auto "
+                             f"or transformers")
+        logger.info("the native decoder does not cover this model (%s); building it with transformers", reason)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with meta_parameters():
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype)
+    return model, "transformers"
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,26 +4,31 @@ Startup loads the tokenizer, builds the model on the meta device, attaches the w
 (or loads them from disk, by the fallback policy), runs one forward pass, and only then
 starts serving: ``/health`` answers 200 only when the model can answer. One line then
 gives every phase from process start (``startup: imports=... cuda_context=... tokenizer=...
-model_build=... weights=... (source=...) warmup=... listening=... ready=...``). Bad requests get OpenAI error objects with status 400, never a 500.
+model_build=... (engine=native|transformers) weights=... (source=...) warmup=... listening=... ready=...``).
+The phases add up to ``ready``: they run one after another on the main thread, while a
+side thread imports the HTTP stack (``web.py``); waiting for it counts as ``listening``.
+The model is ``engines.native.Decoder`` where it covers the architecture, so serving
+imports nothing of transformers (``--model-impl``).
 
 Not covered: batching, logprobs, tools, n > 1, authentication (binds 127.0.0.1).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import logging
 import os
 import socket
+import threading
 import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import evidence
 from ..config import AttachConfig
-from .generate import Generator, SamplingParams
-from .schema import BadRequest, ChatRequest, CompletionRequest, Sampling
+from .generate import Generator
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +43,7 @@ class ServeConfig:
     served_model_name: str | None = None
     max_model_len: int | None = None
     load_format: str = "hotweights"
+    model_impl: str = "auto"  # auto | native | transformers (engines/native.py covers the Llama family)
     attach: AttachConfig = field(default_factory=AttachConfig)
 
     def __post_init__(self) -> None:
@@ -58,154 +64,102 @@ def process_age_s() -> float:
     return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
 
 
-def load(config: ServeConfig) -> tuple[Generator, dict[str, float]]:
+@dataclass(frozen=True, slots=True)
+class Started:
+    phases: dict[str, float]  # seconds of each phase, imports counted from process start
+    engine: str  # "native" | "transformers"
+    source: str  # where the weights came from
+
+
+def load(config: ServeConfig, overlap=None) -> tuple[Generator, Started]:
     """Imports, CUDA context, tokenizer, model, weights, warm-up; returns the generator and
-    each phase's seconds, measured from process start (``imports`` holds the interpreter too)."""
-    from transformers import AutoTokenizer
+    each phase's seconds, measured from process start (``imports`` holds the interpreter too).
+
+    ``overlap()`` is called once torch is imported, on a GPU: work it starts on another
+    thread runs while this one waits on the driver and the GPU (started beside torch's own
+    imports, it made both slower; on a CPU device it slows the model's phases: measured).
+    """
+    import torch
 
     from ..engines.transformers import load_model
+    from .tokenizer import Tokenizer
 
     t_imports = process_age_s()
+    if overlap is not None and config.device.startswith("cuda"):
+        overlap()  # the CPU waits on the GPU from here; on a CPU device the model needs every core
     t0 = time.perf_counter()
     if config.device.startswith("cuda"):
-        import torch
-
         torch.zeros(1, device=config.device)  # the CUDA context, on its own clock
     t1 = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(config.model)
+    tokenizer = Tokenizer(config.model)
     t2 = time.perf_counter()
     model, report = load_model(config.model, dtype=config.dtype, device=config.device, config=config.attach,
-                               load_format=config.load_format)
+                               load_format=config.load_format, impl=config.model_impl)
     t3 = time.perf_counter()
-    limit = config.max_model_len or int(getattr(model.config, "max_position_embeddings", 2048))
-    generator = Generator(model, tokenizer, max_model_len=limit)
-    list(generator.stream(generator.encode("warm up"), SamplingParams(max_tokens=1, temperature=0)))
+    hf_config = _read_json(os.path.join(config.model, "config.json"))
+    limit = config.max_model_len or int(hf_config.get("max_position_embeddings", 2048))
+    generator = Generator(model, tokenizer, max_model_len=limit, eos_ids=eos_ids(config.model, tokenizer))
+    # the kernels' first-use costs are paid before /health says ready
+    with torch.inference_mode():
+        if hasattr(model, "warm_up"):
+            model.warm_up()
+        else:
+            generator.step(torch.tensor([generator.encode("A")[:1] or [0]], device=generator.device), None)
+    if config.device.startswith("cuda"):
+        torch.cuda.synchronize()
     t4 = time.perf_counter()
-    timings = {"imports_s": t_imports, "cuda_context_s": t1 - t0, "tokenizer_s": t2 - t1,
-               "model_build_s": report.build_s, "weights_s": report.weights_s, "warmup_s": t4 - t3,
-               "source": str(report.source)}
-    return generator, timings
+    phases = {"imports": t_imports, "cuda_context": t1 - t0, "tokenizer": t2 - t1, "model_build": report.build_s,
+              "weights": report.weights_s, "warmup": t4 - t3}
+    return generator, Started(phases, report.engine, str(report.source))
 
 
-def startup_line(timings: dict, listening_s: float, ready_s: float) -> str:
-    """The one startup line: every phase from process start, the weights phase with its source."""
-    return (f"startup: imports={timings['imports_s']:.2f}s cuda_context={timings['cuda_context_s']:.2f}s "
-            f"tokenizer={timings['tokenizer_s']:.2f}s model_build={timings['model_build_s']:.2f}s "
-            f"weights={timings['weights_s']:.3f}s (source={timings['source']}) warmup={timings['warmup_s']:.2f}s "
-            f"listening={listening_s:.2f}s ready={ready_s:.2f}s (from process start)")
+def eos_ids(model_dir: str, tokenizer) -> set[int]:
+    """Where generation stops: generation_config.json's eos ids, else config.json's, else the tokenizer's."""
+    for name in ("generation_config.json", "config.json"):
+        eos = _read_json(os.path.join(model_dir, name)).get("eos_token_id")
+        if eos is not None:
+            return set(eos if isinstance(eos, list) else [eos])
+    return {tokenizer.eos_token_id} - {None}
 
 
-def create_app(generator: Generator, model_name: str, on_start=None):
-    import contextlib
+def _read_json(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
 
-    from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, StreamingResponse
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_app):
-        if on_start is not None:
-            on_start()  # the app starts serving right after this
-        yield
+class SideImport:
+    """A module imported on a side thread: ``start()``, then ``module()`` waits and re-raises its error."""
 
-    app = FastAPI(title="hotweights", version="1", lifespan=lifespan)
+    def __init__(self, name: str) -> None:
+        self.name, self._module, self._error = name, None, None
+        self._thread = threading.Thread(target=self._run, name=f"import {name}", daemon=True)
 
-    def error(status: int, message: str, param: str | None = None) -> JSONResponse:
-        return JSONResponse(status_code=status, content={"error": {
-            "message": message, "type": "invalid_request_error", "param": param, "code": None}})
+    def _run(self) -> None:
+        try:
+            self._module = importlib.import_module(self.name)
+        except BaseException as exc:  # noqa: BLE001  (re-raised on the main thread)
+            self._error = exc
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return error(400, f"invalid request: {param}: {first.get('msg', 'bad value')}", param)
+    def start(self) -> None:
+        self._thread.start()
 
-    @app.exception_handler(BadRequest)
-    async def _bad(_request: Request, exc: BadRequest) -> JSONResponse:
-        return error(400, str(exc), exc.param)
-
-    @app.get("/health")
-    def health() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.get("/v1/models")
-    def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
-                                            "owned_by": "hotweights", "max_model_len": generator.max_model_len}]}
-
-    def prepare(req: Sampling, prompt_ids: list[int]) -> SamplingParams:
-        if req.model not in (None, model_name):
-            raise BadRequest(f"model {req.model!r} is not served here; this server serves {model_name!r}", "model")
-        if req.n != 1:
-            raise BadRequest("only n=1 is supported", "n")
-        if req.logprobs or req.top_logprobs:
-            raise BadRequest("logprobs are not supported by this server", "logprobs")
-        room = generator.max_model_len - len(prompt_ids)
-        if room < 1:
-            raise BadRequest(f"prompt of {len(prompt_ids)} tokens leaves no room in max_model_len "
-                             f"{generator.max_model_len}", "prompt")
-        max_tokens = req.max_completion_tokens or req.max_tokens or room
-        if max_tokens > room:
-            raise BadRequest(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds max_model_len "
-                             f"{generator.max_model_len}", "max_tokens")
-        stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-        return SamplingParams(max_tokens, req.temperature, req.top_p, stop, req.seed)
-
-    def respond(req: Sampling, prompt_ids: list[int], kind: str):
-        params = prepare(req, prompt_ids)
-        rid, created = f"{kind}-{uuid.uuid4().hex[:24]}", int(time.time())
-        if req.stream:
-            return StreamingResponse(_sse(generator, prompt_ids, params, rid, created, model_name, kind),
-                                     media_type="text/event-stream")
-        text, finish, count = "", None, 0
-        for chunk in generator.stream(prompt_ids, params):
-            text += chunk.text
-            finish, count = chunk.finish_reason or finish, chunk.num_tokens
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-                  if kind == "chatcmpl" else {"index": 0, "text": text, "finish_reason": finish, "logprobs": None})
-        return {"id": rid, "object": "chat.completion" if kind == "chatcmpl" else "text_completion",
-                "created": created, "model": model_name, "choices": [choice],
-                "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": count,
-                          "total_tokens": len(prompt_ids) + count}}
-
-    @app.post("/v1/completions")
-    def completions(req: CompletionRequest):
-        prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
-        if len(prompts) != 1:
-            raise BadRequest("exactly one prompt per request is supported", "prompt")
-        return respond(req, generator.encode(prompts[0]), "cmpl")
-
-    @app.post("/v1/chat/completions")
-    def chat(req: ChatRequest):
-        messages = [m.model_dump() for m in req.messages]
-        if getattr(generator.tokenizer, "chat_template", None):
-            prompt = generator.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    def module(self):
+        if self._thread.ident is None:
+            self._run()  # never started: import here
         else:
-            prompt = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
-        return respond(req, generator.encode(prompt), "chatcmpl")
-
-    return app
-
-
-def _sse(generator: Generator, prompt_ids: list[int], params: SamplingParams, rid: str, created: int,
-         model_name: str, kind: str) -> Iterator[str]:
-    obj = "chat.completion.chunk" if kind == "chatcmpl" else "text_completion"
-    first = True
-    for chunk in generator.stream(prompt_ids, params):
-        if kind == "chatcmpl":
-            delta = {"role": "assistant", "content": chunk.text} if first else {"content": chunk.text}
-            choice = {"index": 0, "delta": delta, "finish_reason": chunk.finish_reason}
-            first = False
-        else:
-            choice = {"index": 0, "text": chunk.text, "finish_reason": chunk.finish_reason, "logprobs": None}
-        yield f"data: {json.dumps({'id': rid, 'object': obj, 'created': created, 'model': model_name, 'choices': [choice]})}\n\n"
-    yield "data: [DONE]\n\n"
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._module
 
 
 def run(config: ServeConfig) -> int:
-    import fastapi  # noqa: F401  (both now: a missing extra is one line before anything loads)
-    import uvicorn
-
+    for extra in ("fastapi", "uvicorn"):  # a missing extra is one line before anything loads
+        if importlib.util.find_spec(extra) is None:
+            raise ModuleNotFoundError(f"No module named {extra!r}", name=extra)
     # take the port before the model loads: a busy port is one line at once, not after a load
     sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -215,15 +169,20 @@ def run(config: ServeConfig) -> int:
         sock.close()
         raise ValueError(f"cannot listen on {config.host}:{config.port} ({exc.strerror}): another process has the "
                          f"port; stop it or pass another --port") from None
-    generator, timings = load(config)
+    web = SideImport("hotweights.serve.web")  # fastapi and uvicorn, while the model loads
+    generator, started = load(config, overlap=web.start)
     loaded = process_age_s()
     name = config.served_model_name or config.model
 
     def on_start() -> None:
         ready = process_age_s()
-        logger.info(startup_line(timings, ready - loaded, ready))
+        phases = {**started.phases, "listening": ready - loaded}
+        logger.info(evidence.startup(phases, engine=started.engine, source=started.source, ready_s=ready))
 
-    app = create_app(generator, name, on_start)
+    web_module = web.module()
+    import uvicorn
+
+    app = web_module.create_app(generator, name, on_start)
     logger.info("serving: model=%s url=http://%s:%d", name, config.host, config.port)
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     return 0

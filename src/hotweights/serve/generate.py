@@ -10,9 +10,8 @@ beam search, logprobs.
 
 from __future__ import annotations
 
-import inspect
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -34,20 +33,37 @@ class Chunk:
     num_tokens: int = 0  # tokens generated so far (final on the last chunk)
 
 
+# ``step(ids [1, n], past) -> (logits of the last position [vocab], past)``
+Step = Callable[[torch.Tensor, object], tuple[torch.Tensor, object]]
+
+
+def step_of(model) -> Step:
+    """The model's ``step``: its own (the native decoder), or one around a transformers causal LM."""
+    if hasattr(model, "step"):
+        return model.step
+    import inspect
+
+    # transformers >= 5.2x names the KV cache argument and output field "cache"
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def step(ids: torch.Tensor, past):
+        result = model(input_ids=ids, use_cache=True, **{cache_arg: past})
+        return result.logits[0, -1], getattr(result, cache_arg)
+
+    return step
+
+
 class Generator:
-    def __init__(self, model, tokenizer, *, max_model_len: int) -> None:
-        self.model = model
-        self.tokenizer = tokenizer
+    def __init__(self, model, tokenizer, *, max_model_len: int, eos_ids: set[int]) -> None:
+        self.step = step_of(model)
+        self.tokenizer = tokenizer  # serve.tokenizer.Tokenizer
         self.max_model_len = max_model_len
         self.device = next(model.parameters()).device
         self.lock = threading.Lock()
-        # transformers >= 5.2x names the KV cache argument and output field "cache"
-        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        self.eos_ids = eos_ids
 
     def encode(self, prompt: str) -> list[int]:
-        return self.tokenizer(prompt, add_special_tokens=False).input_ids
+        return self.tokenizer.encode(prompt)
 
     def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Chunk]:
         """Chunks of new text; the last one carries the finish reason."""
@@ -64,14 +80,13 @@ class Generator:
         out: list[int] = []
         sent = ""
         for _ in range(params.max_tokens):
-            result = self.model(input_ids=ids, use_cache=True, **{self.cache_arg: past})
-            past = getattr(result, self.cache_arg)
-            token = self._pick(result.logits[0, -1].float(), params, gen)
+            logits, past = self.step(ids, past)
+            token = self._pick(logits.float(), params, gen)
             if token in self.eos_ids:
                 yield Chunk("", "stop", len(out))
                 return
             out.append(token)
-            text = self.tokenizer.decode(out, skip_special_tokens=True)
+            text = self.tokenizer.decode(out)
             hit = _find_stop(text, params.stop)
             if hit is not None:
                 yield Chunk(text[len(sent):hit], "stop", len(out))
@@ -80,7 +95,7 @@ class Generator:
                 yield Chunk(text[len(sent):], None, len(out))
                 sent = text
             ids = torch.tensor([[token]], device=self.device)
-        text = self.tokenizer.decode(out, skip_special_tokens=True)
+        text = self.tokenizer.decode(out)
         yield Chunk(text[len(sent):], "length", len(out))
 
     @staticmethod
