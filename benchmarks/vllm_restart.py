@@ -132,28 +132,29 @@ def main_gpu(args: argparse.Namespace) -> int:
         cfg = json.dumps({"socket_dir": sock, "fallback": False, **extra})
         modes[mode] = ["--load-format", "hotweights", "--model-loader-extra-config", cfg]
     chosen = args.modes.split(",") if args.modes else list(modes)
-    rounds: list[list[dict]] = json.loads(args.append.read_text())["rounds"] if args.append and args.append.exists() else []
+    saved = json.loads(args.append.read_text()) if args.append and args.append.exists() else {}
+    done: list[dict] = saved.get("runs", [])  # every run so far, each with its round
+    prep = prep or saved.get("preload", {})
+    first = 1 + max((r["round"] for r in done), default=0)
     try:
-        for _ in range(args.repeat):
-            rnd = []
+        for rnd in range(first, first + args.repeat):
             for mode in chosen:
                 if mode == "disk_cold":
                     evict(model)
-                rnd.append(run_gpu(mode, f"{mode}{len(rounds)}", model, out, [*base, *modes[mode]]))
-                print(json.dumps({k: v for k, v in rnd[-1].items() if k != "mapped_line"}), flush=True)
-            rounds.append(rnd)
-            if args.append:
-                args.append.write_text(json.dumps({"rounds": rounds, "preload": prep}, indent=1))
+                done.append({"round": rnd, **run_gpu(mode, f"{mode}{rnd}", model, out, [*base, *modes[mode]])})
+                print(json.dumps({k: v for k, v in done[-1].items() if k != "mapped_line"}), flush=True)
+                if args.append:  # after every run: a call cut short keeps what it measured
+                    args.append.write_text(json.dumps({"runs": done, "preload": prep}, indent=1))
     finally:
         if daemon is not None and not args.keep_daemon:
             daemon.terminate()
             daemon.wait()
     runs: dict[str, list[dict]] = {}
-    for rnd in rounds:
-        for r in rnd:
-            runs.setdefault(r["mode"], []).append(r)
+    for r in done:
+        runs.setdefault(r["mode"], []).append(r)
     line: dict = {"device": "cuda", "model": str(model), "dtype": args.dtype, "cuda_graphs": True,
-                  "gpu_memory_utilization": args.gpu_memory_utilization, "rounds": len(rounds), "preload": prep}
+                  "gpu_memory_utilization": args.gpu_memory_utilization,
+                  "rounds": len({r["round"] for r in done}), "preload": prep}
     for mode, rs in runs.items():
         ok = [r for r in rs if r["ready"]]
         line[mode] = {"n": len(rs), "ready": len(ok),
