@@ -120,9 +120,10 @@ def main_gpu(args: argparse.Namespace) -> int:
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         for layout, cmd in (("checkpoint", ["preload", "--model", str(model), "--device", "cuda", "--dtype", args.dtype]),
                             ("engine", ["preload", "--engine", "vllm", "--model", str(model), "--dtype", args.dtype,
+                                        "--log", str(out / "preload_engine.log"),
                                         *[f"--vllm-arg={a}" for a in base[2:]]])):
-            r = subprocess.run([sys.executable, "-m", "hotweights", *cmd, "--json", "--socket-dir", sock,
-                                "--log", str(out / f"preload_{layout}.log")], capture_output=True, text=True)
+            r = subprocess.run([sys.executable, "-m", "hotweights", *cmd, "--json", "--socket-dir", sock],
+                               capture_output=True, text=True)
             if r.returncode != 0:
                 raise SystemExit(f"preload ({layout}) failed: {r.stderr[-2000:]}")
             prep[layout] = json.loads(r.stdout)
