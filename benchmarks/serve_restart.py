@@ -23,25 +23,13 @@ import time
 from pathlib import Path
 
 from hotweights.evidence import STARTUP_PHASES, parse_startup
-from hotweights.observe import Observed
+from hotweights.observe import Observed, floor_s
 
 PHASES = STARTUP_PHASES
 
 
 def floor_once(device: str) -> float:
-    """Seconds from starting a fresh interpreter until it has imported torch (and, on a GPU,
-    created a CUDA context): timed like the servers, from spawn to its signal (a line on
-    stdout), so the interpreter's exit does not count."""
-    code = "import torch" + (f"; torch.zeros(1, device={device!r})" if device.startswith("cuda") else "")
-    start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-c", code + "; print('ready', flush=True)"], stdout=subprocess.PIPE,
-                            text=True)
-    line = proc.stdout.readline()
-    elapsed = time.monotonic() - start
-    proc.wait()
-    if line.strip() != "ready":
-        raise RuntimeError(f"the floor command failed: {code}")
-    return elapsed
+    return floor_s(sys.executable, device)
 
 
 def evict(files: list[Path]) -> None:

@@ -41,6 +41,20 @@ def complete(base_url: str, prompt: str, *, max_tokens: int = 16, model: str | N
         return None
 
 
+def floor_s(python: str, device: str = "cpu") -> float:
+    """The floor of any server start: seconds from spawning ``python`` until it has imported torch
+    (and, on a GPU, created a CUDA context), timed to its signal on stdout so its exit does not count."""
+    code = "import torch" + (f"; torch.zeros(1, device={device!r})" if device.startswith("cuda") else "")
+    start = time.monotonic()
+    proc = subprocess.Popen([python, "-c", code + "; print('ready', flush=True)"], stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    elapsed = time.monotonic() - start
+    proc.wait()
+    if line.strip() != "ready":
+        raise RuntimeError(f"the floor command failed: {python} -c {code!r}")
+    return elapsed
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (another process may take it)."""
     with socket.socket() as s:

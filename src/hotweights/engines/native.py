@@ -73,9 +73,10 @@ def reason_unsupported(c: dict[str, Any]) -> str | None:
     kind = c.get("model_type")
     if kind not in ARCHITECTURES:
         return f"model_type {kind!r} is not one of {', '.join(ARCHITECTURES)}"
-    rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) != "default" or rope.get("partial_rotary_factor", 1.0) != 1.0:
-        return f"rope scaling {rope.get('rope_type', rope.get('type'))!r}"
+    for rope in (c.get("rope_parameters") or {}, c.get("rope_scaling") or {}):  # new and old spellings
+        kind_of_rope = rope.get("rope_type", rope.get("type", "default"))
+        if kind_of_rope != "default" or rope.get("partial_rotary_factor", 1.0) != 1.0:
+            return f"rope scaling {kind_of_rope!r}"
     if c.get("hidden_act", "silu") != "silu":
         return f"hidden_act {c.get('hidden_act')!r}"
     if c.get("quantization_config"):

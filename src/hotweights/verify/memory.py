@@ -4,11 +4,15 @@ CPU: bytes in the daemon's pools (from ``status``) plus the resident memory of t
 daemon and the engine from ``/proc/<pid>/status`` (``RssAnon`` is private memory;
 zero-copy weights show up as ``RssShmem``, shared with the daemon's pools).
 GPU: used memory per GPU from ``nvidia-smi`` (all processes, as a user sees it).
+``page_cache_resident``: how much of the checkpoint the page cache holds before a start.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -56,3 +60,36 @@ def sample(device: str, *, socket_dir: Path, engine_pid: int | None = None) -> d
     result["total_bytes"] = (result["pool_bytes"] + result["daemon_rss"]
                              + result.get("engine", {}).get("RssAnon", 0))
     return result
+
+
+def page_cache_resident(model_dir: str | os.PathLike[str]) -> float | None:
+    """Fraction (0..1) of the checkpoint's ``*.safetensors`` bytes in the page cache now (mincore),
+    None where it cannot be read. States which page-cache state a disk start ran with."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = resident = 0
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        size = path.stat().st_size
+        if size == 0:
+            continue
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            if addr in (None, ctypes.c_void_p(-1).value):
+                return None
+            try:
+                pages = (size + page - 1) // page
+                vec = ctypes.create_string_buffer(pages)
+                if libc.mincore(addr, size, vec) != 0:
+                    return None
+                resident += sum(b & 1 for b in vec.raw) * page
+                total += pages * page
+            finally:
+                libc.munmap(addr, size)
+        finally:
+            os.close(fd)
+    return resident / total if total else None

@@ -28,9 +28,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import CheckpointError
-from ..evidence import FALLBACK_MARK, MAPPED_RE, READY_MARK, STRICT_MARK
-from ..observe import Observed, complete
+from ..evidence import FALLBACK_MARK, MAPPED_RE, READY_MARK, STRICT_MARK, parse_startup
+from ..observe import Observed, complete, floor_s
 from .environment import host_record
+from .memory import page_cache_resident
 
 ENGINE_CMDS = {
     "hotweights": "{python} -m hotweights serve {model} --port {port} --dtype {dtype} --device {device} "
@@ -92,6 +93,8 @@ class Run:
     log_path: str
     evidence: list[str] = field(default_factory=list)
     exit_code: int | None = None
+    phases: dict | None = None  # the server's startup line (hotweights engine), seconds per phase
+    page_cache: float | None = None  # fraction of the checkpoint in the page cache at start
 
 
 class Procedure:
@@ -134,6 +137,7 @@ class Procedure:
         cmd = self._fmt(template, load_format=load_format, extra=json.dumps(extra or {}), dtype=dtype or self.dtype)
         url = f"http://127.0.0.1:{self.config.port}"
         env = self._engine_env()
+        page_cache = page_cache_resident(self.config.model)
         with Observed(label, cmd, out_dir=self.out, health_url=url + "/health", env=env) as obs:
             receipt = obs.wait_ready(timeout_s=self.config.timeout_s, interval_s=self.config.interval_s)
             answer = self._complete(url) if receipt.ready else None
@@ -143,8 +147,9 @@ class Procedure:
             log = obs.log_text()
         run = Run(label, receipt.ready, receipt.elapsed_s, answer, str(obs.log_path),
                   [line for line in log.splitlines() if _is_evidence(line)],
-                  obs.proc.returncode if not receipt.ready else None)
-        receipt.extra.update(answer=answer, evidence=run.evidence)
+                  obs.proc.returncode if not receipt.ready else None,
+                  (parse_startup(log) or {}).get("phases"), page_cache)
+        receipt.extra.update(answer=answer, evidence=run.evidence, phases=run.phases, page_cache=page_cache)
         obs.write()
         self.runs[label] = run
         return run
@@ -188,6 +193,10 @@ class Procedure:
                     "engine": self.config.engine, "model": str(Path(self.config.model).resolve()), "arch": key["arch"],
                     "model_digest": key["key"], "shards": key["shards"],
                     "dtype": self.dtype, "device": self.config.device, "tp": self.config.tp_size, "dp": 1}
+        # the floor, in this run: also puts torch's files in the page cache before the first (disk) start,
+        # so the disk and warm starts import from the same page-cache state
+        python = self._fmt("{vllm_python}" if self.config.engine == "vllm" else "{python}")[0]
+        self.env["floor_s"] = round(floor_s(python, self.config.device), 3)
         (self.out / "environment.json").write_text(json.dumps(self.env, indent=2))
         self.check("environment recorded", True, f"{key['arch']} {self.dtype} digest {key['key']} on {self.config.device}")
 
