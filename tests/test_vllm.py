@@ -163,3 +163,14 @@ def test_capabilities_are_detected_from_the_installed_vllm():
     r = subprocess.run([VLLM_PYTHON, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["0.32.0", "True", "True", "None"]  # the CPU build in CI has both
+
+
+def test_a_hotweights_loader_freezes_the_start_up_heap_out_of_vllms_gc_walks():
+    # vLLM times "Model loading took" around gc.collect() calls; after a hotweights loader is made they
+    # no longer walk the objects alive at that point (0.50 s -> 0.00 s per walk measured here; not a timed test)
+    code = ("import gc; from vllm.config.load import LoadConfig; from hotweights.engines.vllm import register; "
+            "register(); from vllm.model_executor.model_loader import get_model_loader; before = gc.get_freeze_count(); "
+            "get_model_loader(LoadConfig(load_format='hotweights')); print(before, gc.get_freeze_count() > 100000)")
+    r = subprocess.run([VLLM_PYTHON, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-2:] == ["0", "True"]
