@@ -89,7 +89,13 @@ def load(config: ServeConfig, overlap=None) -> tuple[Generator, Started]:
         overlap()  # the CPU waits on the GPU from here; on a CPU device the model needs every core
     t0 = time.perf_counter()
     if config.device.startswith("cuda"):
-        torch.zeros(1, device=config.device)  # the CUDA context, on its own clock
+        # CUDA set-up, on its own clock: the context, the driver bindings the pools use, the GPU's UUID
+        # (what a bare attach benchmark has done before its timer starts)
+        torch.zeros(1, device=config.device)
+        from ..pools import cuda as _driver  # noqa: F401
+        from ..pools.devices import resolve_device
+
+        resolve_device(config.device)
     t1 = time.perf_counter()
     tokenizer = Tokenizer(config.model)
     t2 = time.perf_counter()
