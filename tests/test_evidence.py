@@ -45,7 +45,7 @@ def test_the_startup_line_round_trips_through_its_parser():
     phases = {"imports": 2.5, "cuda_context": 0.31, "tokenizer": 0.01, "model_build": 0.02, "weights": 0.0123,
               "warmup": 0.05, "listening": 0.2}
     line = evidence.startup(phases, engine="native", source="cache", ready_s=3.1)
-    assert line.startswith("startup: imports=2.50s cuda_context=0.31s tokenizer=0.01s model_build=0.02s "
+    assert line.startswith("startup: imports=2.50s tokenizer=0.01s cuda_context=0.31s model_build=0.02s "
                            "(engine=native) weights=0.012s (source=cache) warmup=0.05s listening=0.20s ready=3.10s")
     parsed = evidence.parse_startup(f"noise\nINFO {line}\nmore")
     assert parsed == {"phases": {**phases, "weights": 0.012}, "engine": "native", "source": "cache", "ready_s": 3.1}

@@ -67,17 +67,17 @@ def advice_for(outcome: str, diffs: tuple[str, ...] | list[str] = ()) -> str:
 
 
 # the embedded server's startup line: every phase from process start (serve/app.py)
-STARTUP_PHASES = ("imports", "cuda_context", "tokenizer", "model_build", "weights", "warmup", "listening")
-STARTUP_RE = re.compile(r"startup: imports=(?P<imports>[\d.]+)s cuda_context=(?P<cuda_context>[\d.]+)s "
-                        r"tokenizer=(?P<tokenizer>[\d.]+)s model_build=(?P<model_build>[\d.]+)s "
+STARTUP_PHASES = ("imports", "tokenizer", "cuda_context", "model_build", "weights", "warmup", "listening")
+STARTUP_RE = re.compile(r"startup: imports=(?P<imports>[\d.]+)s tokenizer=(?P<tokenizer>[\d.]+)s "
+                        r"cuda_context=(?P<cuda_context>[\d.]+)s model_build=(?P<model_build>[\d.]+)s "
                         r"\(engine=(?P<engine>\w+)\) weights=(?P<weights>[\d.]+)s \(source=(?P<source>[\w+]+)\) "
                         r"warmup=(?P<warmup>[\d.]+)s listening=(?P<listening>[\d.]+)s ready=(?P<ready>[\d.]+)s")
 
 
 def startup(phases: dict[str, float], *, engine: str, source: str, ready_s: float) -> str:
     p = phases
-    return (f"startup: imports={p['imports']:.2f}s cuda_context={p['cuda_context']:.2f}s "
-            f"tokenizer={p['tokenizer']:.2f}s model_build={p['model_build']:.2f}s (engine={engine}) "
+    return (f"startup: imports={p['imports']:.2f}s tokenizer={p['tokenizer']:.2f}s "
+            f"cuda_context={p['cuda_context']:.2f}s model_build={p['model_build']:.2f}s (engine={engine}) "
             f"weights={p['weights']:.3f}s (source={source}) warmup={p['warmup']:.2f}s "
             f"listening={p['listening']:.2f}s ready={ready_s:.2f}s (from process start)")
 

@@ -3,7 +3,7 @@
 Startup loads the tokenizer, builds the model on the meta device, attaches the weights
 (or loads them from disk, by the fallback policy), runs one forward pass, and only then
 starts serving: ``/health`` answers 200 only when the model can answer. One line then
-gives every phase from process start (``startup: imports=... cuda_context=... tokenizer=...
+gives every phase from process start (``startup: imports=... tokenizer=... cuda_context=...
 model_build=... (engine=native|transformers) weights=... (source=...) warmup=... listening=... ready=...``).
 The phases add up to ``ready``: they run one after another on the main thread, while a
 side thread imports the HTTP stack (``web.py``); waiting for it counts as ``listening``.
@@ -72,10 +72,10 @@ class Started:
 
 
 def load(config: ServeConfig, overlap=None) -> tuple[Generator, Started]:
-    """Imports, CUDA context, tokenizer, model, weights, warm-up; returns the generator and
+    """Imports, tokenizer, CUDA context, model, weights, warm-up; returns the generator and
     each phase's seconds, measured from process start (``imports`` holds the interpreter too).
 
-    ``overlap()`` is called once torch is imported, on a GPU: work it starts on another
+    ``overlap()`` is called on a GPU once the tokenizer is loaded: work it starts on another
     thread runs while this one waits on the driver and the GPU (started beside torch's own
     imports, it made both slower; on a CPU device it slows the model's phases: measured).
     """
@@ -85,9 +85,11 @@ def load(config: ServeConfig, overlap=None) -> tuple[Generator, Started]:
     from .tokenizer import Tokenizer
 
     t_imports = process_age_s()
+    t0 = time.perf_counter()
+    tokenizer = Tokenizer(config.model)  # before the side thread starts: it needs the GIL
+    t1 = time.perf_counter()
     if overlap is not None and config.device.startswith("cuda"):
         overlap()  # the CPU waits on the GPU from here; on a CPU device the model needs every core
-    t0 = time.perf_counter()
     if config.device.startswith("cuda"):
         # CUDA set-up, on its own clock: the context, the driver bindings the pools use, the GPU's UUID
         # (what a bare attach benchmark has done before its timer starts)
@@ -96,8 +98,6 @@ def load(config: ServeConfig, overlap=None) -> tuple[Generator, Started]:
         from ..pools.devices import resolve_device
 
         resolve_device(config.device)
-    t1 = time.perf_counter()
-    tokenizer = Tokenizer(config.model)
     t2 = time.perf_counter()
     model, report = load_model(config.model, dtype=config.dtype, device=config.device, config=config.attach,
                                load_format=config.load_format, impl=config.model_impl)
@@ -114,7 +114,7 @@ def load(config: ServeConfig, overlap=None) -> tuple[Generator, Started]:
     if config.device.startswith("cuda"):
         torch.cuda.synchronize()
     t4 = time.perf_counter()
-    phases = {"imports": t_imports, "cuda_context": t1 - t0, "tokenizer": t2 - t1, "model_build": report.build_s,
+    phases = {"imports": t_imports, "cuda_context": t2 - t1, "tokenizer": t1 - t0, "model_build": report.build_s,
               "weights": report.weights_s, "warmup": t4 - t3}
     return generator, Started(phases, report.engine, str(report.source))
 
