@@ -55,6 +55,17 @@ def floor_s(python: str, device: str = "cpu") -> float:
     return elapsed
 
 
+def require_free_port(port: int) -> None:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            raise ValueError(f"port {port} is busy: another process listens on 127.0.0.1:{port}, and verify must "
+                             f"poll only servers it started; stop that process or pass --port "
+                             f"(make demo: DEMO_PORT=8001 make demo)") from None
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (another process may take it)."""
     with socket.socket() as s:

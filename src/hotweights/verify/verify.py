@@ -19,7 +19,6 @@ import json
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError
 from ..evidence import FALLBACK_MARK, MAPPED_RE, READY_MARK, STRICT_MARK, parse_startup
-from ..observe import Observed, complete, floor_s
+from ..observe import Observed, complete, floor_s, require_free_port
 from .environment import host_record
 from .memory import page_cache_resident
 
@@ -273,17 +272,6 @@ class Procedure:
         return {"env": self.env, "checks": [asdict(c) for c in self.checks],
                 "runs": {k: asdict(v) for k, v in self.runs.items()}, "memory": self.memory,
                 "passed": all(c.passed for c in self.checks)}
-
-
-def require_free_port(port: int) -> None:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            raise ValueError(f"port {port} is busy: another process listens on 127.0.0.1:{port}, and verify must "
-                             f"poll only servers it started; stop that process or pass --port "
-                             f"(make demo: DEMO_PORT=8001 make demo)") from None
 
 
 def _is_evidence(line: str) -> bool:
