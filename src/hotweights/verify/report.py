@@ -105,8 +105,8 @@ def saved_sentence(receipts: dict) -> str | None:
     dp, wp = disk.get("phases"), warm.get("phases")
     if dp and wp:
         rest = w - wp["weights"]
-        text += (f"; the cache cut the weights phase from {dp['weights']:.2f} s to {wp['weights']:.3f} s, and the other "
-                 f"{rest:.2f} s of the warm start (imports {wp['imports']:.2f} s, CUDA context, model build, warm-up, "
+        text += (f"; the weights phase took {dp['weights']:.3f} s from disk and {wp['weights']:.3f} s from the "
+                 f"cache, and the other {rest:.2f} s of the warm start (imports {wp['imports']:.2f} s, CUDA context, model build, warm-up, "
                  f"listening) are paid by every start, cached or not")
     floor, device = receipts["env"].get("floor_s"), str(receipts["env"].get("device", ""))
     if floor:

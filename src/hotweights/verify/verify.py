@@ -192,10 +192,12 @@ class Procedure:
                     "engine": self.config.engine, "model": str(Path(self.config.model).resolve()), "arch": key["arch"],
                     "model_digest": key["key"], "shards": key["shards"],
                     "dtype": self.dtype, "device": self.config.device, "tp": self.config.tp_size, "dp": 1}
-        # the floor, in this run: also puts torch's files in the page cache before the first (disk) start,
-        # so the disk and warm starts import from the same page-cache state
+        # the floor, in this run; then one import of the server's own modules: both put the files a start
+        # imports in the page cache, so the first (disk) start imports as the warm ones do
         python = self._fmt("{vllm_python}" if self.config.engine == "vllm" else "{python}")[0]
         self.env["floor_s"] = round(floor_s(python, self.config.device), 3)
+        server = "vllm.entrypoints.openai.api_server" if self.config.engine == "vllm" else "hotweights.serve.web"
+        subprocess.run([python, "-c", f"import {server}, hotweights.engines.transformers"], capture_output=True)
         (self.out / "environment.json").write_text(json.dumps(self.env, indent=2))
         self.check("environment recorded", True, f"{key['arch']} {self.dtype} digest {key['key']} on {self.config.device}")
 
