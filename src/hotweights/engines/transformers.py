@@ -3,7 +3,7 @@
 The model is built with parameters on the meta device (no memory, no random init),
 then ``attach_module`` installs the cached tensors as parameters: zero-copy views of
 the daemon's pools, or engine-owned clones in copy mode. With ``load_format="auto"``
-it is an ordinary disk load through the same path, for baselines. ``native=True`` (the
+it is an ordinary disk load through the same path, for baselines. ``impl="auto"`` (the
 server) builds ``engines.native.Decoder`` instead where it covers the architecture, and
 imports nothing of transformers then. ``generate`` is ``hotweights generate``: load,
 then complete one prompt greedily.
@@ -15,8 +15,8 @@ import json
 import logging
 import os
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 

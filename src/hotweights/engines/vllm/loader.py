@@ -82,8 +82,8 @@ class HotweightsModelLoader(BaseModelLoader):
             logger.info(line)
         # vLLM's "Model loading took" clock spans three gc.collect() calls (vLLM 0.26's
         # DeviceMemoryProfiler: one as loading starts, two as it ends); with vLLM imported each walks
-        # ~670k live objects, 0.5 s apiece on the dev CPU. vLLM freezes its heap after start-up anyway (freeze_gc_heap); freezing
-        # what lives now, when a hotweights loader is made, keeps those walks out of the weight phase.
+        # ~670k live objects, 0.5 s apiece on the dev CPU. vLLM freezes its heap after start-up anyway
+        # (freeze_gc_heap); freezing what lives now keeps those walks out of the weight phase.
         gc.freeze()
 
     # -- keys ------------------------------------------------------------------------------
