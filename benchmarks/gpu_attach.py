@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hotweights.verify.memory import evict_page_cache
+
 CHILD = r"""
 import json, sys, time, glob
 mode, model, sock, dtype = sys.argv[1:5]
@@ -157,7 +159,7 @@ def cold_read_gbps(files: list[Path], threads: int = 4) -> float:
 
     block = 64 << 20
     jobs = [(f, off) for f in files for off in range(0, f.stat().st_size, block)]
-    evict(files)
+    evict_page_cache(files[0].parent)
 
     def work(part: list[tuple[Path, int]]) -> int:
         buf, total, fds = bytearray(block), 0, {}
@@ -189,14 +191,6 @@ def pinned_h2d_gbps() -> float:
     return (1 << 30) / statistics.median(times[1:]) / 1e9
 
 
-def evict(files: list[Path]) -> None:
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-
-
 def bench_model(size: str, models_dir: Path, repeat: int, log) -> dict:
     from hotweights.demo_model import SHAPES, write_demo_model
 
@@ -213,7 +207,7 @@ def bench_model(size: str, models_dir: Path, repeat: int, log) -> dict:
     sock = tempfile.mkdtemp(prefix="hwg-", dir="/tmp")
     res["gpu_used_mib_baseline"] = settle_mib()
     daemon = start_daemon(sock)
-    evict(files)
+    evict_page_cache(files[0].parent)
     cold = cli("preload", "--model", str(model), "--device", "cuda", "--json", "--socket-dir", sock)
     if cold.returncode != 0:
         raise RuntimeError(cold.stderr)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from hotweights.evidence import STARTUP_PHASES, parse_startup
 from hotweights.observe import Observed, floor_s
+from hotweights.verify.memory import evict_page_cache, page_cache_resident
 
 PHASES = STARTUP_PHASES
 
@@ -32,16 +33,8 @@ def floor_once(device: str) -> float:
     return floor_s(sys.executable, device)
 
 
-def evict(files: list[Path]) -> None:
-    import os
-
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-
-
 def run_once(label: str, model: Path, port: int, out: Path, args: list[str]) -> dict:
+    resident = page_cache_resident(model)
     cmd = [sys.executable, "-m", "hotweights", "serve", str(model), "--port", str(port), *args]
     with Observed(label, cmd, out_dir=out, health_url=f"http://127.0.0.1:{port}/health") as obs:
         receipt = obs.wait_ready(timeout_s=600, interval_s=0.05)
@@ -49,6 +42,7 @@ def run_once(label: str, model: Path, port: int, out: Path, args: list[str]) -> 
     line = parse_startup(log) or {}
     phases = line.get("phases", {})
     return {"ready": receipt.ready, "ready_s": receipt.elapsed_s, "weights_s": phases.get("weights"),
+            "page_cache_resident": None if resident is None else round(resident, 3),
             "phases": phases, "source": line.get("source"), "engine": line.get("engine"), "mapped": "Mapped " in log,
             "fallback": "falling back to disk loading" in log}
 
@@ -83,15 +77,14 @@ def main() -> int:
         strict = json.dumps({"socket_dir": sock, "fallback": False})
         runs: dict[str, list[dict]] = {"disk": [], "warm": []}
         floors: list[float] = []
-        files = sorted(model.glob("*.safetensors"))
         for i in range(args.repeat):
             floors.append(floor_once(args.device))
             if args.cold:
-                evict(files)
+                evict_page_cache(model)
             runs["disk"].append(run_once(f"disk{i}", model, args.port, out,
                                          ["--device", args.device, "--load-format", "auto"]))
             if args.cold:
-                evict(files)
+                evict_page_cache(model)
             runs["warm"].append(run_once(f"warm{i}", model, args.port, out,
                                          ["--device", args.device, "--model-loader-extra-config", strict]))
     finally:

@@ -41,6 +41,7 @@ import tempfile
 from pathlib import Path
 
 from hotweights.observe import Observed, complete, free_port
+from hotweights.verify.memory import evict_page_cache
 
 INIT = re.compile(r"Initializing model took ([\d.]+) seconds")
 DISK = re.compile(r"Loading weights took ([\d.]+) seconds")
@@ -98,13 +99,6 @@ def run_gpu(mode: str, label: str, model: Path, out: Path, args: list[str]) -> d
             "mapped_line": next((x[-200:] for x in log.splitlines() if "Mapped " in x), None)}
 
 
-def evict(model: Path) -> None:
-    for f in sorted(model.glob("*.safetensors")):
-        fd = os.open(f, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-
-
 def main_gpu(args: argparse.Namespace) -> int:
     model: Path = args.model
     sock = args.socket_dir or tempfile.mkdtemp(prefix="hwvr-", dir="/tmp")
@@ -139,10 +133,11 @@ def main_gpu(args: argparse.Namespace) -> int:
     first = 1 + max((r["round"] for r in done), default=0)
     try:
         for rnd in range(first, first + args.repeat):
-            for mode in chosen:
+            for i, mode in enumerate(chosen):
                 if mode == "disk_cold":
-                    evict(model)
-                done.append({"round": rnd, **run_gpu(mode, f"{mode}{rnd}", model, out, [*base, *modes[mode]])})
+                    evict_page_cache(model)
+                label = f"{mode}{rnd}" + ("" if chosen.index(mode) == i else f"_{i}")  # a mode twice in a round
+                done.append({"round": rnd, **run_gpu(mode, label, model, out, [*base, *modes[mode]])})
                 print(json.dumps({k: v for k, v in done[-1].items() if k != "mapped_line"}), flush=True)
                 if args.append:  # after every run: a call cut short keeps what it measured
                     args.append.write_text(json.dumps({"runs": done, "preload": prep}, indent=1))

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from hotweights.engines.vllm.budget import engine_budget, fitting_utilization
+from hotweights.engines.vllm.budget import cache_hint, engine_budget, fitting_utilization
 from hotweights.engines.vllm.preflight import check, strict_target
 
 GIB = 1 << 30
@@ -26,6 +26,21 @@ def test_mapped_weights_are_the_engines_own_and_only_the_rest_must_be_free():
     engine, problem = engine_budget(total=H200, free=free, utilization=0.92, external=0)
     assert engine == 0 and problem.startswith("124.50 GiB is free but the engine needs 128.62 GiB")
     assert fitting_utilization(total=H200, free=free, external=0) == 0.88
+
+
+def test_the_hint_says_why_a_start_maps_nothing_and_what_to_set():
+    free = int(124.5 * GIB)
+    disk = cache_hint(total=H200, free=free, held=int(15.26 * GIB), unmapped="this start reads the checkpoint "
+                      "from disk")
+    assert disk == ("; the weight cache holds 15.26 GiB on this GPU and this start reads the checkpoint from disk: "
+                    "start with --load-format hotweights (zero-copy weights count as this engine's), or "
+                    "--gpu-memory-utilization 0.88, or `hotweights release`")
+    # a hotweights start that maps nothing (here: a dtype the cache does not hold) is not told to use hotweights
+    why = ("this start maps none of it (cached entry m [abc] differs: dtype: cached=bfloat16 "
+           "requested=float16)")
+    hint = cache_hint(total=H200, free=free, held=int(15.26 * GIB), unmapped=why)
+    assert "dtype: cached=bfloat16 requested=float16" in hint and "--load-format" not in hint
+    assert hint.endswith("--gpu-memory-utilization 0.88, or `hotweights release`")
 
 
 def test_budget_smaller_than_the_weights_is_refused():

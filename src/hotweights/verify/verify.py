@@ -238,8 +238,10 @@ class Procedure:
         self.check(f"{label} ready (fallback disabled)", run.ready,
                    f"ready in {run.elapsed_s:.2f} s" if run.ready else _why(run))
         mapped = [e for e in run.evidence if MAPPED_RE.search(e)]
-        self.check(f"{label} Mapped evidence", bool(mapped), mapped[0].split("Mapped ", 1)[1][:120] if mapped
-                   else f"no 'Mapped' line in {run.log_path}")
+        ranks = self.config.tp_size  # every rank maps its own entry and logs its own line
+        self.check(f"{label} Mapped evidence", len(mapped) >= ranks,
+                   (f"{len(mapped)} of {ranks} ranks; " if ranks > 1 else "")
+                   + (mapped[0].split("Mapped ", 1)[1][:120] if mapped else f"no 'Mapped' line in {run.log_path}"))
         fallback = [e for e in run.evidence if FALLBACK_MARK in e]
         self.check(f"{label} no fallback line", not fallback, fallback[0][-160:] if fallback else "none")
         base = self.runs["disk"].answer

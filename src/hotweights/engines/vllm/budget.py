@@ -47,6 +47,16 @@ def fitting_utilization(*, total: int, free: int, external: int, margin: float =
     return max(0.0, math.floor(((free + external) / total - margin) * 100) / 100)
 
 
+def cache_hint(*, total: int, free: int, held: int, unmapped: str) -> str:
+    """What to set when a start that maps nothing cannot fit beside ``held`` bytes of cached weights;
+    ``unmapped`` says why it maps nothing (a disk start, a copy, or the daemon's reason)."""
+    switch = ("" if unmapped.startswith("this start maps") else
+              "start with --load-format hotweights (zero-copy weights count as this engine's), or ")
+    return (f"; the weight cache holds {held / GIB:.2f} GiB on this GPU and {unmapped}: {switch}"
+            f"--gpu-memory-utilization {fitting_utilization(total=total, free=free, external=0)}, "
+            f"or `hotweights release`")
+
+
 def install() -> bool:
     """Wrap vLLM's ``request_memory`` in its GPU worker; True if done (idempotent).
 
@@ -74,12 +84,9 @@ def install() -> bool:
 
     @functools.wraps(original)
     def request_memory(init_snapshot: Any, cache_config: Any, *args: Any, **kwargs: Any) -> int:
-        mapped, held = _external_bytes(_starting[-1] if _starting else None)
+        mapped, held, unmapped = _external_bytes(_starting[-1] if _starting else None)
         total, free = int(init_snapshot.total_memory), int(init_snapshot.free_memory)
-        hint = (f"; the weight cache holds {held / GIB:.2f} GiB on this GPU: start with --load-format hotweights "
-                f"(its weights count as this engine's), or --gpu-memory-utilization "
-                f"{fitting_utilization(total=total, free=free, external=mapped)}, or `hotweights release`"
-                if held and not mapped else "")
+        hint = cache_hint(total=total, free=free, held=held, unmapped=unmapped) if held and not mapped else ""
         if takes_external:
             try:
                 return original(init_snapshot, cache_config, *args, **kwargs)
@@ -104,10 +111,11 @@ def install() -> bool:
 _starting: list[Any] = []  # the vllm_config of the worker whose device is being set up
 
 
-def _external_bytes(vllm_config: Any) -> tuple[int, int]:
-    """(bytes this worker maps from the cache, bytes the cache holds on its GPU)."""
+def _external_bytes(vllm_config: Any) -> tuple[int, int, str]:
+    """(bytes this worker maps from the cache, bytes the cache holds on its GPU, why this start
+    maps none of them: for the hint when it cannot fit)."""
     if vllm_config is None:
-        return 0, 0
+        return 0, 0, ""
     import torch
 
     from ...client import connect_for
@@ -118,14 +126,29 @@ def _external_bytes(vllm_config: Any) -> tuple[int, int]:
 
     load_config = vllm_config.load_config
     try:
-        mapped, config = 0, AttachConfig()
+        mapped, config, loader = 0, AttachConfig(), None
+        unmapped = "this start reads the checkpoint from disk"
         if load_config.load_format == LOAD_FORMAT:
             from .loader import HotweightsModelLoader
 
-            config = split_extra_config(load_config.model_loader_extra_config)[1]
-            mapped = HotweightsModelLoader(load_config).get_external_weight_memory(vllm_config)
+            loader = HotweightsModelLoader(load_config)
+            config = loader.config
+            mapped = loader.get_external_weight_memory(vllm_config)
         with connect_for(config) as client:
             device = f"cuda:{gpu_uuid(torch.cuda.current_device())}"
-            return mapped, int(client.status().bytes_by_device.get(device, 0))
+            held = int(client.status().bytes_by_device.get(device, 0))
+            if loader is not None and held and not mapped:
+                unmapped = _why_unmapped(loader, vllm_config, client)
+            return mapped, held, unmapped
     except (HotweightsError, OSError, ValueError):
-        return 0, 0
+        return 0, 0, ""
+
+
+def _why_unmapped(loader: Any, vllm_config: Any, client: Any) -> str:
+    """Why a ``--load-format hotweights`` start maps nothing of what the cache holds."""
+    if loader.config.mode != "zero_copy":
+        return f"this start maps none of it (mode={loader.config.mode} copies the weights into the engine)"
+    if loader.layout == "checkpoint":
+        return "this start maps none of it (the checkpoint layout streams copies into vLLM's loaders)"
+    answer = client.lookup(loader.engine_key(vllm_config))
+    return f"this start maps none of it ({answer.reason or answer.outcome})"

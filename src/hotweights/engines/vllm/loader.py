@@ -80,10 +80,11 @@ class HotweightsModelLoader(BaseModelLoader):
         self.caps = capabilities.detect()
         if (line := capabilities.missing_line(self.caps)) and not _said_once(line):
             logger.info(line)
-        # vLLM's "Model loading took" clock spans three gc.collect() calls (vLLM 0.26's
-        # DeviceMemoryProfiler: one as loading starts, two as it ends); with vLLM imported each walks
-        # ~670k live objects, 0.5 s apiece on the dev CPU. vLLM freezes its heap after start-up anyway
-        # (freeze_gc_heap); freezing what lives now keeps those walks out of the weight phase.
+        # vLLM's "Model loading took" clock spans three gc.collect() calls (0.26's DeviceMemoryProfiler: one
+        # as loading starts, two as it ends); with vLLM imported each walks ~670k live objects, 0.5 s apiece
+        # on the dev CPU. vLLM freezes its heap after start-up anyway (freeze_gc_heap); freezing what lives
+        # now keeps those walks out of the weight phase. On a GPU the budget shim makes the first loader
+        # while the device is set up, before that clock starts.
         gc.freeze()
 
     # -- keys ------------------------------------------------------------------------------
@@ -128,12 +129,16 @@ class HotweightsModelLoader(BaseModelLoader):
     def download_model(self, model_config) -> None:
         open_checkpoint(model_config.model)  # local directories only; fails with a clear message
 
+    def engine_key(self, vllm_config) -> CacheKey:
+        """The engine-layout key this worker attaches."""
+        return self._keys(vllm_config, vllm_config.model_config).engine
+
     def get_external_weight_memory(self, vllm_config) -> int:
         """Bytes of an engine-layout entry this worker will map zero-copy (0 otherwise)."""
         if self.config.mode != "zero_copy" or self.layout == "checkpoint":
             return 0
         try:
-            key = self._keys(vllm_config, vllm_config.model_config).engine
+            key = self.engine_key(vllm_config)
             with connect_for(self.config) as client:
                 return client.entry_nbytes(key)
         except DaemonUnavailable:
