@@ -40,6 +40,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hotweights.evidence import VLLM_LOADING_RE as LOADING
 from hotweights.observe import Observed, complete, free_port
 from hotweights.verify.memory import evict_page_cache
 
@@ -49,7 +50,6 @@ STREAM = re.compile(r"Streamed \d+ cached tensors into vLLM's weight loaders in 
 BUILT = re.compile(r"Built the vLLM model from \d+ cached engine-layout tensors in ([\d.]+) s")
 POST = re.compile(r"post-processing ([\d.]+) s\)")
 MAPPED = re.compile(r"Mapped \d+ tensors .* in ([\d.]+) ms")
-LOADING = re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) s")
 KV_GIB = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 

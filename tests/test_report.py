@@ -44,3 +44,13 @@ def test_page_cache_residency_is_read_from_the_kernel(models):
         f.read_bytes()
     assert page_cache_resident(models["small"]) > 0.9
     assert page_cache_resident(models["small"] / "missing") is None
+
+
+def test_a_vllm_run_reports_vllms_own_weight_clock():
+    r = receipts()
+    for label, seconds in (("disk", 3.72), ("warm1", 0.24)):
+        r["runs"][label].update(phases=None, weights_s=seconds)
+    text = saved_sentence(r)
+    assert "vLLM's weight phase (its \"Model loading took\") took 3.72 s from disk and 0.24 s from the cache" in text
+    assert "the other 2.8 s of the warm start are vLLM's own start-up" in text
+    assert "| warm1 | True | 3.0 | 0.24 |" in markdown(r) and "3.00 s, weights 0.240 s" in html_report(r)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import run_cli
 
 from hotweights.engines.vllm.budget import cache_hint, engine_budget, fitting_utilization
 from hotweights.engines.vllm.preflight import check, strict_target
@@ -90,3 +91,39 @@ def test_what_a_vllm_without_the_capabilities_is_told():
     assert "fp8 engine-layout entry would be post-processed twice" in engine_layout_refusal(old, "fp8")
     new = Capabilities("0.32.0", object(), True)
     assert missing_line(new) is None and engine_layout_refusal(new, "fp8") is None
+
+
+class _Worker:
+    """What ``_why_unmapped`` reads of a hotweights loader: its config and its candidate entries."""
+
+    def __init__(self, candidates: list, **config) -> None:
+        from hotweights.config import AttachConfig
+
+        self.config = AttachConfig(**config)
+        self._candidates = candidates
+
+    def candidates(self, vllm_config) -> tuple[list, list[str]]:
+        return self._candidates, []
+
+
+def test_a_start_that_maps_nothing_is_told_why_by_the_real_daemon(models, daemon):
+    from hotweights.client import connect_for
+    from hotweights.config import AttachConfig
+    from hotweights.engines.vllm.budget import _why_unmapped
+    from hotweights.loading.checkpoint import checkpoint_key, open_checkpoint
+    from hotweights.loading.policy import Candidate
+
+    sock = str(daemon.paths.directory)
+    assert run_cli("preload", "--model", str(models["tiny"]), "--dtype", "float32", "--socket-dir", sock).returncode == 0
+    ckpt = open_checkpoint(models["tiny"])
+    held = Candidate(checkpoint_key(ckpt, dtype="float32"), "checkpoint layout", evidence_mode="stream")
+    wrong = Candidate(checkpoint_key(ckpt, dtype="float16"), "engine layout")
+    with connect_for(AttachConfig(socket_dir=sock)) as client:
+        streamed, refusal = _why_unmapped(_Worker([held], socket_dir=sock), None, client)
+        assert refusal == "" and "the checkpoint layout entry is streamed into vLLM's loaders, a copy" in streamed
+        lenient, refusal = _why_unmapped(_Worker([wrong], socket_dir=sock), None, client)
+        assert refusal == "" and "dtype: cached=float32 requested=float16" in lenient and "load from disk" in lenient
+        # strict, and no entry can serve it: the strict message with the diff and what to do, not a budget line
+        _, refusal = _why_unmapped(_Worker([wrong], socket_dir=sock, fallback=False), None, client)
+    assert refusal.startswith("Weight cache unusable (cached entry tiny [") and "and fallback is disabled" in refusal
+    assert "dtype: cached=float32 requested=float16" in refusal and "start with --dtype float32" in refusal

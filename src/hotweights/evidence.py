@@ -90,3 +90,13 @@ def parse_startup(text: str) -> dict | None:
     m = found[-1]
     return {"phases": {k: float(m.group(k)) for k in STARTUP_PHASES}, "engine": m.group("engine"),
             "source": m.group("source"), "ready_s": float(m.group("ready"))}
+
+
+# vLLM's own weight clock (its model runner; 0.26 and 0.32 word it differently), one line per worker
+VLLM_LOADING_RE = re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) s")
+
+
+def vllm_weights_s(text: str) -> float | None:
+    """The slowest worker's ``Model loading took`` seconds in a vLLM log (the start waits for it)."""
+    found = [float(m.group(2)) for m in VLLM_LOADING_RE.finditer(text)]
+    return max(found) if found else None

@@ -18,7 +18,7 @@ bg() {  # bg NAME COMMAND: detached; /tmp/bg/NAME.log, exit code in /tmp/bg/NAME
 }
 collect() {
   for f in /tmp/bg/*.log /tmp/bg/*.rc /tmp/bg/*.json /tmp/vr.json; do [ -f "$f" ] && cp "$f" "$OUT/"; done
-  for d in verify8b verifytp2 window; do [ -d /tmp/$d ] && cp -r /tmp/$d "$OUT/"; done
+  for d in verify8b verifytp2; do [ -d /tmp/$d ] && tar czf "$OUT/$d.tgz" -C /tmp $d; done
   [ -d /tmp/vr-logs ] && tar czf "$OUT/vr-logs.tgz" -C /tmp vr-logs
   nvidia-smi --query-gpu=index,memory.used --format=csv,noheader
 }
@@ -72,5 +72,15 @@ pair2)  # GPU0: where vLLM's weight clock goes, then more rounds; GPU1: the 32B 
   bg serve32b "CUDA_VISIBLE_DEVICES=1 python3 benchmarks/serve_restart.py --model $M/32b --size 32b --device cuda \
     --repeat 1 --cold --json > /tmp/bg/serve_restart_32b_cold.json"
   wait_for "$2" vr2 serve32b
+  ;;
+pair1b)  # after TP=2: GPU1 verify on the 8B (default --gpu-memory-utilization); GPU0 the 32B serve restart with a
+  # cold page cache, then vLLM restart rounds (CUDA graphs)
+  bg verify8b CUDA_VISIBLE_DEVICES=1 python3 -m hotweights verify --engine vllm --device cuda --model $M/8b \
+    --dtype bfloat16 --port 8401 --out /tmp/verify8b --json
+  bg gpu0 "CUDA_VISIBLE_DEVICES=0 python3 benchmarks/serve_restart.py --model $M/32b --size 32b --device cuda \
+    --repeat 1 --cold --json > /tmp/bg/serve_restart_32b_cold.json; CUDA_VISIBLE_DEVICES=0 python3 \
+    benchmarks/vllm_restart.py --device cuda --model $M/8b --socket-dir /tmp/hw-vr --keep-daemon --append /tmp/vr.json \
+    --logs /tmp/vr-logs --modes engine,disk,engine_copy,stream,disk --repeat 1 --json"
+  wait_for "$2" verify8b gpu0
   ;;
 esac

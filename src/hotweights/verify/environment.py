@@ -26,9 +26,18 @@ def host_record(device: str) -> dict:
 
 
 def gpu_description() -> str:
+    """The GPUs this run may use (``CUDA_VISIBLE_DEVICES``), e.g. ``2 x NVIDIA H200, 580.159.04, 143771 MiB``."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)
-        return out.stdout.strip()
+        lines = nvidia_smi("name,driver_version,memory.total", "csv,noheader")
     except OSError:
         return "nvidia-smi not found"
+    return f"{len(lines)} x {lines[0]}" if len(lines) > 1 and len(set(lines)) == 1 else "; ".join(lines)
+
+
+def nvidia_smi(query: str, fmt: str) -> list[str]:
+    """One line per GPU this process may use: ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs) when set."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    select = [f"--id={visible}"] if visible else []
+    out = subprocess.run(["nvidia-smi", *select, f"--query-gpu={query}", f"--format={fmt}"], capture_output=True,
+                         text=True, timeout=30)
+    return [line.strip() for line in out.stdout.strip().splitlines() if line.strip()]

@@ -3,7 +3,7 @@
 CPU: bytes in the daemon's pools (from ``status``) plus the resident memory of the
 daemon and the engine from ``/proc/<pid>/status`` (``RssAnon`` is private memory;
 zero-copy weights show up as ``RssShmem``, shared with the daemon's pools).
-GPU: used memory per GPU from ``nvidia-smi`` (all processes, as a user sees it).
+GPU: used memory per GPU this run may use, from ``nvidia-smi`` (all processes, as a user sees it).
 ``page_cache_resident``: how much of the checkpoint the page cache holds before a start.
 """
 
@@ -16,6 +16,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from .environment import nvidia_smi
 
 
 def _proc_status(pid: int) -> dict[str, int]:
@@ -53,10 +55,8 @@ def sample(device: str, *, socket_dir: Path, engine_pid: int | None = None) -> d
                 engine[k] += v
         result["engine"] = engine
     if device.startswith("cuda"):
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True)
         result["gpu_used_mib"] = {line.split(",")[0].strip(): int(line.split(",")[1]) for line in
-                                  out.stdout.strip().splitlines() if "," in line}
+                                  nvidia_smi("index,memory.used", "csv,noheader,nounits") if "," in line}
     result["total_bytes"] = (result["pool_bytes"] + result["daemon_rss"]
                              + result.get("engine", {}).get("RssAnon", 0))
     return result

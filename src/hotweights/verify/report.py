@@ -65,7 +65,8 @@ def markdown(receipts: dict) -> str:
     for label, r in receipts["runs"].items():
         phases = r.get("phases") or {}
         pc = r.get("page_cache")
-        lines.append(f"| {label} | {r['ready']} | {r['elapsed_s']} | {phases.get('weights', '')} | "
+        weights = r.get("weights_s", phases.get("weights"))
+        lines.append(f"| {label} | {r['ready']} | {r['elapsed_s']} | {'' if weights is None else weights} | "
                      f"{'' if pc is None else f'{pc:.0%}'} | "
                      f"{', '.join(f'{k} {v}' for k, v in phases.items())} |")
     lines += ["", "## Memory", "", "| point | GiB | detail |", "|---|---|---|"]
@@ -103,6 +104,10 @@ def saved_sentence(receipts: dict) -> str | None:
              f"{'read from memory, not the drive' if pc > 0.9 else 'read from the drive'}")
     text = f"Warm start ready in {w:.2f} s, disk start in {d:.2f} s ({state})"
     dp, wp = disk.get("phases"), warm.get("phases")
+    if not (dp and wp) and disk.get("weights_s") is not None and warm.get("weights_s") is not None:
+        text += (f"; vLLM's weight phase (its \"Model loading took\") took {disk['weights_s']:.2f} s from disk and "
+                 f"{warm['weights_s']:.2f} s from the cache, and the other {w - warm['weights_s']:.1f} s of the warm "
+                 f"start are vLLM's own start-up, paid by every start")
     if dp and wp:
         rest = w - wp["weights"]
         text += (f"; the weights phase took {dp['weights']:.3f} s from disk and {wp['weights']:.3f} s from the "
@@ -135,7 +140,8 @@ def _phase_bars(runs: dict) -> str:
         if not r.get("phases"):
             x += float(r["elapsed_s"]) * scale
             parts.append(f'<rect x="{left}" y="{y}" width="{x - left:.1f}" height="20" fill="#4a7ebb"/>')
-        weights = f", weights {r['phases']['weights']:.3f} s" if r.get("phases") else ""
+        w_s = r.get("weights_s", (r.get("phases") or {}).get("weights"))
+        weights = "" if w_s is None else f", weights {w_s:.3f} s"
         parts.append(f'<text x="{x + 6:.1f}" y="{y + 15}">{float(r["elapsed_s"]):.2f} s{weights}</text>')
     y = 28 + len(ready) * row + 8
     x = 0

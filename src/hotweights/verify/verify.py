@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import CheckpointError
-from ..evidence import FALLBACK_MARK, MAPPED_RE, READY_MARK, STRICT_MARK, parse_startup
+from ..evidence import FALLBACK_MARK, MAPPED_RE, READY_MARK, STRICT_MARK, parse_startup, vllm_weights_s
 from ..observe import Observed, complete, floor_s, require_free_port
 from .environment import host_record
 from .memory import page_cache_resident
@@ -94,6 +94,7 @@ class Run:
     exit_code: int | None = None
     phases: dict | None = None  # the server's startup line (hotweights engine), seconds per phase
     page_cache: float | None = None  # fraction of the checkpoint in the page cache at start
+    weights_s: float | None = None  # the weights phase: the startup line's, or vLLM's "Model loading took"
 
 
 class Procedure:
@@ -144,11 +145,12 @@ class Procedure:
                 self.memory[measure] = self._memory(engine_pid=obs.proc.pid)
             obs.stop()
             log = obs.log_text()
+        phases = (parse_startup(log) or {}).get("phases")
         run = Run(label, receipt.ready, receipt.elapsed_s, answer, str(obs.log_path),
-                  [line for line in log.splitlines() if _is_evidence(line)],
-                  obs.proc.returncode if not receipt.ready else None,
-                  (parse_startup(log) or {}).get("phases"), page_cache)
-        receipt.extra.update(answer=answer, evidence=run.evidence, phases=run.phases, page_cache=page_cache)
+                  [line for line in log.splitlines() if _is_evidence(line)], None if receipt.ready
+                  else obs.proc.returncode, phases, page_cache, phases["weights"] if phases else vllm_weights_s(log))
+        receipt.extra.update(answer=answer, evidence=run.evidence, phases=run.phases, page_cache=page_cache,
+                             weights_s=run.weights_s)
         obs.write()
         self.runs[label] = run
         return run

@@ -18,6 +18,7 @@ import importlib
 import inspect
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from ...evidence import GIB
@@ -84,9 +85,13 @@ def install() -> bool:
 
     @functools.wraps(original)
     def request_memory(init_snapshot: Any, cache_config: Any, *args: Any, **kwargs: Any) -> int:
-        mapped, held, unmapped = _external_bytes(_starting[-1] if _starting else None)
+        view = _cache_view(_starting[-1] if _starting else None)
+        if view.refusal:  # no entry can serve this strict start: it fails on that, not on the budget
+            raise ValueError(view.refusal)
+        mapped = view.mapped
         total, free = int(init_snapshot.total_memory), int(init_snapshot.free_memory)
-        hint = cache_hint(total=total, free=free, held=held, unmapped=unmapped) if held and not mapped else ""
+        hint = (cache_hint(total=total, free=free, held=view.held, unmapped=view.unmapped)
+                if view.held and not mapped else "")
         if takes_external:
             try:
                 return original(init_snapshot, cache_config, *args, **kwargs)
@@ -111,18 +116,26 @@ def install() -> bool:
 _starting: list[Any] = []  # the vllm_config of the worker whose device is being set up
 
 
-def _external_bytes(vllm_config: Any) -> tuple[int, int, str]:
-    """(bytes this worker maps from the cache, bytes the cache holds on its GPU, why this start
-    maps none of them: for the hint when it cannot fit)."""
+@dataclass(frozen=True, slots=True)
+class CacheView:
+    """What the cache means for one worker's budget."""
+
+    mapped: int = 0  # bytes this worker maps zero-copy
+    held: int = 0  # bytes the cache holds on its GPU
+    unmapped: str = ""  # why this start maps none of them (for the hint when it cannot fit)
+    refusal: str = ""  # the strict message, when no entry can serve a strict start
+
+
+def _cache_view(vllm_config: Any) -> CacheView:
     if vllm_config is None:
-        return 0, 0, ""
+        return CacheView()
     import torch
 
     from ...client import connect_for
     from ...config import AttachConfig
     from ...errors import HotweightsError
     from ...pools.devices import gpu_uuid
-    from .options import LOAD_FORMAT, split_extra_config
+    from .options import LOAD_FORMAT
 
     load_config = vllm_config.load_config
     try:
@@ -137,18 +150,31 @@ def _external_bytes(vllm_config: Any) -> tuple[int, int, str]:
         with connect_for(config) as client:
             device = f"cuda:{gpu_uuid(torch.cuda.current_device())}"
             held = int(client.status().bytes_by_device.get(device, 0))
+            refusal = ""
             if loader is not None and held and not mapped:
-                unmapped = _why_unmapped(loader, vllm_config, client)
-            return mapped, held, unmapped
+                unmapped, refusal = _why_unmapped(loader, vllm_config, client)
+            return CacheView(mapped, held, unmapped, refusal)
     except (HotweightsError, OSError, ValueError):
-        return 0, 0, ""
+        return CacheView()
 
 
-def _why_unmapped(loader: Any, vllm_config: Any, client: Any) -> str:
-    """Why a ``--load-format hotweights`` start maps nothing of what the cache holds."""
-    if loader.config.mode != "zero_copy":
-        return f"this start maps none of it (mode={loader.config.mode} copies the weights into the engine)"
-    if loader.layout == "checkpoint":
-        return "this start maps none of it (the checkpoint layout streams copies into vLLM's loaders)"
-    answer = client.lookup(loader.engine_key(vllm_config))
-    return f"this start maps none of it ({answer.reason or answer.outcome})"
+def _why_unmapped(loader: Any, vllm_config: Any, client: Any) -> tuple[str, str]:
+    """``(why a --load-format hotweights start maps nothing of what the cache holds, the strict message
+    if it is a strict start that no entry can serve)``."""
+    from ...client import Outcome
+    from ...evidence import START_AND_PRELOAD, advice_for, strict_failure
+
+    candidates, skipped = loader.candidates(vllm_config)
+    reasons, advice = list(skipped), ""
+    for cand in candidates:
+        answer = client.lookup(cand.key)
+        if answer.outcome is Outcome.OK:
+            if loader.config.mode != "zero_copy":
+                return f"this start maps none of it (mode={loader.config.mode} copies the {cand.label} entry)", ""
+            return f"this start maps none of it (the {cand.label} entry is streamed into vLLM's loaders, a copy)", ""
+        advice = advice or advice_for(answer.outcome, answer.diffs)
+        reasons.append(f"{cand.label}: {answer.reason}" if len(candidates) > 1 else answer.reason)
+    reason = "; ".join(reasons)
+    if not loader.config.fallback:
+        return "", strict_failure(reason, advice or START_AND_PRELOAD)
+    return f"this start maps none of it ({reason}; it will load from disk)", ""

@@ -133,6 +133,20 @@ class HotweightsModelLoader(BaseModelLoader):
         """The engine-layout key this worker attaches."""
         return self._keys(vllm_config, vllm_config.model_config).engine
 
+    def candidates(self, vllm_config) -> tuple[list[Candidate], list[str]]:
+        """The entries this worker may attach, in order, and why others are left out."""
+        model_config = vllm_config.model_config
+        keys = self._keys(vllm_config, model_config)
+        candidates, skipped = [], []
+        refusal = capabilities.engine_layout_refusal(self.caps, getattr(model_config, "quantization", None))
+        if self.layout in ("auto", "engine") and refusal:
+            skipped.append(f"engine layout: {refusal}" if self.layout == "auto" else refusal)
+        elif self.layout in ("auto", "engine"):
+            candidates.append(Candidate(keys.engine, "engine layout"))
+        if self.layout in ("auto", "checkpoint"):
+            candidates.append(Candidate(keys.checkpoint, "checkpoint layout", evidence_mode="stream"))
+        return candidates, skipped
+
     def get_external_weight_memory(self, vllm_config) -> int:
         """Bytes of an engine-layout entry this worker will map zero-copy (0 otherwise)."""
         if self.config.mode != "zero_copy" or self.layout == "checkpoint":
@@ -153,14 +167,7 @@ class HotweightsModelLoader(BaseModelLoader):
         if refusal:
             raise ValueError(refusal)
         keys = self._keys(vllm_config, model_config)
-        candidates, skipped = [], []
-        refusal = capabilities.engine_layout_refusal(self.caps, getattr(model_config, "quantization", None))
-        if self.layout in ("auto", "engine") and refusal:
-            skipped.append(f"engine layout: {refusal}" if self.layout == "auto" else refusal)
-        elif self.layout in ("auto", "engine"):
-            candidates.append(Candidate(keys.engine, "engine layout"))
-        if self.layout in ("auto", "checkpoint"):
-            candidates.append(Candidate(keys.checkpoint, "checkpoint layout", evidence_mode="stream"))
+        candidates, skipped = self.candidates(vllm_config)
 
         def use(cand: Candidate, attached: AttachResult):
             if cand.key is not keys.engine:
