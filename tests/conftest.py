@@ -168,12 +168,12 @@ class ServerProc:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def post(self, path: str, body: dict) -> tuple[int, dict]:
+    def post(self, path: str, body: dict | bytes) -> tuple[int, dict]:
         import json
         import urllib.error
         import urllib.request
 
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+        req = urllib.request.Request(self.url + path, data=body if isinstance(body, bytes) else json.dumps(body).encode(),
                                      headers={"content-type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=60) as r:

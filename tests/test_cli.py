@@ -72,10 +72,10 @@ def test_a_missing_extra_is_one_line_naming_it(models):
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['fastapi'] = None; from hotweights.cli import main; "
+    code = ("import sys; sys.modules['starlette'] = None; from hotweights.cli import main; "
             f"sys.exit(main(['serve', {str(models['tiny'])!r}]))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert one_line_error(r, 1) == "hotweights serve: fastapi is not installed; pip install 'hotweights[serve]'"
+    assert one_line_error(r, 1) == "hotweights serve: starlette is not installed; pip install 'hotweights[serve]'"
 
 
 def test_status_json_without_a_daemon_is_json(socket_dir):

@@ -138,6 +138,12 @@ def test_bad_requests_get_400_with_an_openai_error(warm_server, body, param):
     assert data["error"]["type"] == "invalid_request_error" and data["error"]["param"] == param
 
 
+def test_a_body_that_is_not_json_gets_400_naming_it(warm_server):
+    status, data = warm_server.post("/v1/chat/completions", b'{"messages": [')
+    assert status == 400 and data["error"]["type"] == "invalid_request_error"
+    assert data["error"]["message"].startswith("invalid request: Invalid JSON") and data["error"]["param"] is None
+
+
 def test_stop_string_ends_the_completion(warm_server):
     _, whole = warm_server.post("/v1/completions", {"prompt": "Hello", "max_tokens": 10, "temperature": 0})
     text = whole["choices"][0]["text"]

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 EXTRAS = {"torch": "engine", "safetensors": "engine", "transformers": "engine", "tokenizers": "engine",
-          "fastapi": "serve", "uvicorn": "serve", "pydantic": "serve", "starlette": "serve", "jinja2": "serve"}
+          "uvicorn": "serve", "pydantic": "serve", "starlette": "serve", "jinja2": "serve"}
 
 
 def missing_extra(module: str) -> str:

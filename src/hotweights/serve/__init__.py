@@ -1,1 +1,1 @@
-"""Embedded OpenAI-compatible server (FastAPI + uvicorn) over the transformers adapter."""
+"""Embedded OpenAI-compatible server (Starlette + uvicorn) over the transformers adapter."""

@@ -163,7 +163,7 @@ class SideImport:
 
 
 def run(config: ServeConfig) -> int:
-    for extra in ("fastapi", "uvicorn"):  # a missing extra is one line before anything loads
+    for extra in ("starlette", "pydantic", "uvicorn"):  # a missing extra is one line before anything loads
         if importlib.util.find_spec(extra) is None:
             raise ModuleNotFoundError(f"No module named {extra!r}", name=extra)
     # take the port before the model loads: a busy port is one line at once, not after a load
@@ -175,7 +175,7 @@ def run(config: ServeConfig) -> int:
         sock.close()
         raise ValueError(f"cannot listen on {config.host}:{config.port} ({exc.strerror}): another process has the "
                          f"port; stop it or pass another --port") from None
-    web = SideImport("hotweights.serve.web")  # fastapi and uvicorn, while the model loads
+    web = SideImport("hotweights.serve.web")  # starlette, pydantic, uvicorn, while the model loads
     generator, started = load(config, overlap=web.start)
     loaded = process_age_s()
     name = config.served_model_name or config.model

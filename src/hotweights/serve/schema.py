@@ -1,7 +1,4 @@
-"""Request bodies of the OpenAI-compatible endpoints (pydantic), validated on arrival.
-
-Module-level on purpose: FastAPI resolves endpoint annotations from module globals.
-"""
+"""Request bodies of the OpenAI-compatible endpoints (pydantic), validated on arrival."""
 
 from __future__ import annotations
 
