@@ -152,7 +152,11 @@ def _cache_view(vllm_config: Any) -> CacheView:
             held = int(client.status().bytes_by_device.get(device, 0))
             refusal = ""
             if loader is not None and held and not mapped:
-                unmapped, refusal = _why_unmapped(loader, vllm_config, client)
+                try:
+                    unmapped, refusal = _why_unmapped(loader, vllm_config, client)
+                except Exception as exc:  # never block a start on explaining it; the loader decides
+                    logger.warning("cannot tell why this start maps no cached weights: %s", exc)
+                    unmapped = "this start maps none of it"
             return CacheView(mapped, held, unmapped, refusal)
     except (HotweightsError, OSError, ValueError):
         return CacheView()
