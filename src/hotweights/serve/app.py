@@ -15,6 +15,7 @@ Not covered: batching, logprobs, tools, n > 1, authentication (binds 127.0.0.1).
 
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.util
 import json
@@ -84,6 +85,11 @@ def load(config: ServeConfig, overlap=None) -> tuple[Generator, Started]:
     from ..engines.transformers import load_model
     from .tokenizer import Tokenizer
 
+    # torch's import leaves ~0.5M objects that every full collection of the start-up would walk
+    # again (0.15-0.19 s of collections per start on the dev CPU, holding the GIL the side thread's
+    # import and the model phases share: benchmarks/side_import_gil.py); they live as long as the
+    # server, so they leave the collector's generations, as vLLM's freeze_gc_heap does after start-up
+    gc.freeze()
     t_imports = process_age_s()
     t0 = time.perf_counter()
     tokenizer = Tokenizer(config.model)  # before the side thread starts: it needs the GIL
@@ -186,6 +192,7 @@ def run(config: ServeConfig) -> int:
         logger.info(evidence.startup(phases, engine=started.engine, source=started.source, ready_s=ready))
 
     web_module = web.module()
+    gc.freeze()  # the model, the tokenizer and the HTTP stack live as long as the server too
     import uvicorn
 
     app = web_module.create_app(generator, name, on_start)
