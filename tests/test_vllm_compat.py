@@ -32,14 +32,14 @@ def test_mapped_weights_are_the_engines_own_and_only_the_rest_must_be_free():
 def test_the_hint_says_why_a_start_maps_nothing_and_what_to_set():
     free = int(124.5 * GIB)
     disk = cache_hint(total=H200, free=free, held=int(15.26 * GIB), unmapped="this start reads the checkpoint "
-                      "from disk")
+                      "from disk", hotweights=False)
     assert disk == ("; the weight cache holds 15.26 GiB on this GPU and this start reads the checkpoint from disk: "
                     "start with --load-format hotweights (zero-copy weights count as this engine's), or "
                     "--gpu-memory-utilization 0.88, or `hotweights release`")
     # a hotweights start that maps nothing (here: a dtype the cache does not hold) is not told to use hotweights
     why = ("this start maps none of it (cached entry m [abc] differs: dtype: cached=bfloat16 "
            "requested=float16)")
-    hint = cache_hint(total=H200, free=free, held=int(15.26 * GIB), unmapped=why)
+    hint = cache_hint(total=H200, free=free, held=int(15.26 * GIB), unmapped=why, hotweights=True)
     assert "dtype: cached=bfloat16 requested=float16" in hint and "--load-format" not in hint
     assert hint.endswith("--gpu-memory-utilization 0.88, or `hotweights release`")
 

@@ -86,9 +86,9 @@ def load(config: ServeConfig, overlap=None) -> tuple[Generator, Started]:
     from .tokenizer import Tokenizer
 
     # torch's import leaves ~0.5M objects that every full collection of the start-up would walk
-    # again (0.15-0.19 s of collections per start on the dev CPU, holding the GIL the side thread's
-    # import and the model phases share: benchmarks/side_import_gil.py); they live as long as the
-    # server, so they leave the collector's generations, as vLLM's freeze_gc_heap does after start-up
+    # again (0.16 s of collections beside the side thread's import on the dev CPU, holding the GIL
+    # it and the model phases share: benchmarks/startup_gc.py); they live as long as the server,
+    # so they leave the collector's generations, as vLLM's freeze_gc_heap does after start-up
     gc.freeze()
     t_imports = process_age_s()
     t0 = time.perf_counter()

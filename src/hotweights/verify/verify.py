@@ -147,8 +147,8 @@ class Procedure:
             log = obs.log_text()
         phases = (parse_startup(log) or {}).get("phases")
         run = Run(label, receipt.ready, receipt.elapsed_s, answer, str(obs.log_path),
-                  [line for line in log.splitlines() if _is_evidence(line)], None if receipt.ready
-                  else obs.proc.returncode, phases, page_cache, phases["weights"] if phases else vllm_weights_s(log))
+                  [line for line in log.splitlines() if _is_evidence(line)], None if receipt.ready else
+                  obs.proc.returncode, phases, page_cache, phases["weights"] if phases else vllm_weights_s(log))
         receipt.extra.update(answer=answer, evidence=run.evidence, phases=run.phases, page_cache=page_cache,
                              weights_s=run.weights_s)
         obs.write()

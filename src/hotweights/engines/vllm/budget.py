@@ -48,11 +48,11 @@ def fitting_utilization(*, total: int, free: int, external: int, margin: float =
     return max(0.0, math.floor(((free + external) / total - margin) * 100) / 100)
 
 
-def cache_hint(*, total: int, free: int, held: int, unmapped: str) -> str:
+def cache_hint(*, total: int, free: int, held: int, unmapped: str, hotweights: bool) -> str:
     """What to set when a start that maps nothing cannot fit beside ``held`` bytes of cached weights;
-    ``unmapped`` says why it maps nothing (a disk start, a copy, or the daemon's reason)."""
-    switch = ("" if unmapped.startswith("this start maps") else
-              "start with --load-format hotweights (zero-copy weights count as this engine's), or ")
+    ``unmapped`` says why it maps nothing (a disk start, a copy, or the daemon's reason);
+    ``hotweights``: the start already uses ``--load-format hotweights``."""
+    switch = "" if hotweights else "start with --load-format hotweights (zero-copy weights count as this engine's), or "
     return (f"; the weight cache holds {held / GIB:.2f} GiB on this GPU and {unmapped}: {switch}"
             f"--gpu-memory-utilization {fitting_utilization(total=total, free=free, external=0)}, "
             f"or `hotweights release`")
@@ -90,7 +90,7 @@ def install() -> bool:
             raise ValueError(view.refusal)
         mapped = view.mapped
         total, free = int(init_snapshot.total_memory), int(init_snapshot.free_memory)
-        hint = (cache_hint(total=total, free=free, held=view.held, unmapped=view.unmapped)
+        hint = (cache_hint(total=total, free=free, held=view.held, unmapped=view.unmapped, hotweights=view.hotweights)
                 if view.held and not mapped else "")
         if takes_external:
             try:
@@ -124,6 +124,7 @@ class CacheView:
     held: int = 0  # bytes the cache holds on its GPU
     unmapped: str = ""  # why this start maps none of them (for the hint when it cannot fit)
     refusal: str = ""  # the strict message, when no entry can serve a strict start
+    hotweights: bool = False  # the start uses --load-format hotweights
 
 
 def _cache_view(vllm_config: Any) -> CacheView:
@@ -157,7 +158,7 @@ def _cache_view(vllm_config: Any) -> CacheView:
                 except Exception as exc:  # never block a start on explaining it; the loader decides
                     logger.warning("cannot tell why this start maps no cached weights: %s", exc)
                     unmapped = "this start maps none of it"
-            return CacheView(mapped, held, unmapped, refusal)
+            return CacheView(mapped, held, unmapped, refusal, loader is not None)
     except (HotweightsError, OSError, ValueError):
         return CacheView()
 

@@ -129,10 +129,6 @@ class HotweightsModelLoader(BaseModelLoader):
     def download_model(self, model_config) -> None:
         open_checkpoint(model_config.model)  # local directories only; fails with a clear message
 
-    def engine_key(self, vllm_config) -> CacheKey:
-        """The engine-layout key this worker attaches."""
-        return self._keys(vllm_config, vllm_config.model_config).engine
-
     def candidates(self, vllm_config) -> tuple[list[Candidate], list[str]]:
         """The entries this worker may attach, in order, and why others are left out."""
         model_config = vllm_config.model_config
@@ -152,7 +148,7 @@ class HotweightsModelLoader(BaseModelLoader):
         if self.config.mode != "zero_copy" or self.layout == "checkpoint":
             return 0
         try:
-            key = self.engine_key(vllm_config)
+            key = self._keys(vllm_config, vllm_config.model_config).engine
             with connect_for(self.config) as client:
                 return client.entry_nbytes(key)
         except DaemonUnavailable:
