@@ -5,8 +5,11 @@ Interleaved runs in fresh processes, medians of ``--repeat``; polls every 50 ms.
 run records the server's own phases from process start (the ``startup:`` line: imports,
 cuda_context, tokenizer, model_build, weights, warmup, listening, ready). In the same run,
 the floor: a fresh ``python -c`` that imports torch and, on a GPU, creates a CUDA context
-(what no server can avoid). Warm runs use ``{"fallback": false}`` and must log the Mapped
-line. Prints one JSON line: medians, ``warm_over_floor_s``, the disk/warm ratio.
+(what no server can avoid), and the bare attach: a fresh process that, after its imports and
+CUDA context, computes the cache key and attaches the entry zero-copy (the server's weights
+phase does that plus installing the tensors in the model). Warm runs use ``{"fallback": false}``
+and must log the Mapped line. Prints one JSON line: medians, ``warm_over_floor_s``, the
+disk/warm ratio, ``weights_over_attach`` (the warm weights phase / the bare attach).
 
 Run: python benchmarks/serve_restart.py --size 1g --json   (add --device cuda on a GPU)
 """
@@ -29,8 +32,38 @@ from hotweights.verify.memory import evict_page_cache, page_cache_resident
 PHASES = STARTUP_PHASES
 
 
+ATTACH = r"""
+import sys, time
+model, sock, device = sys.argv[1:4]
+import torch
+from hotweights.config import AttachConfig
+from hotweights.loading.attach import attach_tensors
+from hotweights.loading.checkpoint import checkpoint_key, open_checkpoint
+from hotweights.pools.devices import resolve_device
+if device.startswith("cuda"):
+    torch.zeros(1, device=device)
+    import hotweights.pools.cuda
+dev = resolve_device(device)
+t = time.perf_counter()
+ckpt = open_checkpoint(model, validate=False)
+key = checkpoint_key(ckpt, dtype=ckpt.resolve_dtype("auto"), device_kind=dev.kind, device_id=dev.uuid)
+result = attach_tensors(key, AttachConfig(socket_dir=sock, fallback=False))
+print(time.perf_counter() - t if result.ok else f"attach failed: {result.reason}")
+"""
+
+
 def floor_once(device: str) -> float:
     return floor_s(sys.executable, device)
+
+
+def attach_once(model: Path, sock: str, device: str) -> float:
+    """Seconds of a bare zero-copy attach (key + attach) in a fresh process, after its imports and context."""
+    out = subprocess.run([sys.executable, "-c", ATTACH, str(model), sock, device], capture_output=True, text=True,
+                         check=True).stdout.strip().splitlines()[-1]
+    try:
+        return float(out)
+    except ValueError:
+        raise SystemExit(out) from None
 
 
 def run_once(label: str, model: Path, port: int, out: Path, args: list[str]) -> dict:
@@ -77,8 +110,10 @@ def main() -> int:
         strict = json.dumps({"socket_dir": sock, "fallback": False})
         runs: dict[str, list[dict]] = {"disk": [], "warm": []}
         floors: list[float] = []
+        attaches: list[float] = []
         for i in range(args.repeat):
             floors.append(floor_once(args.device))
+            attaches.append(attach_once(model, sock, args.device))
             if args.cold:
                 evict_page_cache(model)
             runs["disk"].append(run_once(f"disk{i}", model, args.port, out,
@@ -101,6 +136,8 @@ def main() -> int:
             "ready_ratio": round(med["disk"] / med["warm"], 2), "disk_weights_s": wmed["disk"],
             "warm_weights_s": wmed["warm"], "weights_ratio": round(wmed["disk"] / max(wmed["warm"], 1e-6), 1),
             "floor_s": round(floor, 3), "warm_over_floor_s": round(med["warm"] - floor, 3),
+            "bare_attach_s": round(statistics.median(attaches), 5),
+            "weights_over_attach": round(wmed["warm"] / statistics.median(attaches), 1),
             "floor_command": "python -c 'import torch" + ("; torch.zeros(1, device=...)'" if
                                                            args.device.startswith("cuda") else "'"),
             "phases_median": phases,

@@ -5,8 +5,9 @@ Startup loads the tokenizer, builds the model on the meta device, attaches the w
 starts serving: ``/health`` answers 200 only when the model can answer. One line then
 gives every phase from process start (``startup: imports=... tokenizer=... cuda_context=...
 model_build=... (engine=native|transformers) weights=... (source=...) warmup=... listening=... ready=...``).
-The phases add up to ``ready``: they run one after another on the main thread, while a
-side thread imports the HTTP stack (``web.py``); waiting for it counts as ``listening``.
+The phases add up to ``ready``: they run one after another on the main thread; a side
+thread imports the HTTP stack (``web.py``) beside the warm-up, and waiting for the rest of
+that import counts as ``listening``.
 The model is ``engines.native.Decoder`` where it covers the architecture, so serving
 imports nothing of transformers (``--model-impl``).
 
@@ -76,9 +77,10 @@ def load(config: ServeConfig, overlap=None) -> tuple[Generator, Started]:
     """Imports, tokenizer, CUDA context, model, weights, warm-up; returns the generator and
     each phase's seconds, measured from process start (``imports`` holds the interpreter too).
 
-    ``overlap()`` is called on a GPU once the tokenizer is loaded: work it starts on another
-    thread runs while this one waits on the driver and the GPU (started beside torch's own
-    imports, it made both slower; on a CPU device it slows the model's phases: measured).
+    ``overlap()`` is called once the weights are in: work it starts on another thread runs
+    beside the warm-up. Started earlier, it shares the GIL with the model phases and the
+    weights phase stretches from 14 ms to 40 ms (dev CPU) for no gain in readiness; started
+    beside torch's own imports, it made both slower (``benchmarks/startup_gc.py``).
     """
     import torch
 
@@ -92,10 +94,8 @@ def load(config: ServeConfig, overlap=None) -> tuple[Generator, Started]:
     gc.freeze()
     t_imports = process_age_s()
     t0 = time.perf_counter()
-    tokenizer = Tokenizer(config.model)  # before the side thread starts: it needs the GIL
+    tokenizer = Tokenizer(config.model)
     t1 = time.perf_counter()
-    if overlap is not None and config.device.startswith("cuda"):
-        overlap()  # the CPU waits on the GPU from here; on a CPU device the model needs every core
     if config.device.startswith("cuda"):
         # CUDA set-up, on its own clock: the context, the driver bindings the pools use, the GPU's UUID
         # (what a bare attach benchmark has done before its timer starts)
@@ -108,6 +108,8 @@ def load(config: ServeConfig, overlap=None) -> tuple[Generator, Started]:
     model, report = load_model(config.model, dtype=config.dtype, device=config.device, config=config.attach,
                                load_format=config.load_format, impl=config.model_impl)
     t3 = time.perf_counter()
+    if overlap is not None:
+        overlap()
     hf_config = _read_json(os.path.join(config.model, "config.json"))
     limit = config.max_model_len or int(hf_config.get("max_position_embeddings", 2048))
     generator = Generator(model, tokenizer, max_model_len=limit, eos_ids=eos_ids(config.model, tokenizer))
