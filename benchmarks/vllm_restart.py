@@ -52,6 +52,8 @@ POST = re.compile(r"post-processing ([\d.]+) s\)")
 MAPPED = re.compile(r"Mapped \d+ tensors .* in ([\d.]+) ms")
 KV_GIB = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+COMPILATION = re.compile(r"init engine .* took [\d.]+ s \(compilation: ([\d.]+) s\)")
+COMPILED = "Compiling a graph for"  # vLLM compiled afresh instead of loading its compile cache
 
 
 def weights_s(mode: str, log: str) -> float | None:
@@ -90,13 +92,20 @@ def run_gpu(mode: str, label: str, model: Path, out: Path, args: list[str]) -> d
         obs.stop(grace_s=20)
         log = obs.log_text()
     loading, kv_gib, kv_tokens = LOADING.search(log), KV_GIB.search(log), KV_TOKENS.search(log)
-    return {"mode": mode, "ready": receipt.ready, "ready_s": receipt.elapsed_s,
+    return {"mode": mode, "ready": receipt.ready, "ready_s": receipt.elapsed_s, **compile_facts(log),
             "weights_s": float(loading.group(2)) if loading else None,
             "model_loading_gib": float(loading.group(1)) if loading else None,
             "kv_cache_gib": float(kv_gib.group(1)) if kv_gib else None,
             "kv_cache_tokens": int(kv_tokens.group(1).replace(",", "")) if kv_tokens else None,
             "answer": answer, "mapped": "Mapped " in log, "fallback": "falling back" in log,
             "mapped_line": next((x[-200:] for x in log.splitlines() if "Mapped " in x), None)}
+
+
+def compile_facts(log: str) -> dict:
+    """Whether vLLM compiled afresh (the first start of a configuration: a changed --load-format
+    is a new one) and its compilation seconds; a start that compiled is not a restart."""
+    m = COMPILATION.search(log)
+    return {"compiled": COMPILED in log, "compile_s": float(m.group(1)) if m else None}
 
 
 def main_gpu(args: argparse.Namespace) -> int:
@@ -160,8 +169,9 @@ def summarize(done: list[dict], prep: dict, args: argparse.Namespace) -> dict:
                   "gpu_memory_utilization": args.gpu_memory_utilization,
                   "rounds": len({(r.get("source", ""), r["round"]) for r in done}), "preload": prep}
     for mode, rs in runs.items():
-        ok = [r for r in rs if r["ready"]]
-        line[mode] = {"n": len(rs), "ready": len(ok),
+        ok = [r for r in rs if r["ready"] and not r.get("compiled")]
+        line[mode] = {"n": len(rs), "ready": len([r for r in rs if r["ready"]]),
+                      "compiled_left_out": [r["ready_s"] for r in rs if r.get("compiled")],
                       "ready_s": statistics.median(r["ready_s"] for r in ok) if ok else None,
                       "weights_s": statistics.median(r["weights_s"] for r in ok if r["weights_s"] is not None)
                       if any(r["weights_s"] is not None for r in ok) else None,
@@ -170,6 +180,12 @@ def summarize(done: list[dict], prep: dict, args: argparse.Namespace) -> dict:
     disk_answers = {r["answer"] for r in runs.get("disk", [])}
     for mode, rs in runs.items():
         line[mode]["answers_equal_disk"] = all(r["answer"] in disk_answers for r in rs) if disk_answers else None
+    # paired within a round (same GPU, same neighbours): disk's ready minus the mode's, non-compiled runs
+    by_round = {(r.get("source", ""), r["round"], r["mode"]): r for r in done if r["ready"] and not r.get("compiled")}
+    for (src, rnd, mode), r in by_round.items():
+        base = by_round.get((src, rnd, "disk"))
+        if mode != "disk" and base:
+            line[mode].setdefault("paired_saved_s", []).append(round(base["ready_s"] - r["ready_s"], 2))
     disk = line.get("disk", {})
     if disk.get("ready_s"):
         for mode in runs:
@@ -181,16 +197,21 @@ def summarize(done: list[dict], prep: dict, args: argparse.Namespace) -> dict:
     return line
 
 
-def summarize_files(files: list[Path], args: argparse.Namespace) -> int:
-    """``--summarize F...``: the medians over the rounds of several ``--append`` files (one per GPU)."""
+def summarize_files(files: list[str], args: argparse.Namespace) -> int:
+    """``--summarize F[=LOGS]...``: the medians over the rounds of several ``--append`` files (one
+    per GPU); LOGS, that file's ``--logs`` dir, tells which runs compiled where a run lacks it."""
     done: list[dict] = []
     prep: dict = {}
-    for f in files:
+    for spec in files:
+        f, _, logs = (Path(x) if x else None for x in spec.partition("="))
         saved = json.loads(f.read_text())
-        done += [{**r, "source": f.name} for r in saved.get("runs", [])]
+        for r in saved.get("runs", []):
+            log = logs / f"{r['mode']}{r['round']}.log" if logs else None
+            facts = compile_facts(log.read_text(errors="replace")) if "compiled" not in r and log and log.exists() else {}
+            done.append({**r, **facts, "source": f.name})
         prep[f.name] = saved.get("preload", {})
     line = summarize(done, prep, args)
-    line["files"] = [f.name for f in files]
+    line["files"] = files
     print(json.dumps(line) if args.json else json.dumps(line, indent=2))
     return 0
 
@@ -212,7 +233,7 @@ def main() -> int:
     parser.add_argument("--keep-daemon", action="store_true")
     parser.add_argument("--append", type=Path, default=None)
     parser.add_argument("--logs", type=Path, default=None)
-    parser.add_argument("--summarize", type=Path, nargs="+", default=None,
+    parser.add_argument("--summarize", nargs="+", default=None, metavar="FILE[=LOGS]",
                         help="GPU: print the medians over the rounds of these --append files, run nothing")
     args = parser.parse_args()
     if args.summarize:

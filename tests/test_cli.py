@@ -107,3 +107,27 @@ def test_status_warns_when_a_model_is_cached_twice(models, daemon):
     r = run_cli("status", "--socket-dir", sock)
     assert r.returncode == 0 and "note: tiny is cached 2 times (float16 checkpoint on cpu, bfloat16 checkpoint on " \
                                  "cpu)" in r.stdout, r.stdout
+
+
+def test_the_vllm_launcher_fails_a_strict_start_before_vllm_is_imported(models, socket_dir, daemon, tmp_path):
+    """``hotweights vllm serve ...``: no daemon, or a daemon without the model, is the strict message
+    in well under vLLM's import time; this venv has no vLLM at all, so nothing of it ran."""
+    import json
+    import time
+
+    def launch(model, sock) -> tuple[int, str, float]:
+        start = time.monotonic()
+        r = run_cli("vllm", "serve", str(model), "--load-format", "hotweights", "--model-loader-extra-config",
+                    json.dumps({"socket_dir": str(sock), "fallback": False}))
+        return r.returncode, r.stderr, time.monotonic() - start
+
+    none = tmp_path / "none"
+    code, err, seconds = launch(models["tiny"], none)
+    assert code == 1 and f"Weight cache unusable (daemon unavailable: no daemon socket at {none}/daemon.sock) " \
+                          f"and fallback is disabled" in err
+    assert seconds < 10, seconds
+    code, err, _ = launch(models["tiny"], daemon.paths.directory)  # the daemon holds nothing
+    assert code == 1 and "Weight cache unusable (cache miss for tiny: the daemon holds no entry of this model" in err
+    # not strict: the launcher hands over to vLLM, which this venv lacks: one line saying so
+    r = run_cli("vllm", "--model", str(models["tiny"]), "--load-format", "hotweights")
+    assert r.returncode == 2 and "hotweights vllm: vLLM is not installed for" in r.stderr, r.stderr

@@ -26,10 +26,15 @@ pytestmark = [pytest.mark.slow,
 
 
 def serve(label: str, model: Path, out: Path, *args: str, expect_ready: bool = True,
-          env: dict[str, str] | None = None, python: str | None = None) -> tuple[Observed, str | None]:
+          env: dict[str, str] | None = None, python: str | None = None,
+          launcher: bool = False) -> tuple[Observed, str | None]:
+    """A vLLM server started as ``python -m vllm.entrypoints.openai.api_server --model M ...``, or with
+    ``launcher`` as ``python -m hotweights vllm serve M ...``; answers one greedy completion."""
     port = free_port()
-    cmd = [python or VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port),
-           "--enforce-eager", "--dtype", "bfloat16", "--max-model-len", "256", *args]
+    head = ["-m", "hotweights", "vllm", "serve", str(model)] if launcher else \
+        ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+    cmd = [python or VLLM_PYTHON, *head, "--port", str(port), "--enforce-eager", "--dtype", "bfloat16",
+           "--max-model-len", "256", *args]
     obs = Observed(label, cmd, out_dir=out, health_url=f"http://127.0.0.1:{port}/health",
                    env={"VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})})
     receipt = obs.wait_ready(timeout_s=300, interval_s=0.5)
@@ -109,11 +114,23 @@ def test_strict_without_daemon_fails_fast(vllm_model, socket_dir, tmp_path):
             f"and fallback is disabled") in obs.log_text()
 
 
+def test_the_launcher_starts_the_api_server_where_the_vllm_cli_cannot_run():
+    """vllm-cpu lacks the ``vllm`` package metadata its CLI reads: ``hotweights vllm serve M ...`` runs
+    the API server module, model first, every other argument as given."""
+    code = ("from hotweights.engines.vllm.preflight import launch_command; "
+            "print(launch_command(['serve', '/m', '--port', '1'], 'PY')); print(launch_command(['serve', '--model', '/m'], 'PY'))")
+    out = subprocess.run([VLLM_PYTHON, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == [str(["PY", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--port", "1"]),
+                   str(["PY", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"])]
+
+
 def test_dtype_mismatch_and_unknown_keys_are_reported(vllm_model, daemon, tmp_path):
     sock = str(daemon.paths.directory)
     assert run_cli("preload", "--model", str(vllm_model), "--dtype", "float16", "--socket-dir", sock).returncode == 0
+    # through the launcher: its check passes (the daemon holds the model), vLLM gets every argument and
+    # its loader reports the mismatch
     obs, _ = serve("mismatch", vllm_model, tmp_path, "--load-format", "hotweights", "--model-loader-extra-config",
-                   json.dumps({"socket_dir": sock, "fallback": False}), expect_ready=False)
+                   json.dumps({"socket_dir": sock, "fallback": False}), expect_ready=False, launcher=True)
     assert "dtype: cached=float16 requested=bfloat16) and fallback is disabled" in obs.log_text()
     bad = subprocess.run([VLLM_PYTHON, "-c", "import sys; from vllm.config.load import LoadConfig; "
                           "from hotweights.engines.vllm import register; register(); "

@@ -14,21 +14,22 @@ from pathlib import Path
 from typing import Any
 
 from . import evidence
-from .cli_parser import build_parser, resolve_model
+from .cli_parser import build_parser, resolve_model, split_vllm
 
 logger = logging.getLogger("hotweights")
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv, vllm_args = split_vllm(list(sys.argv[1:] if argv is None else argv))
     tail: list[str] = []
-    if "--" in argv:  # observe: everything after -- is the server command, options included
+    if vllm_args is None and "--" in argv:  # observe: everything after -- is the server command, options included
         argv, tail = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     parser = build_parser()
     args = parser.parse_args(argv)
     resolve_model(parser, args)
     if tail:
         args.cmd = list(getattr(args, "cmd", [])) + tail
+    args.vllm_args = vllm_args
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .errors import HotweightsError
@@ -257,8 +258,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_vllm(args: argparse.Namespace) -> int:
+    import os
+
+    from .engines.vllm import preflight
+
+    preflight.check(args.vllm_args)  # a strict start the daemon cannot serve exits 1 here, with the strict message
+    cmd = preflight.launch_command(args.vllm_args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(cmd[0], cmd)
+
+
 COMMANDS = {
     "daemon": cmd_daemon, "preload": cmd_preload, "status": cmd_status, "release": cmd_release,
     "stop": cmd_stop, "demo-model": cmd_demo_model, "inspect": cmd_inspect, "generate": cmd_generate, "serve": cmd_serve,
-    "observe": cmd_observe, "verify": cmd_verify,
+    "observe": cmd_observe, "verify": cmd_verify, "vllm": cmd_vllm,
 }

@@ -2,7 +2,7 @@
 # Every command of the nvidia-h200-x2 session of 2026-11-30 (fourth), run on the GPU machine in order
 # from the repository root: `bash benchmarks/results/gpu_x2_session2/session.sh STEP`. vLLM 0.26.0 staged
 # per ../shared/gpu-vllm/README.md first. Steps: install; serve (GPU 0 alone: issue 14); vllm (both GPUs:
-# issue 12); wait SECONDS NAME... (polls the detached jobs, copies what finished to $OUT).
+# issue 12); wait SECONDS NAME... (polls the detached jobs, copies what finished to $OUT); round3.
 set -u
 step=$1
 source benchmarks/gpu_session.sh
@@ -54,6 +54,13 @@ gpu1)  # run detached by `vllm`; its own compile cache so two first compiles nev
     python3 -c "import time; t = time.time(); import vllm.entrypoints.openai.api_server; \
 print('import vllm.entrypoints.openai.api_server', round(time.time() - t, 1), 's')" 2>/dev/null >> /tmp/bg/drills.txt
   done
+  ;;
+round3)  # after both finished, with the budget left: one more round on GPU 0, the other GPU idle
+  TAR_DIRS="vr-logs0"
+  bg vr0b "CUDA_VISIBLE_DEVICES=0 python3 benchmarks/vllm_restart.py --device cuda --model $M/8b --socket-dir \
+    /tmp/hw-vr0 --keep-daemon --append /tmp/bg/vr0.json --logs /tmp/vr-logs0 \
+    --modes engine,disk,stream,engine_copy,disk_cold --repeat 1 --json"
+  wait_for 345 vr0b
   ;;
 wait)
   wait_for "$2" "${@:3}"

