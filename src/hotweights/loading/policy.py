@@ -75,16 +75,24 @@ def attach_first(candidates: Sequence[Candidate], config: AttachConfig,
                                 cand.label)
                 return value, ""
         advice = advice or evidence.advice_for(result.outcome, result.diffs)
-        labelled = len(candidates) > 1 and result.outcome is not Outcome.ABSENT
-        reasons.append(f"{cand.label}: {result.reason}" if labelled else result.reason)
+        reasons.append(candidate_reason(cand, result.outcome, result.reason, len(candidates)))
         if result.outcome is Outcome.ABSENT:
             break  # no daemon: no other key can do better
     reason = "; ".join(reasons)
     if not config.fallback:
-        raise WeightCacheUnusable(evidence.strict_failure(reason, advice or evidence.START_AND_PRELOAD),
-                                  reason=reason)
+        raise WeightCacheUnusable(strict_message(reasons, advice), reason=reason)
     logger.warning(evidence.falling_back(reason))
     return None, reason
+
+
+def candidate_reason(cand: Candidate, outcome: Outcome, reason: str, tried: int) -> str:
+    """Why one candidate did not serve, labelled when several were tried (no daemon is none's fault)."""
+    return f"{cand.label}: {reason}" if tried > 1 and outcome is not Outcome.ABSENT else reason
+
+
+def strict_message(reasons: Sequence[str], advice: str) -> str:
+    """The strict failure for these candidates' reasons (``Weight cache unusable (...) and fallback is disabled``)."""
+    return evidence.strict_failure("; ".join(reasons), advice or evidence.START_AND_PRELOAD)
 
 
 class Source(StrEnum):

@@ -167,7 +167,8 @@ def _why_unmapped(loader: Any, vllm_config: Any, client: Any) -> tuple[str, str]
     """``(why a --load-format hotweights start maps nothing of what the cache holds, the strict message
     if it is a strict start that no entry can serve)``."""
     from ...client import Outcome
-    from ...evidence import START_AND_PRELOAD, advice_for, strict_failure
+    from ...evidence import advice_for
+    from ...loading.policy import candidate_reason, strict_message
 
     candidates, skipped = loader.candidates(vllm_config)
     reasons, advice = list(skipped), ""
@@ -178,8 +179,7 @@ def _why_unmapped(loader: Any, vllm_config: Any, client: Any) -> tuple[str, str]
                 return f"this start maps none of it (mode={loader.config.mode} copies the {cand.label} entry)", ""
             return f"this start maps none of it (the {cand.label} entry is streamed into vLLM's loaders, a copy)", ""
         advice = advice or advice_for(answer.outcome, answer.diffs)
-        reasons.append(f"{cand.label}: {answer.reason}" if len(candidates) > 1 else answer.reason)
-    reason = "; ".join(reasons)
+        reasons.append(candidate_reason(cand, answer.outcome, answer.reason, len(candidates)))
     if not loader.config.fallback:
-        return "", strict_failure(reason, advice or START_AND_PRELOAD)
-    return f"this start maps none of it ({reason}; it will load from disk)", ""
+        return "", strict_message(reasons, advice)
+    return f"this start maps none of it ({'; '.join(reasons)}; it will load from disk)", ""

