@@ -63,7 +63,8 @@ elif mode == "equal":
     key = checkpoint_key(open_checkpoint(model), dtype="auto")
     got = attach_tensors(key, AttachConfig(socket_dir=sock, fallback=False)).tensors
     ref = disk()
-    ok = sorted(got) == sorted(ref) and all(torch.equal(got[k].view(torch.uint8), ref[k].view(torch.uint8)) for k in ref)
+    ok = sorted(got) == sorted(ref) and all(torch.equal(got[k].view(torch.uint8), ref[k].view(torch.uint8))
+                                            for k in ref)
     print(json.dumps({"equal": ok}))
     sys.exit(0)
 t1 = time.perf_counter()

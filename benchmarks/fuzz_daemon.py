@@ -413,7 +413,8 @@ def main() -> int:
         result = {
             "frames": args.frames, "workers": args.workers, "seed": args.seed, "seconds": round(seconds, 1),
             "frames_per_s": round(args.frames / seconds), "cases": fuzzer.counts, "alive": daemon.poll() is None,
-            "baseline": baseline, "after": rest, "open_fds_after": leftover, "rss_mib_samples": [round(r / 2**20, 1) for r in rss],
+            "baseline": baseline, "after": rest, "open_fds_after": leftover,
+            "rss_mib_samples": [round(r / 2**20, 1) for r in rss],
             "rss_growth_second_half_mib": round(growth_second_half / 2**20, 1), "log_bytes": log_bytes,
             "longest_log_line": longest, "tracebacks": tracebacks,
             "reference_entry": problem or "bitwise equal", "engine": engine_report,

@@ -49,12 +49,14 @@ torch.empty(1, device="cuda:0"); torch.cuda.synchronize()
 phases = {}
 
 def attach(m):
-    t = time.perf_counter()
-    key = checkpoint_key(open_checkpoint(model, validate=False), dtype=dtype, device_kind="cuda", device_id=resolve_device("cuda:0").uuid)
-    phases["key"] = round((time.perf_counter() - t) * 1e3, 3)
-    r = attach_tensors(key, AttachConfig(socket_dir=sock, fallback=False, mode=m))
-    phases.update(r.phases)
-    return r
+    t = [time.perf_counter()]
+    def clock(phase):  # the time since the previous phase ended, as each ends
+        now = time.perf_counter()
+        phases[phase] = round((now - t[0]) * 1e3, 3)
+        t[0] = now
+    key = checkpoint_key(open_checkpoint(model, validate=False), dtype=dtype, device=resolve_device("cuda:0"))
+    clock("key")
+    return attach_tensors(key, AttachConfig(socket_dir=sock, fallback=False, mode=m), clock=clock)
 
 def disk():
     out = {}
@@ -239,7 +241,8 @@ def bench_model(size: str, models_dir: Path, repeat: int, log) -> dict:
     copy_ms = (sum(res["copy_phases_ms_median"].get(k, 0.0) for k in after)
                - sum(res["zero_copy_phases_ms_median"].get(k, 0.0) for k in after))
     res["copy_over_zero_copy_tbps"] = round(res["nbytes"] / (copy_ms / 1e3) / 1e12, 3) if copy_ms > 0 else None
-    log(f"{size}: disk {res['disk_s_median']} s, zero_copy {res['zero_copy_s_median']} s, copy {res['copy_s_median']} s")
+    log(f"{size}: disk {res['disk_s_median']} s, zero_copy {res['zero_copy_s_median']} s, "
+        f"copy {res['copy_s_median']} s")
     res["bitwise"] = child("equal", model, sock, dtype)
 
     # drill: kill the daemon under a computing engine
@@ -297,7 +300,8 @@ def markdown(report: dict) -> str:
     lines = ["# GPU attach benchmark", "", f"- GPU: {env['gpu']}", f"- torch {env['torch']} (CUDA {env['cuda']}), "
              f"cuda-bindings {env['cuda_bindings']}, Python {env['python']}, {env['cpus']} CPUs",
              f"- pinned H2D: {report['pinned_h2d_gbps']} GB/s", f"- command: `{env['command']}`", "",
-             "| shape | GB | page-cache read GB/s | cold read GB/s | cold preload s (GB/s) | warm preload s (GB/s) | disk load s | "
+             "| shape | GB | page-cache read GB/s | cold read GB/s | cold preload s (GB/s) | warm preload s (GB/s) | "
+             "disk load s | "
              "zero_copy attach ms | copy attach ms (TB/s) | disk/zero_copy | bitwise equal | survives daemon kill | "
              "memory freed | release works |", "|" + "---|" * 14]
     for r in report["models"]:
@@ -307,7 +311,8 @@ def markdown(report: dict) -> str:
             f"{r['cold_preload_s']} "
             f"({r['cold_preload_gbps']}) | {r['warm_preload_s']} ({r['warm_preload_gbps']}) | {r['disk_s_median']} | "
             f"{r['zero_copy_s_median'] * 1e3:.2f} | {r['copy_s_median'] * 1e3:.2f} ({r['copy_attach_tbps']}) | "
-            f"{r['disk_over_zero_copy']} | {r['bitwise']['equal']} | {dk['results_identical'] and dk['new_daemon_started']} | "
+            f"{r['disk_over_zero_copy']} | {r['bitwise']['equal']} | "
+            f"{dk['results_identical'] and dk['new_daemon_started']} | "
             f"{dk['memory_freed']} | {rl['attach_after'] == 'miss' and rl['memory_returned']} |")
     lines += ["", "Medians of fresh processes; raw values in gpu_attach.json.", "",
               "Attach phases (ms, medians; key = computing the cache key from the checkpoint headers):", ""]

@@ -46,7 +46,7 @@ if device.startswith("cuda"):
 dev = resolve_device(device)
 t = time.perf_counter()
 ckpt = open_checkpoint(model, validate=False)
-key = checkpoint_key(ckpt, dtype=ckpt.resolve_dtype("auto"), device_kind=dev.kind, device_id=dev.uuid)
+key = checkpoint_key(ckpt, dtype=ckpt.resolve_dtype("auto"), device=dev)
 result = attach_tensors(key, AttachConfig(socket_dir=sock, fallback=False))
 print(time.perf_counter() - t if result.ok else f"attach failed: {result.reason}")
 """
@@ -131,7 +131,8 @@ def main() -> int:
     floor = statistics.median(floors)
     ok = (all(r["ready"] for v in runs.values() for r in v) and all(r["mapped"] and not r["fallback"]
                                                                      for r in runs["warm"]))
-    line = {"size": args.size, "device": args.device, "page_cache": "cold" if args.cold else "warm", "nbytes": preload["nbytes"], "preload_s": preload["seconds"],
+    line = {"size": args.size, "device": args.device, "page_cache": "cold" if args.cold else "warm",
+            "nbytes": preload["nbytes"], "preload_s": preload["seconds"],
             "repeat": args.repeat, "disk_ready_s": med["disk"], "warm_ready_s": med["warm"],
             "ready_ratio": round(med["disk"] / med["warm"], 2), "disk_weights_s": wmed["disk"],
             "warm_weights_s": wmed["warm"], "weights_ratio": round(wmed["disk"] / max(wmed["warm"], 1e-6), 1),

@@ -121,7 +121,8 @@ def main_gpu(args: argparse.Namespace) -> int:
     if status.returncode != 0:  # no daemon yet: start it and fill both entries
         daemon = subprocess.Popen([sys.executable, "-m", "hotweights", "daemon", "--socket-dir", sock],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        for layout, cmd in (("checkpoint", ["preload", "--model", str(model), "--device", "cuda", "--dtype", args.dtype]),
+        for layout, cmd in (("checkpoint", ["preload", "--model", str(model), "--device", "cuda",
+                                            "--dtype", args.dtype]),
                             ("engine", ["preload", "--engine", "vllm", "--model", str(model), "--dtype", args.dtype,
                                         "--log", str(out / "preload_engine.log"),
                                         *[f"--vllm-arg={a}" for a in base[2:]]])):
@@ -208,7 +209,8 @@ def summarize_files(files: list[str], args: argparse.Namespace) -> int:
         saved = json.loads(f.read_text())
         for r in saved.get("runs", []):
             log = logs / f"{r['mode']}{r['round']}.log" if logs else None
-            facts = compile_facts(log.read_text(errors="replace")) if "compiled" not in r and log and log.exists() else {}
+            fresh = "compiled" not in r and log and log.exists()
+            facts = compile_facts(log.read_text(errors="replace")) if fresh else {}
             done.append({**r, **facts, "source": f.name})
         prep[f.name] = saved.get("preload", {})
     line = summarize(done, prep, args)

@@ -63,7 +63,7 @@ class DaemonProc:
                 return
             except DaemonUnavailable:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"daemon did not start: {self.log()}")
+                    raise RuntimeError(f"daemon did not start: {self.log()}") from None
                 time.sleep(0.02)
 
     @property
@@ -173,7 +173,8 @@ class ServerProc:
         import urllib.error
         import urllib.request
 
-        req = urllib.request.Request(self.url + path, data=body if isinstance(body, bytes) else json.dumps(body).encode(),
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data,
                                      headers={"content-type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=60) as r:

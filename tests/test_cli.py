@@ -6,7 +6,6 @@ Run: pytest tests/test_cli.py
 from __future__ import annotations
 
 import pytest
-
 from conftest import run_cli
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import msgpack
 import pytest
-
 from conftest import open_fds
+
 from hotweights.client import Client, Outcome, connect_for
 from hotweights.config import AttachConfig
 from hotweights.errors import DaemonUnavailable, ProtocolError, WrongEntry

@@ -17,8 +17,8 @@ import time
 
 import msgpack
 import pytest
-
 from conftest import DaemonProc, run_cli
+
 from hotweights import evidence
 from hotweights.client import Outcome, connect
 from hotweights.errors import ProtocolError
@@ -298,7 +298,7 @@ def test_a_full_fd_table_sheds_connections_and_loses_nothing(socket_dir):
             except OSError:
                 break
         time.sleep(1.5)  # past the stall time: the stalled connections may be shed
-        for attempt in range(20):  # shedding may take the first tries; serving goes on
+        for _attempt in range(20):  # shedding may take the first tries; serving goes on
             r = run_cli("status", "--json", "--socket-dir", str(socket_dir), timeout=30)
             if r.returncode == 0:
                 break
@@ -323,7 +323,8 @@ def test_silent_connections_cannot_lock_others_out(daemon):
         r = run_cli("status", "--json", "--socket-dir", str(daemon.paths.directory))
         assert r.returncode == 0, r.stderr
         assert attached_bytes(daemon) == data
-        threads = int(next(line.split()[1] for line in open(f"/proc/{daemon.pid}/status") if line.startswith("Threads")))
+        status = open(f"/proc/{daemon.pid}/status").read().splitlines()
+        threads = int(next(line.split()[1] for line in status if line.startswith("Threads")))
         assert threads <= 16 + 8, threads  # the pid's cap, not 200 threads
     finally:
         for s in idle:

@@ -31,14 +31,16 @@ def test_patterns_recognise_the_lines_they_are_built_from():
     assert evidence.daemon_ready("/s", 1).startswith(evidence.READY_MARK)
 
 
-def test_strict_advice_follows_what_went_wrong():
+def test_the_strict_message_ends_with_what_to_do():
     assert evidence.strict_failure("x").endswith("start the daemon and preload the model (hotweights preload "
                                                  "--model DIR), or set fallback to true")
-    dtype = evidence.advice_for("mismatch", ("dtype: cached=float16 requested=bfloat16",))
-    assert dtype == ("the cache holds this model as float16: start with --dtype float16, or preload bfloat16 too "
-                     "(hotweights preload --model DIR --dtype bfloat16)")
-    assert evidence.advice_for("miss") == "preload the model (hotweights preload --model DIR)"
-    assert evidence.advice_for("absent") == evidence.START_AND_PRELOAD
+
+
+def test_a_line_is_evidence_when_the_documented_grep_would_find_it():
+    assert evidence.is_evidence(evidence.mapped(1, 1, "/s", "zero_copy", 1.0))
+    assert evidence.is_evidence(evidence.falling_back("x"))
+    assert evidence.is_evidence(evidence.daemon_ready("/s", 1))
+    assert not evidence.is_evidence("INFO Uvicorn running on http://127.0.0.1:8000")
 
 
 def test_the_startup_line_round_trips_through_its_parser():

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from hotweights.key import CacheKey, ShardId
+from hotweights.key import CacheKey, FieldDiff, ShardId, pool_device
 
 
 def make_key(**overrides) -> CacheKey:
@@ -22,7 +22,7 @@ def make_key(**overrides) -> CacheKey:
 def test_diff_reports_every_differing_field_exactly():
     cached = make_key()
     requested = make_key(dtype="bfloat16", tp_size=2, tp_rank=1, device_kind="cuda", device_id="GPU-1")
-    assert cached.diff(requested) == [
+    assert [str(d) for d in cached.diff(requested)] == [
         "dtype: cached=float16 requested=bfloat16",
         "tp_size: cached=1 requested=2",
         "tp_rank: cached=0 requested=1",
@@ -34,11 +34,25 @@ def test_diff_reports_every_differing_field_exactly():
 def test_diff_names_the_changed_shard_and_attribute():
     cached = make_key(shards=(ShardId("a", 1, "h", "c"), ShardId("b", 2, "h", "c")))
     requested = make_key(shards=(ShardId("a", 1, "h", "CHANGED"), ShardId("c", 2, "h", "c")))
-    assert cached.diff(requested) == [
+    assert [str(d) for d in cached.diff(requested)] == [
         "shards[b]: cached=present requested=absent",
         "shards[a].content_digest: cached=c requested=CHANGED",
         "shards[c]: cached=absent requested=present",
     ]
+
+
+def test_a_field_diff_is_data_whose_text_is_the_wire_line_and_round_trips():
+    diff = make_key().diff(make_key(dtype="bfloat16"))[0]
+    assert (diff.field, diff.cached, diff.requested) == ("dtype", "float16", "bfloat16")
+    assert FieldDiff.from_wire(str(diff)) == diff
+    shard = FieldDiff("shards[a].content_digest", "c", "x")
+    assert FieldDiff.from_wire(str(shard)) == shard
+    assert FieldDiff.from_wire("... and 3 more differences") == FieldDiff("... and 3 more differences", "", "")
+
+
+def test_a_device_is_spelled_one_way():
+    assert pool_device("cpu", "host") == make_key().device == "cpu"
+    assert pool_device("cuda", "GPU-1") == make_key(device_kind="cuda", device_id="GPU-1").device == "cuda:GPU-1"
 
 
 def test_model_path_is_display_only_and_data_parallel_is_not_a_field():

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from conftest import run_cli
 
 

@@ -11,8 +11,8 @@ import os
 import time
 
 import pytest
-
 from conftest import run_cli
+
 from hotweights import evidence
 from hotweights.config import AttachConfig
 from hotweights.errors import WeightCacheUnusable
@@ -110,7 +110,8 @@ def test_write_through_publishes_to_the_daemon_named_by_socket_path(models, daem
 
 def test_attach_first_tries_candidates_in_order_and_labels_reasons(models, daemon, caplog):
     from hotweights.loading.checkpoint import checkpoint_key, open_checkpoint
-    from hotweights.loading.policy import Candidate, attach_first
+    from hotweights.loading.diagnosis import Candidate
+    from hotweights.loading.policy import attach_first
 
     caplog.set_level(logging.INFO, logger="hotweights")
     config = AttachConfig(socket_dir=str(daemon.paths.directory))

@@ -13,13 +13,13 @@ import sys
 
 import pytest
 import torch
-
 from conftest import DaemonProc, run_cli
+
 from hotweights.config import AttachConfig
 from hotweights.loading.attach import attach_tensors
 from hotweights.loading.checkpoint import checkpoint_key, open_checkpoint
-from hotweights.pools.devices import gpu_uuid, resolve_device
 from hotweights.manifest import PoolSpec
+from hotweights.pools.devices import gpu_uuid, resolve_device
 
 pytestmark = pytest.mark.cuda
 
@@ -36,7 +36,7 @@ def disk_gpu(model_dir, dtype: str) -> dict[str, torch.Tensor]:
 
 def gpu_key(model_dir, dtype: str):
     dev = resolve_device("cuda:0")
-    return checkpoint_key(open_checkpoint(model_dir), dtype=dtype, device_kind="cuda", device_id=dev.uuid)
+    return checkpoint_key(open_checkpoint(model_dir), dtype=dtype, device=dev)
 
 
 def test_pool_roundtrip_through_an_fd_is_exact():
@@ -100,7 +100,7 @@ from hotweights.loading.attach import attach_tensors
 from hotweights.loading.checkpoint import checkpoint_key, open_checkpoint
 from hotweights.pools.devices import resolve_device
 model, sock = sys.argv[1:3]
-key = checkpoint_key(open_checkpoint(model), dtype="float16", device_kind="cuda", device_id=resolve_device("cuda:0").uuid)
+key = checkpoint_key(open_checkpoint(model), dtype="float16", device=resolve_device("cuda:0"))
 r = attach_tensors(key, AttachConfig(socket_dir=sock, fallback=False))
 w = r.tensors["model.layers.0.mlp.up_proj.weight"]
 x = torch.ones(4, w.shape[1], dtype=w.dtype, device="cuda:0")

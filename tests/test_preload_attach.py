@@ -17,9 +17,9 @@ import time
 
 import pytest
 import torch
+from conftest import DaemonProc, run_cli
 from safetensors.torch import load_file
 
-from conftest import DaemonProc, run_cli
 from hotweights.config import AttachConfig
 from hotweights.loading.attach import attach_tensors
 from hotweights.loading.checkpoint import checkpoint_key, open_checkpoint
@@ -52,7 +52,8 @@ def test_attach_is_bitwise_equal_to_disk_load(models, daemon, size, dtype):
     assert sorted(attached.tensors) == sorted(expected)
     for name, t in expected.items():
         got = attached.tensors[name]
-        assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got.view(torch.uint8), t.view(torch.uint8)), name
+        assert got.dtype == t.dtype and got.shape == t.shape, name
+        assert torch.equal(got.view(torch.uint8), t.view(torch.uint8)), name
 
 
 def test_preload_prints_publish_line_and_is_idempotent(models, daemon):
@@ -105,7 +106,7 @@ def test_miss_and_mismatch_report_fields(models, daemon):
     preload(models["tiny"], dtype="float16", socket_dir=str(daemon.paths.directory))
     mismatch = attach_tensors(key_for(models["tiny"], "bfloat16"), config)
     assert mismatch.outcome == "mismatch"
-    assert mismatch.diffs == ("dtype: cached=float16 requested=bfloat16",)
+    assert [str(d) for d in mismatch.diffs] == ["dtype: cached=float16 requested=bfloat16"]
 
 
 @pytest.mark.parametrize("keep_mtime", [False, True])
@@ -122,7 +123,7 @@ def test_checkpoint_modified_in_place_never_matches(model_copy, daemon, keep_mti
         os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # only ctime still tells
     result = attach_tensors(key_for(model, "float32"), AttachConfig(socket_dir=str(daemon.paths.directory)))
     assert result.outcome == "mismatch"
-    assert len(result.diffs) == 1 and result.diffs[0].startswith("shards[model.safetensors].content_digest: cached=")
+    assert [d.field for d in result.diffs] == ["shards[model.safetensors].content_digest"]
 
 
 def test_rehash_catches_bytes_changed_through_a_shared_mapping(model_copy, daemon):
@@ -142,7 +143,7 @@ def test_rehash_catches_bytes_changed_through_a_shared_mapping(model_copy, daemo
     stale = attach_tensors(checkpoint_key(open_checkpoint(model), dtype="float32"), config)
     assert stale.ok  # the documented limit: the digest cache cannot see this change
     fresh = attach_tensors(checkpoint_key(open_checkpoint(model), dtype="float32", rehash=True), config)
-    assert fresh.outcome == "mismatch" and fresh.diffs[0].startswith("shards[model.safetensors].content_digest")
+    assert fresh.outcome == "mismatch" and fresh.diffs[0].field == "shards[model.safetensors].content_digest"
 
 
 def test_copy_mode_owns_its_memory(models, daemon):
@@ -251,5 +252,3 @@ def test_empty_digest_cache_rehashes_and_still_matches(models, daemon, caplog):
     result = attach_tensors(key_for(models["small"], "float16"), AttachConfig(socket_dir=str(daemon.paths.directory)))
     assert result.ok, result.reason
     assert any(m.startswith("digest cache miss: file=") for m in caplog.messages)
-
-

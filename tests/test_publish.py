@@ -116,7 +116,7 @@ def test_publish_on_the_gpu_repoints_to_the_published_pools(models, daemon):
     def repoint(name: str, view: torch.Tensor) -> None:
         engine[name] = view
 
-    key = checkpoint_key(open_checkpoint(models["tiny"]), dtype="float32", device_kind="cuda", device_id=dev.uuid,
+    key = checkpoint_key(open_checkpoint(models["tiny"]), dtype="float32", device=dev,
                          layout="vllm/test")
     assert publish_tensors(tensors, key, config, device=dev, repoint=repoint, pool_bytes=4096).accepted
     for name, want in expected.items():

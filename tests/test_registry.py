@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import os
 
+from hotweights.keeper.registry import Registry
 from hotweights.key import CacheKey, ShardId
 from hotweights.manifest import Manifest, pack
-from hotweights.registry import Registry
 
 KEY = CacheKey(shards=(ShardId("m", 1, "h", "c"),), arch="A", dtype="float16", model="m")
 OTHER = CacheKey(shards=(ShardId("m", 1, "h", "c"),), arch="A", dtype="bfloat16", model="m")
@@ -53,7 +53,7 @@ def test_closest_lists_the_differing_fields_and_describe_counts_bytes():
     assert reg.closest(KEY) is None
     reg.add(*entry(OTHER))
     manifest, diffs = reg.closest(KEY)
-    assert manifest.key == OTHER and diffs == ["dtype: cached=bfloat16 requested=float16"]
+    assert manifest.key == OTHER and [str(d) for d in diffs] == ["dtype: cached=bfloat16 requested=float16"]
     entries, per_device = reg.describe()
     assert per_device == {"cpu": 1024} and entries[0]["key"] == OTHER.short and entries[0]["num_attaches"] == 0
     reg.release(None)

@@ -26,8 +26,8 @@ def receipts() -> dict:
 def test_the_report_says_what_the_cache_saved_between_like_starts():
     text = saved_sentence(receipts())
     assert text.startswith("Warm start ready in 3.00 s, disk start in 4.50 s (100% of the checkpoint in the page "
-                           "cache at the disk start, so it read from memory, not the drive); the weights phase took 1.500 s "
-                           "from disk and 0.010 s from the cache, and the other 2.99 s of the warm start")
+                           "cache at the disk start, so it read from memory, not the drive); the weights phase took "
+                           "1.500 s from disk and 0.010 s from the cache, and the other 2.99 s of the warm start")
     assert "took 2.30 s" in text
     assert text in markdown(receipts())
 

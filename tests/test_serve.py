@@ -10,7 +10,6 @@ import time
 import urllib.request
 
 import pytest
-
 from conftest import ServerProc, run_cli
 
 pytestmark = pytest.mark.slow  # real server processes; `make test-fast` skips them
@@ -55,10 +54,10 @@ def test_disk_warm_and_warm_restart_answer_identically(models, daemon, tmp_path)
 
 @pytest.fixture(scope="module")
 def warm_server(models, tmp_path_factory):
-    from conftest import DaemonProc
-
     import tempfile
     from pathlib import Path
+
+    from conftest import DaemonProc
 
     sock = Path(tempfile.mkdtemp(prefix="hws-", dir="/tmp"))
     d = DaemonProc(sock)
@@ -79,7 +78,8 @@ def test_models_and_health(warm_server):
 def test_streaming_matches_non_streaming(warm_server):
     body = {"prompt": "Hello", "max_tokens": 10, "temperature": 0}
     _, whole = warm_server.post("/v1/completions", body)
-    req = urllib.request.Request(warm_server.url + "/v1/completions", data=json.dumps({**body, "stream": True}).encode(),
+    data = json.dumps({**body, "stream": True}).encode()
+    req = urllib.request.Request(warm_server.url + "/v1/completions", data=data,
                                  headers={"content-type": "application/json"})
     with urllib.request.urlopen(req) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -119,7 +119,8 @@ def test_chat_uses_the_template_and_is_deterministic(warm_server):
 
 def test_seeded_sampling_is_reproducible(warm_server):
     body = {"prompt": "abc", "max_tokens": 8, "temperature": 1.0, "top_p": 0.9, "seed": 7}
-    assert warm_server.post("/v1/completions", body)[1]["choices"] == warm_server.post("/v1/completions", body)[1]["choices"]
+    first, again = (warm_server.post("/v1/completions", body)[1]["choices"] for _ in range(2))
+    assert first == again
 
 
 @pytest.mark.parametrize("body, param", [
@@ -163,13 +164,15 @@ def test_strict_start_without_daemon_fails_fast(models, socket_dir, tmp_path):
     elapsed = time.monotonic() - start
     server.stop()
     assert not server.ready and code != 0
-    assert f"Weight cache unusable (daemon unavailable: no daemon socket at {socket_dir}/daemon.sock) and fallback is disabled" in server.log()
+    assert (f"Weight cache unusable (daemon unavailable: no daemon socket at {socket_dir}/daemon.sock) and fallback "
+            f"is disabled") in server.log()
     assert elapsed < 30, elapsed
 
 
 def test_dtype_mismatch_is_reported_and_fallback_still_serves(models, daemon, tmp_path):
     sock = str(daemon.paths.directory)
-    assert run_cli("preload", "--model", str(models["tiny"]), "--dtype", "float16", "--socket-dir", sock).returncode == 0
+    preloaded = run_cli("preload", "--model", str(models["tiny"]), "--dtype", "float16", "--socket-dir", sock)
+    assert preloaded.returncode == 0, preloaded.stderr
     server = ServerProc(models["tiny"], tmp_path / "mm.log", "--dtype", "bfloat16",
                         "--model-loader-extra-config", json.dumps({"socket_dir": sock}))
     try:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 import torch
-
 from conftest import run_cli
+
 from hotweights.engines.transformers import load_model
 
 
@@ -35,7 +35,8 @@ def test_tied_weights_stay_one_object_and_answers_match_disk(models, daemon):
 
 def test_generate_cli_reports_source(models, daemon):
     sock = str(daemon.paths.directory)
-    assert run_cli("preload", "--model", str(models["small"]), "--dtype", "float16", "--socket-dir", sock).returncode == 0
+    preloaded = run_cli("preload", "--model", str(models["small"]), "--dtype", "float16", "--socket-dir", sock)
+    assert preloaded.returncode == 0, preloaded.stderr
     warm = run_cli("generate", "--model", str(models["small"]), "--dtype", "float16", "--json",
                    "--model-loader-extra-config", json.dumps({"socket_dir": sock, "fallback": False}))
     disk = run_cli("generate", "--model", str(models["small"]), "--dtype", "float16", "--json", "--load-format", "auto")

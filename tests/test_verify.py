@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port, run_cli
+
 from hotweights.verify.verify import ENGINE_CMDS, PRELOAD_CMD, VerifyConfig, verify
 
 pytestmark = pytest.mark.slow  # real server processes; `make test-fast` skips them

@@ -111,10 +111,11 @@ def test_a_start_that_maps_nothing_is_told_why_by_the_real_daemon(models, daemon
     from hotweights.config import AttachConfig
     from hotweights.engines.vllm.budget import _why_unmapped
     from hotweights.loading.checkpoint import checkpoint_key, open_checkpoint
-    from hotweights.loading.policy import Candidate
+    from hotweights.loading.diagnosis import Candidate
 
     sock = str(daemon.paths.directory)
-    assert run_cli("preload", "--model", str(models["tiny"]), "--dtype", "float32", "--socket-dir", sock).returncode == 0
+    preloaded = run_cli("preload", "--model", str(models["tiny"]), "--dtype", "float32", "--socket-dir", sock)
+    assert preloaded.returncode == 0, preloaded.stderr
     ckpt = open_checkpoint(models["tiny"])
     held = Candidate(checkpoint_key(ckpt, dtype="float32"), "checkpoint layout", evidence_mode="stream")
     wrong = Candidate(checkpoint_key(ckpt, dtype="float16"), "engine layout")

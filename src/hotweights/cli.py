@@ -83,8 +83,8 @@ def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
-    from .daemon import DaemonConfig, detach, run
     from .errors import DaemonAlreadyRunning
+    from .keeper.server import DaemonConfig, detach, run
     from .paths import daemon_paths
 
     if args.detach:
@@ -139,9 +139,8 @@ def _preload_vllm(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from .client import connect
     from .console import status_table
-    from .paths import daemon_paths
-
     from .errors import DaemonUnavailable
+    from .paths import daemon_paths
 
     try:
         with connect(daemon_paths(args.socket_dir)) as client:
@@ -248,8 +247,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from .engines.transformers import generate
 
-    result = generate(_model_dir(args.model), args.prompt, max_tokens=args.max_tokens, dtype=args.dtype, device=args.device,
-                      config=_extra_config(args), load_format=args.load_format)
+    result = generate(_model_dir(args.model), args.prompt, max_tokens=args.max_tokens, dtype=args.dtype,
+                      device=args.device, config=_extra_config(args), load_format=args.load_format)
     report = result.report
     _emit(args, {"source": report.source, "weights_s": report.weights_s, "build_s": report.build_s,
                  "total_s": result.total_s, "key": report.key_short, "completion": result.text,
@@ -261,10 +260,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_vllm(args: argparse.Namespace) -> int:
     import os
 
-    from .engines.vllm import preflight
+    from .engines.vllm import launcher, preflight
 
     preflight.check(args.vllm_args)  # a strict start the daemon cannot serve exits 1 here, with the strict message
-    cmd = preflight.launch_command(args.vllm_args)
+    cmd = launcher.launch_command(args.vllm_args)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(cmd[0], cmd)
@@ -272,6 +271,6 @@ def cmd_vllm(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "daemon": cmd_daemon, "preload": cmd_preload, "status": cmd_status, "release": cmd_release,
-    "stop": cmd_stop, "demo-model": cmd_demo_model, "inspect": cmd_inspect, "generate": cmd_generate, "serve": cmd_serve,
-    "observe": cmd_observe, "verify": cmd_verify, "vllm": cmd_vllm,
+    "stop": cmd_stop, "demo-model": cmd_demo_model, "inspect": cmd_inspect, "generate": cmd_generate,
+    "serve": cmd_serve, "observe": cmd_observe, "verify": cmd_verify, "vllm": cmd_vllm,
 }

@@ -152,10 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("vllm", help="start vLLM with ARGS (hotweights vllm serve MODEL ...), a strict start checked first",
                    description="hotweights vllm ARGS... becomes `python -m vllm.entrypoints.cli.main ARGS...` (the "
-                               "same interpreter, exec), every argument passed on untouched. A strict start (--load-format "
-                               "hotweights, {\"fallback\": false}) that the daemon cannot serve (no daemon, an untrusted "
-                               "one, no entry of the model) fails here first, with the strict message, in well under a "
-                               "second: vLLM's own plugin check runs only after vLLM's import (15-30 s on a GPU box).")
+                               "same interpreter, exec), every argument passed on untouched. A strict start "
+                               "(--load-format hotweights, {\"fallback\": false}) that the daemon cannot serve (no "
+                               "daemon, an untrusted one, no entry of the model) fails here first, with the strict "
+                               "message, in well under a second: vLLM's own plugin check runs only after vLLM's "
+                               "import.")
 
     p = sub.add_parser("generate", help="load a model (cache or disk) with transformers and complete a prompt")
     _model(p)

@@ -28,8 +28,22 @@ from .key import CacheKey
 from .manifest import Manifest
 from .paths import DaemonPaths, check_socket_dir, daemon_paths
 from .protocol import (
-    PROTOCOL_VERSION, Attach, Error, Hello, HelloOk, Message, Publish, PublishOk, Release, ReleaseOk, Status,
-    StatusOk, Stop, StopOk, recv_message, send_message,
+    PROTOCOL_VERSION,
+    Attach,
+    Error,
+    Hello,
+    HelloOk,
+    Message,
+    Publish,
+    PublishOk,
+    Release,
+    ReleaseOk,
+    Status,
+    StatusOk,
+    Stop,
+    StopOk,
+    recv_message,
+    send_message,
 )
 from .replies import Answer, AttachReply, Outcome
 from .wire import close_fds, recv_frame

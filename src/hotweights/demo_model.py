@@ -111,7 +111,8 @@ def write_demo_model(directory: str | Path, size: str = "tiny", *, gen_device: s
     weight_map: dict[str, str] = {}
     for i, group in enumerate(groups):
         fname = "model.safetensors" if len(groups) == 1 else f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
-        save_file({n: _make_tensor(n, shape, s.dtype, gen_device) for n, shape in group}, out / fname, metadata={"format": "pt"})
+        save_file({n: _make_tensor(n, shape, s.dtype, gen_device) for n, shape in group}, out / fname,
+                  metadata={"format": "pt"})
         weight_map.update({n: fname for n, _ in group})
     if len(groups) > 1:
         itemsize = 4 if s.dtype == "float32" else 2

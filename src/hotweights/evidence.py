@@ -1,9 +1,14 @@
-"""The evidence lines of DESIGN.md, built and recognised in one place.
+"""The grep-able lines, built and recognised in one place.
 
 Users and ``hotweights verify`` grep for these exact shapes
 (``Mapped|weight cache|falling back``); tests assert them character for character.
 The patterns below are the only parsers of them (verify, ``preload --engine vllm``).
 Change a shape only together with its pattern and the README section "Evidence lines".
+
+Besides DESIGN's lines: the embedded server's ``startup:`` line and its parser (read by
+verify, the report and ``benchmarks/serve_restart.py``), and ``vllm_weights_s``, the one
+parser of vLLM's own weight clock (read by verify): each is a line someone greps, so it
+lives beside the others. What to *do* about a strict failure is ``loading.diagnosis``.
 """
 
 from __future__ import annotations
@@ -19,8 +24,17 @@ MAPPED_RE = re.compile(r"Mapped (\d+) tensors \(([\d.]+) GiB\) from weight cache
 READY_MARK = "Weight cache daemon READY"
 FALLBACK_MARK = "falling back to disk loading"
 STRICT_MARK = "and fallback is disabled"
-# lines of a write-through that did not publish (vLLM plugin and policy)
-WRITE_THROUGH_FAILED = ("write-through publish failed", "write-through publish refused", "write-through skipped")
+UNUSABLE_MARK = "Weight cache unusable"  # starts both the fallback line and the strict message
+# how a write-through that did not publish begins its line (vLLM plugin and pool writer)
+WT_PUBLISH_FAILED = "write-through publish failed"
+WT_PUBLISH_REFUSED = "write-through publish refused"
+WT_SKIPPED = "write-through skipped"
+WRITE_THROUGH_FAILED = (WT_PUBLISH_FAILED, WT_PUBLISH_REFUSED, WT_SKIPPED)
+
+
+def is_evidence(line: str) -> bool:
+    """A line that says what the cache did (the grep ``Mapped|weight cache|falling back``, any case)."""
+    return any(k in line for k in ("Mapped", "weight cache", "Weight cache", "falling back"))
 
 
 def daemon_ready(socket_path: str, pid: int) -> str:
@@ -50,20 +64,6 @@ START_AND_PRELOAD = "start the daemon and preload the model (hotweights preload 
 
 def strict_failure(reason: str, advice: str = START_AND_PRELOAD) -> str:
     return f"Weight cache unusable ({reason}) and fallback is disabled; {advice}, or set fallback to true"
-
-
-def advice_for(outcome: str, diffs: tuple[str, ...] | list[str] = ()) -> str:
-    """What to do about a strict failure, by what the attach came to."""
-    if outcome == "miss":
-        return "preload the model (hotweights preload --model DIR)"
-    for line in diffs:
-        if line.startswith("dtype: cached="):
-            cached, requested = line.removeprefix("dtype: cached=").split(" requested=")
-            return (f"the cache holds this model as {cached}: start with --dtype {cached}, or preload "
-                    f"{requested} too (hotweights preload --model DIR --dtype {requested})")
-    if outcome == "mismatch":
-        return "preload the model as this engine loads it (see the differing fields)"
-    return START_AND_PRELOAD
 
 
 # the embedded server's startup line: every phase from process start (serve/app.py)

@@ -2,8 +2,8 @@
 
 Pure data, stdlib only (the daemon imports it). Built by the loader from the
 checkpoint (``hotweights.loading.checkpoint.checkpoint_key``); compared field by field
-by the daemon, which answers a near miss with ``diff`` lines such as
-``dtype: cached=float16 requested=bfloat16``.
+by the daemon, which answers a near miss with ``diff``: one ``FieldDiff`` per differing
+field, whose text (``dtype: cached=float16 requested=bfloat16``) is what the wire carries.
 
 Deliberately NOT in the key: the model's path (the same checkpoint copied elsewhere
 still matches; ``model`` is display-only), and data-parallel size/rank (replicas of a
@@ -17,9 +17,33 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 LAYOUT_CHECKPOINT = "checkpoint"
-
-
 MAX_SHARDS = 16384  # checkpoint files per key: bounds what one request can make the daemon compare
+
+
+def pool_device(kind: str, device_id: str) -> str:
+    """The one spelling of a device's identity in pools, keys and ``status``: ``cpu`` or ``cuda:<GPU UUID>``."""
+    return "cpu" if kind == "cpu" else f"cuda:{device_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class FieldDiff:
+    """One field where a cached key differs from a requested one; ``str`` is the wire's line."""
+
+    field: str  # "dtype", or "shards[<name>].content_digest"
+    cached: str
+    requested: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: cached={self.cached} requested={self.requested}"
+
+    @classmethod
+    def from_wire(cls, line: str) -> FieldDiff:
+        """The diff a mismatch reply carries as text (the wire keeps lines); a line of another
+        shape (the daemon's ``... and N more differences``) keeps its text as ``field``."""
+        name, sep, rest = line.partition(": cached=")
+        cached, sep2, requested = rest.rpartition(" requested=")
+        return cls(name, cached, requested) if sep and sep2 else cls(line, "", "")
+
 
 @dataclass(frozen=True, slots=True)
 class ShardId:
@@ -82,22 +106,22 @@ class CacheKey:
 
     @property
     def device(self) -> str:
-        return "cpu" if self.device_kind == "cpu" else f"cuda:{self.device_id}"
+        return pool_device(self.device_kind, self.device_id)
 
     def _identity(self) -> tuple[Any, ...]:
         return tuple(getattr(self, f.name) for f in fields(self) if f.compare)
 
-    def diff(self, requested: CacheKey) -> list[str]:
-        """Every field where ``self`` (cached) differs from ``requested``, one line each."""
-        lines: list[str] = []
+    def diff(self, requested: CacheKey) -> list[FieldDiff]:
+        """Every field where ``self`` (cached) differs from ``requested``."""
+        diffs: list[FieldDiff] = []
         for f in fields(self):
             if not f.compare or f.name == "shards":
                 continue
             cached, wanted = getattr(self, f.name), getattr(requested, f.name)
             if cached != wanted:
-                lines.append(f"{f.name}: cached={cached} requested={wanted}")
-        lines.extend(_diff_shards(self.shards, requested.shards))
-        return lines
+                diffs.append(FieldDiff(f.name, str(cached), str(wanted)))
+        diffs.extend(_diff_shards(self.shards, requested.shards))
+        return diffs
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -131,19 +155,19 @@ class CacheKey:
         return cls(**kwargs)
 
 
-def _diff_shards(cached: tuple[ShardId, ...], requested: tuple[ShardId, ...]) -> list[str]:
-    lines: list[str] = []
+def _diff_shards(cached: tuple[ShardId, ...], requested: tuple[ShardId, ...]) -> list[FieldDiff]:
+    diffs: list[FieldDiff] = []
     by_name = {s.name: s for s in cached}
     wanted_names = {s.name for s in requested}
     for name in sorted(set(by_name) - wanted_names):
-        lines.append(f"shards[{name}]: cached=present requested=absent")
+        diffs.append(FieldDiff(f"shards[{name}]", "present", "absent"))
     for shard in requested:
         old = by_name.get(shard.name)
         if old is None:
-            lines.append(f"shards[{shard.name}]: cached=absent requested=present")
+            diffs.append(FieldDiff(f"shards[{shard.name}]", "absent", "present"))
             continue
         for attr in ("size", "header_digest", "content_digest"):
             a, b = getattr(old, attr), getattr(shard, attr)
             if a != b:
-                lines.append(f"shards[{shard.name}].{attr}: cached={a} requested={b}")
-    return lines
+                diffs.append(FieldDiff(f"shards[{shard.name}].{attr}", str(a), str(b)))
+    return diffs

@@ -30,6 +30,7 @@ MAX_RANK = 16
 MAX_COUNTS = {"pools": 4096, "tensors": 1 << 20, "aliases": 1 << 20}
 MAX_DIMS = 32
 
+
 @dataclass(frozen=True, slots=True)
 class PoolSpec:
     """One shareable allocation. ``device`` is ``cpu`` or ``cuda:<GPU-UUID>``."""
@@ -81,7 +82,8 @@ class TensorSpec:
         if itemsize is None:
             raise ManifestError(f"{where}: unknown dtype {self.dtype!r}; known: {sorted(DTYPE_ITEMSIZE)}")
         if len(self.shape) != len(self.stride) or len(self.shape) > MAX_RANK:
-            raise ManifestError(f"{where}: shape {self.shape} and stride {self.stride} must have one rank <= {MAX_RANK}")
+            raise ManifestError(f"{where}: shape {self.shape} and stride {self.stride} must have one rank "
+                                f"<= {MAX_RANK}")
         if any(type(d) is not int or d < 0 for d in self.shape + self.stride):
             raise ManifestError(f"{where}: shape {self.shape} / stride {self.stride} must be non-negative ints")
         if type(self.offset) is not int or self.offset < 0 or self.offset % itemsize:

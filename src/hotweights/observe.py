@@ -101,7 +101,7 @@ class Observed:
         self.log_path = out_dir / f"{label}.log"
         self.json_path = out_dir / f"{label}.json"
         self._log = open(self.log_path, "wb")
-        self.started_utc = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+        self.started_utc = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
         self.t0 = time.monotonic()
         try:
             self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT,

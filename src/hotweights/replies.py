@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ManifestError, ProtocolError, WrongEntry
-from .key import CacheKey
+from .key import CacheKey, FieldDiff
 from .manifest import Manifest, PoolSpec
 from .pools.fds import pool_fds_problem
 from .protocol import AttachMismatch, AttachMiss, AttachOk, Error, decode_body, unpack
@@ -38,7 +38,7 @@ class Answer:
     outcome: Outcome
     manifest: Manifest | None = None
     reason: str = ""
-    diffs: tuple[str, ...] = ()
+    diffs: tuple[FieldDiff, ...] = ()
 
 
 class AttachReply:
@@ -82,7 +82,7 @@ class AttachReply:
                 return Answer(Outcome.MISS, reason=f"cache miss for {self.key.model} [{self.key.short}]: "
                                                    f"{reply.reason}")
             if isinstance(reply, AttachMismatch) and not self._nfds:
-                return Answer(Outcome.MISMATCH, diffs=tuple(reply.diffs),
+                return Answer(Outcome.MISMATCH, diffs=tuple(FieldDiff.from_wire(line) for line in reply.diffs),
                               reason=f"cached entry {reply.model} [{reply.key_short}] differs: "
                                      + "; ".join(reply.diffs))
             if not isinstance(reply, AttachOk) or self._nfds != len(reply.manifest.pools):

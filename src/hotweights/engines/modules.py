@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import NamedTuple
 
 import torch
@@ -54,7 +54,7 @@ def module_slots(module: nn.Module, *, all_buffers: bool = True) -> dict[int, li
 
 
 @contextlib.contextmanager
-def meta_parameters() -> Iterator[None]:
+def meta_parameters() -> Generator[None, None, None]:
     """Build modules with parameters on the meta device (no memory, no init) but real buffers.
 
     Buffers such as rotary ``inv_freq`` are computed from the config and are not in a

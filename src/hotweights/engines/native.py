@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
-KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+KV = tuple[torch.Tensor, torch.Tensor]  # one layer's keys and values
+KVCache = list[KV]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +137,7 @@ class Attention(nn.Module):
         self.head_dim, self.groups, self.qk_norm = c.head_dim, c.num_heads // c.num_kv_heads, c.qk_norm
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                past: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+                past: KV | None) -> tuple[torch.Tensor, KV]:
         shape = (*x.shape[:-1], -1, self.head_dim)
         q, k, v = self.q_proj(x).view(shape), self.k_proj(x).view(shape), self.v_proj(x).view(shape)
         if self.qk_norm:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -23,7 +24,7 @@ from ..client import Outcome, connect_for
 from ..config import AttachConfig
 from ..errors import DaemonUnavailable, PoolError, ProtocolError, TrustError, WrongEntry
 from ..evidence import GIB
-from ..key import CacheKey
+from ..key import CacheKey, FieldDiff
 from ..manifest import Manifest, PoolSpec
 from ..pools import ALIGN_BYTES, backend, tensor_views
 from ..wire import close_fds
@@ -37,45 +38,44 @@ class AttachResult:
     reason: str = ""
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     manifest: Manifest | None = None
-    diffs: tuple[str, ...] = ()
+    diffs: tuple[FieldDiff, ...] = ()
     socket_path: str = ""
     mode: str = ""  # zero_copy: the tensors are views of the pools; copy: engine-owned
-    ms: float = 0.0
-    # wall-clock ms per phase of an ok attach, for benchmarks: connect, request (reply +
-    # fds), map (import and map every pool; copy mode also issues the copies), decode
-    # (validate the manifest, while the copies run), views, wait (copy mode: the copies)
-    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return self.outcome is Outcome.OK
 
 
-def attach_tensors(key: CacheKey, config: AttachConfig | None = None, *,
-                   evidence_mode: str | None = None) -> AttachResult:
+def attach_tensors(key: CacheKey, config: AttachConfig | None = None, *, evidence_mode: str | None = None,
+                   clock: Callable[[str], object] | None = None) -> AttachResult:
     """Ask the daemon for ``key`` and map it (zero_copy) or clone it (copy).
 
     connect -> attach -> map the pools (copy mode: start the copies) -> validate the
     reply while the GPU copies -> views. ``evidence_mode`` names the mode in the Mapped
     line when the caller uses the tensors another way (the vLLM plugin streams them
-    into vLLM's loaders: ``stream``).
+    into vLLM's loaders: ``stream``). ``clock(phase)`` is called as each phase of an ok attach
+    ends, for benchmarks: connect, request (reply + fds), map (import and map every pool;
+    copy mode also issues the copies), decode (validate the manifest while the copies
+    run), views, wait (copy mode: the copies).
     """
     config = config or AttachConfig()
-    at = [("start", time.perf_counter())]
+    tick = clock or (lambda _: None)
+    start = time.perf_counter()
     try:
         client = connect_for(config)
     except DaemonUnavailable as exc:
         return AttachResult(Outcome.ABSENT, f"daemon unavailable: {exc}")
     except TrustError as exc:
         return AttachResult(Outcome.ABSENT, f"untrusted daemon: {exc}")
-    at.append(("connect", time.perf_counter()))
+    tick("connect")
     with client:
         socket_path = str(client.socket_path)
         try:
             reply = client.attach(key)
-            at.append(("request", time.perf_counter()))
+            tick("request")
             mapped = _map_pools(reply.pools, reply.take_fds(), copy=config.mode == "copy") if reply.pools else None
-            at.append(("map", time.perf_counter()))
+            tick("map")
             answer = reply.answer()
         except PoolError as exc:
             return AttachResult(Outcome.UNUSABLE, str(exc), socket_path=socket_path)
@@ -86,17 +86,15 @@ def attach_tensors(key: CacheKey, config: AttachConfig | None = None, *,
     if answer.outcome is not Outcome.OK:
         return AttachResult(answer.outcome, answer.reason, diffs=answer.diffs, socket_path=socket_path)
     manifest = answer.manifest
-    at.append(("decode", time.perf_counter()))
+    tick("decode")
     tensors = tensor_views(manifest, mapped.flat)  # built while copies are still running
-    at.append(("views", time.perf_counter()))
+    tick("views")
     mapped.wait()
-    at.append(("wait", time.perf_counter()))
-    ms = (at[-1][1] - at[0][1]) * 1e3
-    phases = {name: round((t - at[i][1]) * 1e3, 3) for i, (name, t) in enumerate(at[1:])}
+    tick("wait")
+    ms = (time.perf_counter() - start) * 1e3
     logger.info(evidence.mapped(len(manifest.tensors), manifest.tensor_nbytes, socket_path,
                                 evidence_mode or config.mode, ms))
-    return AttachResult(Outcome.OK, tensors=tensors, manifest=manifest, socket_path=socket_path, mode=config.mode,
-                        ms=ms, phases=phases)
+    return AttachResult(Outcome.OK, tensors=tensors, manifest=manifest, socket_path=socket_path, mode=config.mode)
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
@@ -24,6 +24,9 @@ from ..errors import CheckpointError
 from ..key import CacheKey, ShardId
 from ..manifest import DTYPE_ITEMSIZE
 from .digest import DigestCache
+
+if TYPE_CHECKING:  # torch-free at run time
+    from ..pools.devices import Device
 
 INDEX_NAME = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100 << 20
@@ -224,11 +227,11 @@ def _bad_tensor(path: Path, name: str, info: Any, data_start: int, file_size: in
                            f"{file_size} bytes; the file is truncated or corrupt")
 
 
-def checkpoint_key(ckpt: Checkpoint, *, dtype: str, device_kind: str = "cpu", device_id: str = "host",
+def checkpoint_key(ckpt: Checkpoint, *, dtype: str, device: Device | None = None,
                    digests: dict[str, str] | None = None, cache: DigestCache | None = None,
                    tp_size: int = 1, tp_rank: int = 0, pp_size: int = 1, pp_rank: int = 0,
                    layout: str = "checkpoint", rehash: bool = False) -> CacheKey:
-    """The key of ``ckpt`` as loaded with ``dtype`` on a device.
+    """The key of ``ckpt`` as loaded with ``dtype`` on ``device`` (the host when None).
 
     Shard content digests come from ``digests`` (name -> digest, fresh from a preload)
     or else from the digest cache by file identity; only a cache miss reads the file,
@@ -245,7 +248,7 @@ def checkpoint_key(ckpt: Checkpoint, *, dtype: str, device_kind: str = "cpu", de
         shards=tuple(shards), arch=ckpt.arch, dtype=ckpt.resolve_dtype(dtype), quantization=quant,
         quantization_digest=quant_digest, revision=str(ckpt.config.get("_commit_hash") or ""), layout=layout,
         tp_size=tp_size, tp_rank=tp_rank, pp_size=pp_size, pp_rank=pp_rank,
-        device_kind=device_kind, device_id=device_id,
+        device_kind=device.kind if device else "cpu", device_id=device.uuid if device else "host",
         model=ckpt.directory.name,
     )
 

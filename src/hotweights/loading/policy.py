@@ -1,9 +1,8 @@
 """The fallback policy, once for every engine: cache first; else disk (logged) or fail.
 
-An engine hands ``attach_first`` an ordered list of ``Candidate`` keys (the vLLM plugin:
-engine layout, then checkpoint layout; transformers: one checkpoint key) and a ``use``
-function that turns an attached entry into what the engine needs. The first candidate
-that attaches and that ``use`` accepts wins. When none does:
+An engine hands ``attach_first`` an ordered list of ``Candidate`` keys and a ``use``
+function that turns an attached entry into what the engine needs; ``diagnosis.diagnose``
+walks them. The first candidate that attaches and that ``use`` accepts wins. When none does:
 
 - ``fallback=True``: log ``Weight cache unusable (<reason>); falling back to disk
   loading`` and return the reason; the engine then reads the checkpoint (with
@@ -28,26 +27,18 @@ from typing import TypeVar
 import torch
 
 from .. import evidence
-from ..client import Outcome, connect_for
+from ..client import Outcome
 from ..config import AttachConfig
-from ..errors import DaemonUnavailable, ManifestError, TrustError, WeightCacheUnusable
+from ..errors import ManifestError, WeightCacheUnusable
 from ..key import CacheKey
-from ..pools.devices import Device, resolve_device
+from ..pools.devices import resolve_device
 from .attach import AttachResult, attach_tensors
-from .checkpoint import Checkpoint, checkpoint_key, open_checkpoint, target_dtype
-from .digest import DigestCache
-from .preload import load_checkpoint
-from .publish import DEFAULT_POOL_BYTES, publish
+from .checkpoint import Checkpoint, checkpoint_key, open_checkpoint
+from .diagnosis import Candidate, diagnose
+from .preload import publish_from_disk, read_disk
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    key: CacheKey
-    label: str = ""  # "engine layout": prefixes its reason when several candidates are tried
-    evidence_mode: str | None = None  # the mode named in the Mapped line, when not the config's
 
 
 def attach_first(candidates: Sequence[Candidate], config: AttachConfig,
@@ -57,42 +48,31 @@ def attach_first(candidates: Sequence[Candidate], config: AttachConfig,
 
     ``skipped``: why candidates the engine cannot use were left out (they lead the reason).
     """
-    reasons: list[str] = list(skipped)
-    advice = ""
-    for cand in candidates:
+    used: list[T] = []
+
+    def ask(cand: Candidate, first: bool) -> AttachResult:
         # a strict config waits for a starting daemon once, not once per candidate
-        result = attach_tensors(cand.key, dataclasses.replace(config, state_timeout_s=0.0) if reasons else config,
+        result = attach_tensors(cand.key, config if first else dataclasses.replace(config, state_timeout_s=0.0),
                                 evidence_mode=cand.evidence_mode)
-        if result.ok:
-            try:
-                value = use(cand, result)
-            except (ManifestError, RuntimeError, ValueError) as exc:
-                entry = f"{cand.label.replace(' ', '-')} entry" if cand.label else "cached entry"
-                result = AttachResult(Outcome.UNUSABLE, f"{entry} does not fit this model: {exc}")
-            else:
-                if reasons:
-                    logger.info("no usable %s entry (%s); using the %s entry", candidates[0].label, reasons[0],
-                                cand.label)
-                return value, ""
-        advice = advice or evidence.advice_for(result.outcome, result.diffs)
-        reasons.append(candidate_reason(cand, result.outcome, result.reason, len(candidates)))
-        if result.outcome is Outcome.ABSENT:
-            break  # no daemon: no other key can do better
-    reason = "; ".join(reasons)
+        if not result.ok:
+            return result
+        try:
+            used.append(use(cand, result))
+        except (ManifestError, RuntimeError, ValueError) as exc:
+            entry = f"{cand.label.replace(' ', '-')} entry" if cand.label else "cached entry"
+            return AttachResult(Outcome.UNUSABLE, f"{entry} does not fit this model: {exc}")
+        return result
+
+    found = diagnose(candidates, ask, skipped=skipped)
+    if found.served is not None:
+        if found.reasons:
+            logger.info("no usable %s entry (%s); using the %s entry", candidates[0].label, found.reasons[0],
+                        found.served.label)
+        return used[-1], ""
     if not config.fallback:
-        raise WeightCacheUnusable(strict_message(reasons, advice), reason=reason)
-    logger.warning(evidence.falling_back(reason))
-    return None, reason
-
-
-def candidate_reason(cand: Candidate, outcome: Outcome, reason: str, tried: int) -> str:
-    """Why one candidate did not serve, labelled when several were tried (no daemon is none's fault)."""
-    return f"{cand.label}: {reason}" if tried > 1 and outcome is not Outcome.ABSENT else reason
-
-
-def strict_message(reasons: Sequence[str], advice: str) -> str:
-    """The strict failure for these candidates' reasons (``Weight cache unusable (...) and fallback is disabled``)."""
-    return evidence.strict_failure("; ".join(reasons), advice or evidence.START_AND_PRELOAD)
+        raise WeightCacheUnusable(found.strict_message(), reason=found.reason)
+    logger.warning(evidence.falling_back(found.reason))
+    return None, found.reason
 
 
 class Source(StrEnum):
@@ -118,8 +98,7 @@ def load_tensors(model: str | os.PathLike[str] | Checkpoint, *, dtype: str = "au
     ckpt = model if isinstance(model, Checkpoint) else open_checkpoint(model, validate=False)
     dtype = ckpt.resolve_dtype(dtype)
     dev = resolve_device(device)
-    key = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid,
-                         rehash=config.rehash and use_cache)
+    key = checkpoint_key(ckpt, dtype=dtype, device=dev, rehash=config.rehash and use_cache)
 
     def done(tensors: dict[str, torch.Tensor], source: Source, reason: str = "") -> LoadedWeights:
         return LoadedWeights(tensors, source, key, time.perf_counter() - start, reason)
@@ -129,43 +108,6 @@ def load_tensors(model: str | os.PathLike[str] | Checkpoint, *, dtype: str = "au
     tensors, reason = attach_first([Candidate(key)], config, lambda _, attached: attached.tensors)
     if tensors is not None:
         return done(tensors, Source.CACHE)
-    if config.publish:
-        published = publish_from_disk(ckpt, dtype, dev, config)
-        if published.ok:
-            return done(published.tensors, Source.DISK_PUBLISH, reason)
-        logger.warning("write-through publish not attachable: reason=%s; using a plain disk load", published.reason)
+    if config.publish and (published := publish_from_disk(ckpt, dtype, dev, config)).ok:
+        return done(published.tensors, Source.DISK_PUBLISH, reason)
     return done(read_disk(ckpt, dtype, dev), Source.DISK, reason)
-
-
-def read_disk(ckpt: Checkpoint, dtype: str, dev: Device) -> dict[str, torch.Tensor]:
-    """Every tensor of ``ckpt`` on ``dev``, cast to ``dtype``: a plain disk load."""
-    from safetensors.torch import load_file
-
-    quantized = ckpt.quantization[0] != "none"
-    target = str(dev.torch_device)
-    out: dict[str, torch.Tensor] = {}
-    for shard in ckpt.shards:
-        for name, t in load_file(shard.path, device=target).items():
-            want = getattr(torch, target_dtype(str(t.dtype).removeprefix("torch."), dtype, quantized))
-            out[name] = t if t.dtype == want else t.to(want)
-    return out
-
-
-def publish_from_disk(ckpt: Checkpoint, dtype: str, dev: Device, config: AttachConfig, *,
-                      evidence_mode: str | None = None) -> AttachResult:
-    """Write-through of a checkpoint: disk -> pools -> publish -> attach our own published pools."""
-    start = time.perf_counter()
-    writer, digests = load_checkpoint(ckpt, dtype=dtype, device=dev.pool_device, pool_bytes=DEFAULT_POOL_BYTES)
-    cache = DigestCache()
-    for shard in ckpt.shards:
-        cache.put(shard.stat, digests[shard.name])
-    key = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid, digests=digests)
-    try:
-        with connect_for(config, start=True) as client:
-            manifest = publish(client, writer, key, load_s=time.perf_counter() - start)
-    except (DaemonUnavailable, TrustError) as exc:
-        writer.close()
-        return AttachResult(Outcome.ABSENT, f"no daemon to publish to: {exc}")
-    logger.info(evidence.published(len(manifest.tensors), manifest.tensor_nbytes, key.model, key.short,
-                                   key.device, time.perf_counter() - start))
-    return attach_tensors(key, config, evidence_mode=evidence_mode)

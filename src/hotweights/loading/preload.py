@@ -1,5 +1,9 @@
 """Preload: read a checkpoint into pools, publish them to the daemon, exit.
 
+One disk -> pools -> digests -> key path (``fill_from_disk``) serves ``hotweights preload``
+and the write-through of an engine that loaded from disk (``publish_from_disk``);
+``read_disk`` is the plain disk load, for engines that do not publish.
+
 The loader is the only process that reads weight bytes. Per shard it walks the file
 through an ``mmap`` in offset order, hashing every byte (xxh3-128, for the cache key)
 and copying each tensor into its pool slot with the dtype cast, so each page is read
@@ -14,15 +18,19 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
+import torch
+
+from .. import evidence
 from ..client import Outcome, connect_for
 from ..config import AttachConfig
-from ..errors import CheckpointError, ProtocolError
+from ..errors import CheckpointError, DaemonUnavailable, ProtocolError, TrustError
 from ..key import CacheKey
-from ..pools.devices import resolve_device
+from ..pools.devices import Device, resolve_device
+from .attach import AttachResult, attach_tensors
 from .checkpoint import Checkpoint, checkpoint_key, open_checkpoint, target_dtype
 from .digest import DigestCache
 from .publish import DEFAULT_POOL_BYTES, PoolWriter, publish
@@ -66,18 +74,14 @@ def preload(model_dir: str | os.PathLike[str], *, dtype: str = "auto", device: s
     with connect_for(AttachConfig(socket_dir=socket_dir), start=True) as client:
         known = {s.name: d for s in ckpt.shards if (d := cache.get(s.stat))}
         if len(known) == len(ckpt.shards):
-            key = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid, digests=known)
+            key = checkpoint_key(ckpt, dtype=dtype, device=dev, digests=known)
             answer = client.lookup(key)
             if answer.outcome is Outcome.OK:
                 logger.info("already cached: key=%s model=%s", key.short, key.model)
                 return PreloadResult(key, len(answer.manifest.tensors), answer.manifest.tensor_nbytes, 0.0, True,
                                      client.socket_path)
         start = time.perf_counter()
-        writer, digests = load_checkpoint(ckpt, dtype=dtype, device=dev.pool_device, pool_bytes=pool_bytes,
-                                          progress=progress)
-        for shard in ckpt.shards:
-            cache.put(shard.stat, digests[shard.name])
-        key = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid, digests=digests)
+        writer, key = fill_from_disk(ckpt, dtype, dev, pool_bytes=pool_bytes, progress=progress, cache=cache)
         seconds = time.perf_counter() - start
         try:
             manifest = publish(client, writer, key, load_s=seconds)
@@ -92,6 +96,53 @@ def preload(model_dir: str | os.PathLike[str], *, dtype: str = "auto", device: s
             return PreloadResult(key, len(answer.manifest.tensors), answer.manifest.tensor_nbytes, seconds, True,
                                  client.socket_path)
         return PreloadResult(key, len(manifest.tensors), manifest.tensor_nbytes, seconds, False, client.socket_path)
+
+
+def fill_from_disk(ckpt: Checkpoint, dtype: str, dev: Device, *, pool_bytes: int = DEFAULT_POOL_BYTES,
+                   progress: Callable[[int, int], None] | None = None,
+                   cache: DigestCache | None = None) -> tuple[PoolWriter, CacheKey]:
+    """Read ``ckpt`` into pools on ``dev`` and remember its digests: the pools and their key."""
+    writer, digests = load_checkpoint(ckpt, dtype=dtype, device=dev.pool_device, pool_bytes=pool_bytes,
+                                      progress=progress)
+    cache = cache or DigestCache()
+    for shard in ckpt.shards:
+        cache.put(shard.stat, digests[shard.name])
+    return writer, checkpoint_key(ckpt, dtype=dtype, device=dev, digests=digests)
+
+
+def publish_from_disk(ckpt: Checkpoint, dtype: str, dev: Device, config: AttachConfig, *,
+                      evidence_mode: str | None = None) -> AttachResult:
+    """Write-through of a checkpoint: disk -> pools -> publish -> attach our own published pools.
+    When that does not attach, says why in one line; the caller then loads from disk."""
+    start = time.perf_counter()
+    writer, key = fill_from_disk(ckpt, dtype, dev)
+    try:
+        with connect_for(config, start=True) as client:
+            manifest = publish(client, writer, key, load_s=time.perf_counter() - start)
+    except (DaemonUnavailable, TrustError) as exc:
+        writer.close()
+        result = AttachResult(Outcome.ABSENT, f"no daemon to publish to: {exc}")
+    else:
+        logger.info(evidence.published(len(manifest.tensors), manifest.tensor_nbytes, key.model, key.short,
+                                       key.device, time.perf_counter() - start))
+        result = attach_tensors(key, config, evidence_mode=evidence_mode)
+    if not result.ok:
+        logger.warning("write-through publish not attachable: reason=%s; loading from disk", result.reason)
+    return result
+
+
+def read_disk(ckpt: Checkpoint, dtype: str, dev: Device) -> dict[str, torch.Tensor]:
+    """Every tensor of ``ckpt`` on ``dev``, cast to ``dtype``: a plain disk load."""
+    from safetensors.torch import load_file
+
+    quantized = ckpt.quantization[0] != "none"
+    target = str(dev.torch_device)
+    out: dict[str, torch.Tensor] = {}
+    for shard in ckpt.shards:
+        for name, t in load_file(shard.path, device=target).items():
+            want = getattr(torch, target_dtype(str(t.dtype).removeprefix("torch."), dtype, quantized))
+            out[name] = t if t.dtype == want else t.to(want)
+    return out
 
 
 def load_checkpoint(ckpt: Checkpoint, *, dtype: str, device: str, pool_bytes: int,
@@ -111,7 +162,7 @@ def load_checkpoint(ckpt: Checkpoint, *, dtype: str, device: str, pool_bytes: in
             size = shard.stat.st_size
             segments = plan_segments(shard.tensors, writer.dest, size)
             digests[shard.name] = staging.fill(shard.path, size, segments,
-                                               lambda n: progress(done + n, total) if progress else None)
+                                               lambda n, base=done: progress(base + n, total) if progress else None)
             done += size
         staging.close()
     except BaseException:

@@ -216,7 +216,7 @@ def publish_tensors(tensors: dict[str, torch.Tensor], key: CacheKey, config: Att
     except HotweightsError as exc:
         if sources:  # not every tensor made it into a pool: nothing to publish
             raise
-        logger.warning("write-through publish refused: %s; the engine keeps its own copy", exc)
+        logger.warning("%s: %s; the engine keeps its own copy", evidence.WT_PUBLISH_REFUSED, exc)
         return Published(views, Manifest(key, writer.pool_specs, writer.specs, dict(aliases or {})), False,
                          time.perf_counter() - start)
     finally:

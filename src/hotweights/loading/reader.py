@@ -18,8 +18,8 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable
 
 import torch
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..key import pool_device
+
 
 @dataclass(frozen=True, slots=True)
 class Device:
@@ -20,7 +22,7 @@ class Device:
 
     @property
     def pool_device(self) -> str:
-        return "cpu" if self.kind == "cpu" else f"cuda:{self.uuid}"
+        return pool_device(self.kind, self.uuid)
 
     @property
     def torch_device(self) -> torch.device:

@@ -134,5 +134,6 @@ def _sse(generator: Generator, prompt_ids: list[int], params: SamplingParams, ri
             first = False
         else:
             choice = {"index": 0, "text": chunk.text, "finish_reason": chunk.finish_reason, "logprobs": None}
-        yield f"data: {json.dumps({'id': rid, 'object': obj, 'created': created, 'model': model_name, 'choices': [choice]})}\n\n"
+        event = {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice]}
+        yield f"data: {json.dumps(event)}\n\n"
     yield "data: [DONE]\n\n"

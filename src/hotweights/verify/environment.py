@@ -20,7 +20,7 @@ def host_record(device: str) -> dict:
             pass
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor())
-    return {"started_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    return {"started_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "host": platform.node(), "cpu": cpu, "cpus": os.cpu_count(), "python": platform.python_version(),
             "versions": versions, "gpu": gpu_description() if device.startswith("cuda") else None}
 

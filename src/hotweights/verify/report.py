@@ -111,8 +111,8 @@ def saved_sentence(receipts: dict) -> str | None:
     if dp and wp:
         rest = w - wp["weights"]
         text += (f"; the weights phase took {dp['weights']:.3f} s from disk and {wp['weights']:.3f} s from the "
-                 f"cache, and the other {rest:.2f} s of the warm start (imports {wp['imports']:.2f} s, CUDA context, model build, warm-up, "
-                 f"listening) are paid by every start, cached or not")
+                 f"cache, and the other {rest:.2f} s of the warm start (imports {wp['imports']:.2f} s, CUDA context, "
+                 f"model build, warm-up, listening) are paid by every start, cached or not")
     floor, device = receipts["env"].get("floor_s"), str(receipts["env"].get("device", ""))
     if floor:
         what = "importing torch and creating a CUDA context" if device.startswith("cuda") else "importing torch"
@@ -162,7 +162,8 @@ def html_report(receipts: dict) -> str:
 <style>body{{font-family:sans-serif;max-width:960px;margin:2em auto}}td{{padding:4px 8px;border-bottom:1px solid #ddd}}
 .pass{{color:#17803d;font-weight:bold}}.fail{{color:#c0392b;font-weight:bold}}pre{{background:#f4f4f4;padding:8px}}</style>
 </head><body><h1>hotweights verify: <span class={verdict.lower()}>{verdict}</span></h1>
-<table>{rows}</table><h2>Time to ready</h2><p>{html.escape(saved_sentence(receipts) or "")}</p>{_phase_bars(receipts["runs"])}
+<table>{rows}</table><h2>Time to ready</h2><p>{html.escape(saved_sentence(receipts) or "")}</p>
+{_phase_bars(receipts["runs"])}
 <h2>Memory at four points</h2>{_bars("GiB", memory, "GiB")}
 <h2>Environment</h2><pre>{html.escape(json.dumps(receipts["env"], indent=2))}</pre></body></html>
 """

@@ -27,7 +27,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import CheckpointError
-from ..evidence import FALLBACK_MARK, MAPPED_RE, READY_MARK, STRICT_MARK, parse_startup, vllm_weights_s
+from ..evidence import (
+    FALLBACK_MARK,
+    MAPPED_RE,
+    READY_MARK,
+    STRICT_MARK,
+    UNUSABLE_MARK,
+    is_evidence,
+    parse_startup,
+    vllm_weights_s,
+)
 from ..observe import Observed, complete, floor_s, require_free_port
 from .environment import host_record
 from .memory import page_cache_resident
@@ -118,12 +127,15 @@ class Procedure:
     def _fmt(self, template: str, **extra: str) -> list[str]:
         values = {"python": sys.executable, "vllm_python": os.environ.get("HOTWEIGHTS_VLLM_PYTHON", sys.executable),
                   "model": self.config.model, "port": str(self.config.port), "dtype": self.dtype,
-                  "device": self.config.device, "tp": str(self.config.tp_size), "socket_dir": str(self.socket_dir), **extra}
+                  "device": self.config.device, "tp": str(self.config.tp_size), "socket_dir": str(self.socket_dir),
+                  **extra}
         return [part.format(**values) for part in shlex.split(template)]
 
     def _engine_env(self) -> dict[str, str]:
         # vLLM's CPU build reserves most of the RAM for its KV cache unless told otherwise
-        return {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")} if self.config.engine == "vllm" else {}
+        if self.config.engine != "vllm":
+            return {}
+        return {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
 
     def _run_cli(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "hotweights", *args], capture_output=True, text=True)
@@ -147,7 +159,7 @@ class Procedure:
             log = obs.log_text()
         phases = (parse_startup(log) or {}).get("phases")
         run = Run(label, receipt.ready, receipt.elapsed_s, answer, str(obs.log_path),
-                  [line for line in log.splitlines() if _is_evidence(line)], None if receipt.ready else
+                  [line for line in log.splitlines() if is_evidence(line)], None if receipt.ready else
                   obs.proc.returncode, phases, page_cache, phases["weights"] if phases else vllm_weights_s(log))
         receipt.extra.update(answer=answer, evidence=run.evidence, phases=run.phases, page_cache=page_cache,
                              weights_s=run.weights_s)
@@ -201,7 +213,8 @@ class Procedure:
         server = "vllm.entrypoints.openai.api_server" if self.config.engine == "vllm" else "hotweights.serve.web"
         subprocess.run([python, "-c", f"import {server}, hotweights.engines.transformers"], capture_output=True)
         (self.out / "environment.json").write_text(json.dumps(self.env, indent=2))
-        self.check("environment recorded", True, f"{key['arch']} {self.dtype} digest {key['key']} on {self.config.device}")
+        self.check("environment recorded", True,
+                   f"{key['arch']} {self.dtype} digest {key['key']} on {self.config.device}")
 
     def disk_baseline(self) -> None:
         run = self.serve("disk", load_format="auto")
@@ -280,13 +293,9 @@ class Procedure:
                 "passed": all(c.passed for c in self.checks)}
 
 
-def _is_evidence(line: str) -> bool:
-    return any(k in line for k in ("Mapped", "weight cache", "Weight cache", "falling back"))
-
-
 def _why(run: Run) -> str:
-    line = next((e for e in run.evidence if "Weight cache unusable" in e), "")
-    reason = line[line.find("Weight cache unusable"):][:300]  # the reason first: it names what differs
+    line = next((e for e in run.evidence if UNUSABLE_MARK in e), "")
+    reason = line[line.find(UNUSABLE_MARK):][:300]  # the reason first: it names what differs
     return f"not ready (exit {run.exit_code}): {reason}" if reason else f"not ready; see {run.log_path}"
 
 

@@ -1,13 +1,23 @@
 """vLLM plugin: ``--load-format hotweights`` for stock ``vllm serve``.
 
-``register`` is the ``vllm.general_plugins`` entry point; vLLM calls it in every process,
-and constructs the loader inside its workers. ``loader`` (imports vLLM, so imported
-lazily here) serves the engine layout and the streamed checkpoint layout; ``options``
-parses the extra config; ``capabilities`` detects what the installed vLLM offers;
-``writes`` keeps vLLM from writing into read-only GPU mappings; ``budget`` counts mapped
-weights against ``--gpu-memory-utilization`` where vLLM does not; ``preflight`` fails
-strict starts early; ``cpu_packing`` shims vLLM's CPU build; ``preload`` is
-``hotweights preload --engine vllm``.
+``register`` is the ``vllm.general_plugins`` entry point. Which process runs each file:
+
+| file | runs in | owns |
+|---|---|---|
+| ``__init__`` | every vLLM process (plugin load) | ``register``: the loader, the patches, the preflight |
+| ``preflight`` | vLLM's front process (plugin load); the hotweights CLI | failing a strict start no entry can serve |
+| ``patches`` | every vLLM process | every touch of vLLM's internals, listed with why and until when |
+| ``loader`` | vLLM worker | ``HotweightsModelLoader``: keys, attach, stream, write-through |
+| ``options`` | vLLM worker | the extra config -> ``(layout, AttachConfig)``; the sleep-mode rule |
+| ``capabilities`` | vLLM worker | what the installed vLLM offers, detected by code |
+| ``writes`` | vLLM worker | no write reaches a read-only mapped pool |
+| ``budget`` | vLLM GPU worker | the GPU budget with weights that live outside the engine |
+| ``launcher`` | hotweights CLI | ``hotweights vllm ARGS``: the command vLLM becomes |
+| ``preload`` | hotweights CLI | ``hotweights preload --engine vllm`` (drives a vLLM process) |
+
+The hooks fire in vLLM's worker life cycle in this order: plugin load (``register``) ->
+``Worker.init_device`` -> ``request_memory`` (``budget``) -> ``Worker.load_model`` (heap
+freeze) -> the loader's ``load_model`` (``loader``; write-through's CPU packing shim).
 """
 
 from __future__ import annotations
@@ -18,19 +28,18 @@ from .options import LOAD_FORMAT
 
 
 def register() -> None:
-    """``vllm.general_plugins`` entry point: register load format ``hotweights``; on a GPU
-    build, budget the mapped weights where vLLM does not (``budget``); fail a strict start
-    that cannot be served now, not after vLLM's start-up (``preflight``)."""
+    """``vllm.general_plugins`` entry point: register load format ``hotweights``, install the
+    patches this build needs, and fail a strict start that cannot be served now, not after
+    vLLM's start-up (``preflight``)."""
     from vllm.model_executor.model_loader import register_model_loader
     from vllm.platforms import current_platform
 
     _log_to_stderr()
-    from . import budget, preflight
+    from . import patches, preflight
     from .loader import HotweightsModelLoader
 
     register_model_loader(LOAD_FORMAT)(HotweightsModelLoader)
-    if current_platform.is_cuda_alike():
-        budget.install()
+    patches.install(gpu=current_platform.is_cuda_alike())
     preflight.check()
 
 
@@ -44,5 +53,3 @@ def _log_to_stderr() -> None:
         root.addHandler(handler)
         root.setLevel(logging.INFO)
         root.propagate = False
-
-

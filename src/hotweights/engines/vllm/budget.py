@@ -7,15 +7,13 @@ engine's own budget is ``requested - external`` and only that must be free; the 
 then gets what a disk start gets (budget minus weights minus activations).
 
 vLLM versions with ``get_external_weight_memory`` do this themselves. For the others,
-``install()`` wraps their ``request_memory`` with the same arithmetic (``engine_budget``)
-and, when a start cannot fit, adds one line saying what the cache holds and what to set.
+``request`` (installed around vLLM's ``request_memory`` by ``patches.install_budget``)
+applies the same arithmetic (``engine_budget``) and, when a start cannot fit, adds one
+line saying what the cache holds and what to set. Runs in vLLM's GPU worker.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
-import inspect
 import logging
 import math
 from dataclasses import dataclass
@@ -58,62 +56,38 @@ def cache_hint(*, total: int, free: int, held: int, unmapped: str, hotweights: b
             f"or `hotweights release`")
 
 
-def install() -> bool:
-    """Wrap vLLM's ``request_memory`` in its GPU worker; True if done (idempotent).
+starting: list[Any] = []  # the vllm_config of the worker whose device is being set up (patches)
 
-    Where vLLM takes no external weights, the wrapper applies ``engine_budget`` with the
-    bytes this worker will map; everywhere, a start that cannot fit while the cache holds
-    memory on the GPU gets one more sentence: what the cache holds and what to set.
+
+def request(original: Any, init_snapshot: Any, cache_config: Any, *args: Any, takes_external: bool,
+            **kwargs: Any) -> int:
+    """vLLM's ``request_memory`` (``original``) with the mapped weights counted as this engine's.
+
+    Where vLLM takes no external weights, applies ``engine_budget`` with the bytes this worker
+    will map; everywhere, a start that cannot fit while the cache holds memory on the GPU gets
+    one more sentence: what the cache holds and what to set.
     """
-    try:
-        worker = importlib.import_module("vllm.v1.worker.gpu_worker")
-    except ImportError:  # a build without the GPU worker (the CPU build): nothing to budget
-        return False
-    original = getattr(worker, "request_memory", None)
-    if original is None or getattr(original, "_hotweights", False):
-        return False
-    takes_external = "external_weight_memory" in inspect.signature(original).parameters
-    init_device = worker.Worker.init_device
-
-    @functools.wraps(init_device)
-    def record_config(self: Any) -> Any:
-        _starting.append(self.vllm_config)
+    view = _cache_view(starting[-1] if starting else None)
+    if view.refusal:  # no entry can serve this strict start: it fails on that, not on the budget
+        raise ValueError(view.refusal)
+    mapped = view.mapped
+    total, free = int(init_snapshot.total_memory), int(init_snapshot.free_memory)
+    hint = (cache_hint(total=total, free=free, held=view.held, unmapped=view.unmapped, hotweights=view.hotweights)
+            if view.held and not mapped else "")
+    if takes_external:
         try:
-            return init_device(self)
-        finally:
-            _starting.pop()
-
-    @functools.wraps(original)
-    def request_memory(init_snapshot: Any, cache_config: Any, *args: Any, **kwargs: Any) -> int:
-        view = _cache_view(_starting[-1] if _starting else None)
-        if view.refusal:  # no entry can serve this strict start: it fails on that, not on the budget
-            raise ValueError(view.refusal)
-        mapped = view.mapped
-        total, free = int(init_snapshot.total_memory), int(init_snapshot.free_memory)
-        hint = (cache_hint(total=total, free=free, held=view.held, unmapped=view.unmapped, hotweights=view.hotweights)
-                if view.held and not mapped else "")
-        if takes_external:
-            try:
-                return original(init_snapshot, cache_config, *args, **kwargs)
-            except ValueError as exc:
-                raise ValueError(f"{exc}{hint}") from None
-        utilization = float(cache_config.gpu_memory_utilization)
-        engine, problem = engine_budget(total=total, free=free, utilization=utilization, external=mapped)
-        if problem:
-            raise ValueError(f"hotweights: cannot start within the GPU budget: {problem}{hint}")
-        if mapped:
-            logger.info("GPU budget: %.2f GiB (--gpu-memory-utilization %s), of which %.2f GiB are the mapped "
-                        "weights, %.2f GiB for the engine's own allocations", math.ceil(total * utilization) / GIB,
-                        utilization, mapped / GIB, engine / GIB)
-        return engine
-
-    request_memory._hotweights = True  # type: ignore[attr-defined]
-    worker.request_memory = request_memory
-    worker.Worker.init_device = record_config
-    return True
-
-
-_starting: list[Any] = []  # the vllm_config of the worker whose device is being set up
+            return int(original(init_snapshot, cache_config, *args, **kwargs))
+        except ValueError as exc:
+            raise ValueError(f"{exc}{hint}") from None
+    utilization = float(cache_config.gpu_memory_utilization)
+    engine, problem = engine_budget(total=total, free=free, utilization=utilization, external=mapped)
+    if problem:
+        raise ValueError(f"hotweights: cannot start within the GPU budget: {problem}{hint}")
+    if mapped:
+        logger.info("GPU budget: %.2f GiB (--gpu-memory-utilization %s), of which %.2f GiB are the mapped "
+                    "weights, %.2f GiB for the engine's own allocations", math.ceil(total * utilization) / GIB,
+                    utilization, mapped / GIB, engine / GIB)
+    return engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,12 +104,10 @@ class CacheView:
 def _cache_view(vllm_config: Any) -> CacheView:
     if vllm_config is None:
         return CacheView()
-    import torch
-
     from ...client import connect_for
     from ...config import AttachConfig
     from ...errors import HotweightsError
-    from ...pools.devices import gpu_uuid
+    from ...pools.devices import resolve_device
     from .options import LOAD_FORMAT
 
     load_config = vllm_config.load_config
@@ -149,8 +121,7 @@ def _cache_view(vllm_config: Any) -> CacheView:
             config = loader.config
             mapped = loader.get_external_weight_memory(vllm_config)
         with connect_for(config) as client:
-            device = f"cuda:{gpu_uuid(torch.cuda.current_device())}"
-            held = int(client.status().bytes_by_device.get(device, 0))
+            held = int(client.status().bytes_by_device.get(resolve_device("cuda").pool_device, 0))
             refusal = ""
             if loader is not None and held and not mapped:
                 try:
@@ -166,20 +137,15 @@ def _cache_view(vllm_config: Any) -> CacheView:
 def _why_unmapped(loader: Any, vllm_config: Any, client: Any) -> tuple[str, str]:
     """``(why a --load-format hotweights start maps nothing of what the cache holds, the strict message
     if it is a strict start that no entry can serve)``."""
-    from ...client import Outcome
-    from ...evidence import advice_for
-    from ...loading.policy import candidate_reason, strict_message
+    from ...loading.diagnosis import diagnose
 
     candidates, skipped = loader.candidates(vllm_config)
-    reasons, advice = list(skipped), ""
-    for cand in candidates:
-        answer = client.lookup(cand.key)
-        if answer.outcome is Outcome.OK:
-            if loader.config.mode != "zero_copy":
-                return f"this start maps none of it (mode={loader.config.mode} copies the {cand.label} entry)", ""
-            return f"this start maps none of it (the {cand.label} entry is streamed into vLLM's loaders, a copy)", ""
-        advice = advice or advice_for(answer.outcome, answer.diffs)
-        reasons.append(candidate_reason(cand, answer.outcome, answer.reason, len(candidates)))
+    found = diagnose(candidates, lambda cand, _: client.lookup(cand.key), skipped=skipped)
+    if found.served is not None:
+        entry = f"the {found.served.label} entry"
+        if loader.config.mode != "zero_copy":
+            return f"this start maps none of it (mode={loader.config.mode} copies {entry})", ""
+        return f"this start maps none of it ({entry} is streamed into vLLM's loaders, a copy)", ""
     if not loader.config.fallback:
-        return "", strict_message(reasons, advice)
-    return f"this start maps none of it ({'; '.join(reasons)}; it will load from disk)", ""
+        return "", found.strict_message()
+    return f"this start maps none of it ({found.reason}; it will load from disk)", ""

@@ -15,8 +15,8 @@ Imports vLLM at the top: ``register()`` imports this module lazily, inside vLLM.
   Evidence: ``(mode=stream)`` plus ``Streamed N cached tensors ...``.
 
 vLLM's CPU build packs unquantized linear weights during post-processing (see
-``cpu_packing``); the engine layout keeps those weights as loaded and attach packs
-them again (a copy in the engine). On the GPU the whole model is mapped.
+``patches.keep_cpu_packed_weights``); the engine layout keeps those weights as loaded and
+attach packs them again (a copy in the engine). On the GPU the whole model is mapped.
 
 The fallback and strict policy is ``loading.policy.attach_first``. A disk load runs
 vLLM's ``DefaultModelLoader`` built from a copy of the ``LoadConfig`` with
@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import gc
 import logging
 import time
 
@@ -37,19 +36,22 @@ import vllm
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
+from ... import evidence
 from ...client import connect_for
 from ...errors import DaemonUnavailable, HotweightsError, ManifestError
 from ...key import CacheKey
 from ...loading.attach import AttachResult, attach_tensors
 from ...loading.checkpoint import Checkpoint, checkpoint_key, open_checkpoint
+from ...loading.diagnosis import Candidate
 from ...loading.digest import DigestCache
-from ...loading.policy import Candidate, attach_first, publish_from_disk
+from ...loading.policy import attach_first
+from ...loading.preload import publish_from_disk
 from ...loading.publish import publish_tensors
 from ...pools.devices import Device, resolve_device
 from ..modules import Slot, attach_module, module_tensors
 from . import capabilities
-from .cpu_packing import keep_cpu_packed_weights
 from .options import sleep_mode_refusal, split_extra_config
+from .patches import keep_cpu_packed_weights
 from .writes import WriteGuard, ZeroCopyWrite, own_buffers, storages
 
 logger = logging.getLogger(__name__)
@@ -80,12 +82,6 @@ class HotweightsModelLoader(BaseModelLoader):
         self.caps = capabilities.detect()
         if (line := capabilities.missing_line(self.caps)) and not _said_once(line):
             logger.info(line)
-        # vLLM's "Model loading took" clock spans three gc.collect() calls (0.26's DeviceMemoryProfiler: one
-        # as loading starts, two as it ends); with vLLM imported each walks ~670k live objects, 0.5 s apiece
-        # on the dev CPU. vLLM freezes its heap after start-up anyway (freeze_gc_heap); freezing what lives
-        # now keeps those walks out of the weight phase. On a GPU the budget shim makes the first loader
-        # while the device is set up, before that clock starts.
-        gc.freeze()
 
     # -- keys ------------------------------------------------------------------------------
 
@@ -97,12 +93,10 @@ class HotweightsModelLoader(BaseModelLoader):
         return _KEYS[memo]
 
     def _compute_keys(self, vllm_config, model_config) -> Keys:
-        from vllm.distributed import (get_pp_group, get_tensor_model_parallel_rank,
-                                      get_tensor_model_parallel_world_size)
+        from vllm.distributed import get_pp_group, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
         device = torch.device(vllm_config.device_config.device)
-        dev = resolve_device("cpu" if device.type != "cuda" else
-                             f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}")
+        dev = resolve_device(str(device) if device.type == "cuda" else "cpu")  # "cuda": the current device
         dtype = str(model_config.dtype).removeprefix("torch.")
         ckpt = open_checkpoint(model_config.model, validate=False)  # headers only: the key needs no more
         layout = f"vllm/{getattr(vllm, '__version__', 'unknown')}"
@@ -115,13 +109,11 @@ class HotweightsModelLoader(BaseModelLoader):
         digests = DigestCache()  # read digests.json once for both keys
         fresh = ({s.name: digests.digest(s.path, s.stat, rehash=True) for s in ckpt.shards}  # once, for both keys
                  if self.config.rehash else None)
-        engine = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid, cache=digests,
-                                digests=fresh,
+        engine = checkpoint_key(ckpt, dtype=dtype, device=dev, cache=digests, digests=fresh,
                                 tp_size=get_tensor_model_parallel_world_size(),
                                 tp_rank=get_tensor_model_parallel_rank(), pp_size=pp.world_size,
                                 pp_rank=pp.rank_in_group, layout=layout)
-        checkpoint = checkpoint_key(ckpt, dtype=dtype, device_kind=dev.kind, device_id=dev.uuid, cache=digests,
-                                    digests=fresh)
+        checkpoint = checkpoint_key(ckpt, dtype=dtype, device=dev, cache=digests, digests=fresh)
         return Keys(ckpt, dev, dtype, engine, checkpoint)
 
     # -- vLLM API --------------------------------------------------------------------------
@@ -191,7 +183,6 @@ class HotweightsModelLoader(BaseModelLoader):
             attached = publish_from_disk(keys.ckpt, keys.dtype, keys.device, self.config, evidence_mode="stream")
             if attached.ok:
                 return self._streamed(vllm_config, model_config, prefix, attached)
-            logger.warning("write-through publish not attachable: reason=%s; loading from disk", attached.reason)
         if not self.config.publish:
             return DefaultModelLoader(self._disk_config).load_model(vllm_config, model_config, prefix)
         with keep_cpu_packed_weights() as kept:
@@ -254,10 +245,10 @@ class HotweightsModelLoader(BaseModelLoader):
         try:
             tensors, aliases, owners = module_tensors(model, substitute=unpacked)
         except ManifestError as exc:
-            logger.warning("write-through skipped: %s", exc)
+            logger.warning("%s: %s", evidence.WT_SKIPPED, exc)
             return
         packed = {name for name, slot in owners.items() if slot.leaf == "weight"
-                  and getattr(slot.owner, "weight").numel() == 0}
+                  and slot.owner.weight.numel() == 0}
         kept.clear()
 
         def repoint(name: str, view: torch.Tensor) -> None:
@@ -273,7 +264,7 @@ class HotweightsModelLoader(BaseModelLoader):
         try:  # publish_tensors consumes the dict: each original goes once its pool is sealed
             publish_tensors(tensors, keys.engine, self.config, device=keys.device, aliases=aliases, repoint=repoint)
         except Exception as exc:  # the engine already works from its disk load
-            logger.warning("write-through publish failed: %s; serving from the disk load", exc)
+            logger.warning("%s: %s; serving from the disk load", evidence.WT_PUBLISH_FAILED, exc)
 
 
 _KEYS: dict[tuple, Keys] = {}  # get_external_weight_memory and load_model share keys

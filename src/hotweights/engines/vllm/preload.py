@@ -85,4 +85,3 @@ def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_di
         obs.stop(grace_s=20)
     rows = [{"num_tensors": int(n), "gib": float(g), "model": m, "key": k, "device": d} for n, g, m, k, d in published]
     return VllmPreloadResult(rows, mapped, time.monotonic() - start, str(obs.log_path))
-

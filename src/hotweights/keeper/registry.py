@@ -17,10 +17,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .key import CacheKey
-from .manifest import Manifest
-from .wire import close_fds
-
+from ..key import CacheKey, FieldDiff
+from ..manifest import Manifest
+from ..wire import close_fds
 
 
 @dataclass
@@ -82,10 +81,10 @@ class Registry:
             entry.num_attaches += 1
             return entry.manifest, dups
 
-    def closest(self, key: CacheKey) -> tuple[Manifest, list[str]] | None:
+    def closest(self, key: CacheKey) -> tuple[Manifest, list[FieldDiff]] | None:
         """The entry with the fewest differing fields, and those fields; None if empty."""
         with self._lock:
-            best: tuple[Manifest, list[str]] | None = None
+            best: tuple[Manifest, list[FieldDiff]] | None = None
             for entry in self._entries.values():
                 diffs = entry.manifest.key.diff(key)
                 if best is None or len(diffs) < len(best[1]):

@@ -1,6 +1,6 @@
 """What the daemon does with one decoded request: the ops over the registry.
 
-``Keeper.handle(msg, fds, peer_pid) -> (reply, out_fds)``. A caller error is a typed
+``Ops.handle(msg, fds, peer_pid) -> (reply, out_fds)``. A caller error is a typed
 ``Error`` reply plus one (rate-limited, cut-short) warning line; every fd that came
 with the request is owned by the registry or closed before ``handle`` returns. Replies
 are bounded: a mismatch lists at most ``MAX_DIFFS`` differing fields.
@@ -16,22 +16,37 @@ import os
 import sys
 import time
 
-from . import __version__, evidence
-from .guard import Warnings
-from .manifest import Manifest
-from .protocol import (
-    PROTOCOL_VERSION, Attach, AttachMismatch, AttachMiss, AttachOk, Error, Hello, HelloOk, Message, Publish,
-    PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk,
+from .. import __version__, evidence
+from ..manifest import Manifest
+from ..pools.fds import pool_fds_problem
+from ..protocol import (
+    PROTOCOL_VERSION,
+    Attach,
+    AttachMismatch,
+    AttachMiss,
+    AttachOk,
+    Error,
+    Hello,
+    HelloOk,
+    Message,
+    Publish,
+    PublishOk,
+    Release,
+    ReleaseOk,
+    Status,
+    StatusOk,
+    Stop,
+    StopOk,
 )
-from .pools.fds import pool_fds_problem
+from ..wire import close_fds
+from .limits import Warnings
 from .registry import Registry
-from .wire import close_fds
 
 logger = logging.getLogger("hotweights.daemon")
 MAX_DIFFS = 32
 
 
-class Keeper:
+class Ops:
     def __init__(self, *, max_bytes: int, warnings: Warnings, on_stop) -> None:
         self.registry = Registry()
         self.max_bytes = max_bytes
@@ -82,9 +97,10 @@ class Keeper:
         manifest, diffs = closest
         logger.info("attach mismatch: key=%s peer_pid=%d closest=%s diffs=%d", msg.key.short, peer_pid,
                     manifest.key.short, len(diffs))
+        lines = [str(d) for d in diffs[:MAX_DIFFS]]
         if len(diffs) > MAX_DIFFS:
-            diffs = diffs[:MAX_DIFFS] + [f"... and {len(diffs) - MAX_DIFFS} more differences"]
-        return AttachMismatch(manifest.key.model, manifest.key.short, diffs), []
+            lines.append(f"... and {len(diffs) - MAX_DIFFS} more differences")
+        return AttachMismatch(manifest.key.model, manifest.key.short, lines), []
 
     def _publish(self, manifest: Manifest, fds: list[int], peer_pid: int) -> Message:
         taken = False

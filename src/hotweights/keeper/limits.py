@@ -13,22 +13,17 @@ saying how many were suppressed.
 
 ``Limits`` holds every bound the daemon applies per connection and per request.
 
-Stdlib + the protocol only (the daemon imports it).
+Stdlib only.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import enum
 import logging
-import resource
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
-
-from .protocol import Message, send_message
 
 FIELD_CHARS = 200
 
@@ -158,90 +153,3 @@ def short(value: object, limit: int = FIELD_CHARS) -> object:
         return value
     text = str(value)
     return text if len(text) <= limit else f"{text[:limit]}...[{len(text) - limit} more chars]"
-
-
-def drain_and_close(conn: socket.socket) -> None:
-    """Close after an error reply without a TCP-style reset: closing with unread input
-    makes the kernel discard our reply (ECONNRESET at the peer), so read what is pending first."""
-    try:
-        conn.shutdown(socket.SHUT_WR)
-        conn.settimeout(0.5)
-        deadline = time.monotonic() + 0.5
-        while time.monotonic() < deadline and conn.recv(65536):
-            pass
-    except OSError:
-        pass
-
-
-class Refuser:
-    """Answers refused connections and closes them after a short linger, on one thread.
-
-    Closing at once would make the kernel drop our answer when the peer's first request
-    is unread (or arrives just after): the peer would see a reset, not the reason. Each
-    refused connection lingers ``linger_s`` at most, reading and discarding; at most
-    ``max_pending`` linger at once (beyond that, a connection is closed at once).
-    """
-
-    def __init__(self, *, linger_s: float = 0.5, max_pending: int = 256) -> None:
-        self.linger_s = linger_s
-        self.max_pending = max_pending
-        self._lock = threading.Lock()
-        self._pending: dict[socket.socket, float] = {}
-        self._wake = threading.Event()
-        threading.Thread(target=self._run, name="refuser", daemon=True).start()
-
-    def refuse(self, conn: socket.socket, msg: Message) -> None:
-        conn.settimeout(0.1)
-        try_send(conn, msg)
-        with contextlib.suppress(OSError):
-            conn.shutdown(socket.SHUT_WR)
-        with self._lock:
-            if len(self._pending) >= self.max_pending:
-                conn.close()
-                return
-            conn.setblocking(False)
-            self._pending[conn] = time.monotonic() + self.linger_s
-        self._wake.set()
-
-    def _run(self) -> None:
-        while True:
-            self._wake.wait(0.05)
-            self._wake.clear()
-            with self._lock:
-                pending = list(self._pending.items())
-            now = time.monotonic()
-            for conn, deadline in pending:
-                done = now >= deadline
-                if not done:
-                    try:
-                        done = not conn.recv(65536)  # the peer closed: nothing left to protect
-                    except BlockingIOError:
-                        pass
-                    except OSError:
-                        done = True
-                if done:
-                    with self._lock:
-                        self._pending.pop(conn, None)
-                    conn.close()
-
-
-def try_send(conn: socket.socket, msg: Message) -> None:
-    try:
-        send_message(conn, msg)
-    except OSError:
-        pass
-
-
-def tune_process() -> None:
-    """Room for fds, and a heap that gives memory back: thread-per-connection under glibc
-    otherwise grows one malloc arena per thread, each keeping its freed memory."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).mallopt(-8, 2)  # M_ARENA_MAX = 2
-
-
-def trim_heap() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).malloc_trim(0)

@@ -1,31 +1,17 @@
-"""The keeper daemon: holds pool fds and manifests, answers requests, owns lifecycle.
+"""The keeper's process: lock, socket, the accept loop and one thread per connection.
 
-Pure Python: no torch, no CUDA context, no GPU memory of its own. One daemon per user
-per socket directory, guaranteed by an ``flock`` on ``daemon.lock`` held for the
-daemon's life; only the lock holder removes a stale ``daemon.sock``. Every connection
-is checked with ``SO_PEERCRED``: another uid is logged and closed. What one peer may
-cost is bounded (``Limits``): connection slots (the oldest silent connection gives way,
-``guard.py``), a deadline for each frame once it has started, frames over
-``small_frame_bytes`` only with fds (publishes) and one of them read at a time, counts
-per message (``key.py``, ``manifest.py``), and rate-limited warning lines. A bad request
-gets a typed ``error`` reply and serving goes on; a frame that cannot be
-re-synchronised also closes its connection. When the fd table is full the daemon sheds
-connections (stalled ones first), logs, and keeps serving: no request ends it.
-
-Lifetime: published fds belong to the registry (``keeper.py``); attach replies carry
-dups that are closed here right after ``sendmsg`` (the kernel holds them in flight).
-
-Not covered: remote clients (same host, same user only) and memory budgets per user
-beyond ``max_bytes``.
+The design header is ``keeper/__init__.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import logging
 import os
+import resource
 import signal
 import socket
 import struct
@@ -33,17 +19,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from . import evidence
-from .errors import DaemonAlreadyRunning, ProtocolError
-from .guard import (
-    Connections, Limits, Phase, Refuser, Warnings, drain_and_close, short, trim_heap, try_send, tune_process,
-)
-from .keeper import Keeper
-from .paths import DaemonPaths, ensure_socket_dir
-from .protocol import Error, Message, StopOk, decode, send_message
-from .wire import close_fds, recv_body, recv_header, wait_for_frame
+from .. import evidence
+from ..errors import DaemonAlreadyRunning, ProtocolError
+from ..paths import DaemonPaths, ensure_socket_dir
+from ..protocol import Error, Message, StopOk, decode, send_message
+from ..wire import close_fds, recv_body, recv_header, wait_for_frame
+from .limits import Connections, Limits, Phase, Warnings, short
+from .linger import Refuser, drain_and_close, try_send
+from .ops import Ops
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("hotweights.daemon")  # the name in the daemon log users read
 
 _UNSYNCABLE = {"frame_too_large", "truncated", "too_many_fds", "slow_frame"}  # the stream is out of step
 
@@ -64,8 +49,8 @@ class Daemon:
         self.config = config
         self.limits = config.limits
         self.warnings = Warnings(logger)
-        self.keeper = Keeper(max_bytes=config.max_bytes, warnings=self.warnings, on_stop=self.stop)
-        self.registry = self.keeper.registry
+        self.ops = Ops(max_bytes=config.max_bytes, warnings=self.warnings, on_stop=self.stop)
+        self.registry = self.ops.registry
         self.connections = Connections(max_connections=self.limits.max_connections,
                                        max_per_pid=self.limits.max_connections_per_pid, stall_s=self.limits.stall_s)
         self._refuser: Refuser | None = None
@@ -230,7 +215,7 @@ class Daemon:
         self.connections.enter(conn, Phase.SERVING)
         out_fds: list[int] = []
         try:
-            reply, out_fds = self.keeper.handle(msg, fds, peer_pid)
+            reply, out_fds = self.ops.handle(msg, fds, peer_pid)
         except Exception as exc:  # a bug in a handler must not take the daemon down
             self.warnings.warn("internal", "request failed: peer_pid=%d op=%s error=%r", peer_pid,
                                type(msg).__name__, exc)
@@ -267,6 +252,7 @@ class Daemon:
             close_fds(fds)
             raise
 
+
 def detach() -> None:
     """Double-fork into the background: the daemon is then no descendant of the caller,
     so an engine that kills its process tree on exit (vLLM does) leaves it running."""
@@ -290,3 +276,18 @@ def run(config: DaemonConfig) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     daemon.serve_forever()
     return 0
+
+
+def tune_process() -> None:
+    """Room for fds, and a heap that gives memory back: thread-per-connection under glibc
+    otherwise grows one malloc arena per thread, each keeping its freed memory."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(-8, 2)  # M_ARENA_MAX = 2
+
+
+def trim_heap() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)

@@ -1,0 +1,167 @@
+"""Every touch of vLLM's internals, in one place.
+
+Each ``install_*`` is idempotent (a flag on what it wrapped) and logs one line when it
+applies: ``vLLM patch applied: <hook>``. Nothing else in hotweights assigns into a vLLM
+module or class. ``install`` (called at plugin load) applies the worker hooks when vLLM
+imports its worker module, not before: the plugin loads in every vLLM process, and the
+API server never imports the worker, so it should not pay for that import either.
+
+- ``install_budget`` wraps ``request_memory`` and ``Worker.init_device`` in
+  ``vllm.v1.worker.gpu_worker`` (GPU builds). Why: vLLM asks for
+  ``--gpu-memory-utilization`` x total and refuses to start when less is free, and weights
+  the daemon holds are not free; the arithmetic is ``budget.request``, the wrap of
+  ``init_device`` only carries the worker's ``vllm_config`` into it. Needed by: 0.26
+  (``request_memory`` takes no external weight memory: the wrap budgets the mapped
+  weights itself); on 0.32 and later the wrap only adds the hint and the strict refusal at
+  device set-up. Can go when every supported vLLM takes external weight memory and no
+  longer needs to be told why a start that maps nothing does not fit.
+- ``keep_cpu_packed_weights`` swaps ``dispatch_cpu_unquantized_gemm`` in
+  ``vllm.model_executor.layers.utils`` while a write-through disk load runs (CPU builds,
+  0.26 and 0.32): CPU post-processing packs unquantized linear weights into oneDNN
+  handles and drops the weight tensors, which write-through must publish. Can go when
+  vLLM keeps the unpacked weight or offers a hook. Restored when the load ends.
+- ``install_heap_freeze`` wraps ``Worker.load_model`` (``vllm.v1.worker.gpu_worker``; the
+  CPU worker inherits it) to ``gc.freeze()`` once before a ``--load-format hotweights``
+  load. Why: vLLM's "Model loading took" clock spans full ``gc.collect()`` calls
+  (``DeviceMemoryProfiler``), each walking every object vLLM's imports created; a mapped
+  model loads in milliseconds, so those walks were most of the weight phase
+  (``benchmarks/vllm_load_window.py``). vLLM freezes its heap itself after start-up
+  (``freeze_gc_heap``); this does it before loading. Needed by 0.26 and 0.32; can go when
+  vLLM freezes before loading.
+
+Not patches, though they run inside vLLM: ``register_model_loader`` (vLLM's own API) and
+``preflight.check``, which exits the process at plugin load for a strict start that no
+entry can serve.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import importlib.abc
+import importlib.machinery
+import inspect
+import logging
+import sys
+from collections.abc import Callable, Generator, Sequence
+from types import ModuleType
+from typing import Any
+
+from .options import LOAD_FORMAT
+
+logger = logging.getLogger(__name__)
+
+
+def _applied(hook: str) -> None:
+    logger.info("vLLM patch applied: %s", hook)
+
+
+WORKER = "vllm.v1.worker.gpu_worker"  # the GPU worker; the CPU worker subclasses its Worker
+
+
+def install(*, gpu: bool) -> None:
+    """The worker hooks this build needs, applied as soon as (or once) vLLM imports its worker."""
+    hooks = [install_budget, install_heap_freeze] if gpu else [install_heap_freeze]
+    if WORKER in sys.modules:
+        for hook in hooks:
+            hook(sys.modules[WORKER])
+    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(WORKER, hooks))
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``hooks(module)`` right after ``name`` is first imported (then leaves ``sys.meta_path``)."""
+
+    def __init__(self, name: str, hooks: Sequence[Callable[[ModuleType], bool]]) -> None:
+        self.name, self.hooks = name, hooks
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module, hooks = spec.loader.exec_module, self.hooks
+
+        def exec_then_patch(module: ModuleType) -> None:
+            exec_module(module)
+            for hook in hooks:
+                hook(module)
+
+        spec.loader.exec_module = exec_then_patch  # type: ignore[method-assign]
+        return spec
+
+
+def install_budget(worker: ModuleType) -> bool:
+    """Wrap the GPU worker's ``request_memory`` with ``budget.request``; True if done now."""
+    original = getattr(worker, "request_memory", None)
+    if original is None or getattr(original, "_hotweights", False):
+        return False
+    from . import budget
+
+    takes_external = "external_weight_memory" in inspect.signature(original).parameters
+    init_device = worker.Worker.init_device
+
+    @functools.wraps(init_device)
+    def record_config(self: Any) -> Any:
+        budget.starting.append(self.vllm_config)
+        try:
+            return init_device(self)
+        finally:
+            budget.starting.pop()
+
+    @functools.wraps(original)
+    def request_memory(init_snapshot: Any, cache_config: Any, *args: Any, **kwargs: Any) -> int:
+        return budget.request(original, init_snapshot, cache_config, *args, takes_external=takes_external,
+                              **kwargs)
+
+    request_memory._hotweights = True  # type: ignore[attr-defined]
+    worker.request_memory = request_memory
+    worker.Worker.init_device = record_config
+    _applied("request_memory budgets mapped weights" + ("" if takes_external else " (external weights counted here)"))
+    return True
+
+
+def install_heap_freeze(worker: ModuleType) -> bool:
+    """Freeze the heap once before a hotweights load; True if installed now."""
+    load_model = getattr(worker.Worker, "load_model", None)
+    if load_model is None or getattr(load_model, "_hotweights", False):
+        return False
+
+    @functools.wraps(load_model)
+    def frozen_then_load(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self.vllm_config.load_config, "load_format", None) == LOAD_FORMAT:
+            gc.freeze()  # what lives now lives for the engine's life: its import and set-up heap
+        return load_model(self, *args, **kwargs)
+
+    frozen_then_load._hotweights = True  # type: ignore[attr-defined]
+    worker.Worker.load_model = frozen_then_load
+    _applied("heap frozen before Worker.load_model")
+    return True
+
+
+@contextlib.contextmanager
+def keep_cpu_packed_weights() -> Generator[dict[int, Any], None, None]:
+    """While active, remember each weight vLLM's CPU GEMM dispatch is about to drop.
+
+    Yields ``id(layer) -> weight`` (the tensor as loaded, before oneDNN/sgl packing).
+    """
+    from vllm.model_executor.layers import utils as layer_utils
+
+    original = layer_utils.dispatch_cpu_unquantized_gemm
+    kept: dict[int, Any] = {}
+
+    def dispatch(layer: Any, remove_weight: bool) -> None:
+        weight = getattr(layer, "weight", None)
+        if remove_weight and weight is not None and not weight.is_meta:
+            kept[id(layer)] = weight.data
+        original(layer, remove_weight)
+
+    layer_utils.dispatch_cpu_unquantized_gemm = dispatch
+    _applied("dispatch_cpu_unquantized_gemm keeps the weights it packs (write-through)")
+    try:
+        yield kept
+    finally:
+        layer_utils.dispatch_cpu_unquantized_gemm = original
