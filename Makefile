@@ -12,13 +12,13 @@ DEMO_DIR ?= demo
 DEMO_SIZE ?= 1g
 DEMO_PORT ?= 8000
 
-.PHONY: demo test test-fast bench-cpu clean
+.PHONY: demo test test-fast lint bench-cpu clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,lint]'
 	touch $@
 
 $(VLLM_VENV)/.installed:
@@ -43,6 +43,12 @@ test: $(VENV)/.installed $(VLLM_VENV)/.installed $(VLLM026_VENV)/.installed
 	$(VLLM026_VENV)/bin/python -m pip install -q --no-deps -e .
 	HOTWEIGHTS_VLLM_PYTHON=$(VLLM_VENV)/bin/python HOTWEIGHTS_VLLM026_PYTHON=$(VLLM026_VENV)/bin/python \
 		$(PY) -m pytest -q
+
+# the quality gate, first in CI: ruff (pycodestyle incl. blank lines, pyflakes, bugbear, pyupgrade) and
+# mypy --strict over the wire and client modules (pyproject.toml says which)
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy
 
 # the inner loop: everything but the real-server suites (verify, serve, vLLM), a few minutes
 test-fast: $(VENV)/.installed

@@ -15,6 +15,7 @@ import pytest
 
 from hotweights.client import connect
 from hotweights.errors import DaemonUnavailable
+from hotweights.observe import free_port
 from hotweights.paths import DaemonPaths
 
 
@@ -133,14 +134,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProc:

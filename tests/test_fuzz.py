@@ -1,6 +1,6 @@
 """The daemon fuzzer, short form: a few thousand hostile frames, then the daemon is unharmed.
 
-The long run (>= 100,000 frames) is `python benchmarks/fuzz_daemon.py --frames 100000 --json`.
+The long run (>= 100,000 frames) is `python tests/fuzz_daemon.py --frames 100000 --json`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-FUZZER = Path(__file__).resolve().parent.parent / "benchmarks" / "fuzz_daemon.py"
+FUZZER = Path(__file__).resolve().parent / "fuzz_daemon.py"
 
 
 def test_a_few_thousand_hostile_frames_leave_the_daemon_unharmed():

@@ -17,17 +17,7 @@ from hotweights.errors import ProtocolError
 from hotweights.key import CacheKey, ShardId
 from hotweights.manifest import Manifest, pack
 from hotweights.protocol import (
-    Attach,
-    AttachMismatch,
-    Error,
-    Hello,
-    Publish,
-    Release,
-    StatusOk,
-    decode,
-    encode,
-    recv_message,
-    send_message,
+    Attach, AttachMismatch, Error, Hello, Publish, Release, StatusOk, decode, encode, recv_message, send_message,
 )
 from hotweights.wire import MAX_FDS_PER_FRAME, MAX_FRAME_BYTES, recv_frame, send_frame
 

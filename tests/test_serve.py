@@ -61,7 +61,8 @@ def warm_server(models, tmp_path_factory):
 
     sock = Path(tempfile.mkdtemp(prefix="hws-", dir="/tmp"))
     d = DaemonProc(sock)
-    run_cli("preload", "--model", str(models["small"]), "--socket-dir", str(sock))
+    preloaded = run_cli("preload", "--model", str(models["small"]), "--socket-dir", str(sock))
+    assert preloaded.returncode == 0, preloaded.stderr
     server = ServerProc(models["small"], tmp_path_factory.mktemp("srv") / "s.log", "--served-model-name", "tiny",
                         "--max-model-len", "64", "--model-loader-extra-config", strict(sock))
     yield server

@@ -20,7 +20,7 @@ import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from .config import AttachConfig
 from .errors import DaemonUnavailable, ProtocolError, TrustError
@@ -28,25 +28,13 @@ from .key import CacheKey
 from .manifest import Manifest
 from .paths import DaemonPaths, check_socket_dir, daemon_paths
 from .protocol import (
-    PROTOCOL_VERSION,
-    Attach,
-    Error,
-    Hello,
-    HelloOk,
-    Message,
-    Publish,
-    PublishOk,
-    Release,
-    ReleaseOk,
-    Status,
-    StatusOk,
-    Stop,
-    StopOk,
-    recv_message,
-    send_message,
+    PROTOCOL_VERSION, Attach, Error, Hello, HelloOk, Message, Publish, PublishOk, Release, ReleaseOk, Status, StatusOk,
+    Stop, StopOk, recv_message, send_message,
 )
 from .replies import Answer, AttachReply, Outcome
 from .wire import close_fds, recv_frame
+
+R = TypeVar("R")  # the reply type a request expects
 
 __all__ = ["Answer", "AttachReply", "Client", "Outcome", "connect", "connect_for", "ensure_daemon", "wait_for_daemon"]
 
@@ -78,7 +66,7 @@ class Client:
             raise ProtocolError(f"daemon refused {type(msg).__name__.lower()}: {reply.message}", code=reply.code)
         return reply, reply_fds
 
-    def _expect(self, msg: Message, cls: type) -> Any:
+    def _expect(self, msg: Message, cls: type[R]) -> R:
         reply, fds = self.request(msg)
         if fds or not isinstance(reply, cls):
             close_fds(fds)

@@ -73,7 +73,7 @@ class TensorSpec:
                 span += (d - 1) * s
             if ok and 0 in shape:
                 span = 0
-        if not ok or span * itemsize > MAX_NBYTES or self.nbytes != span * itemsize:
+        if not ok or itemsize is None or span * itemsize > MAX_NBYTES or self.nbytes != span * itemsize:
             self._explain()
 
     def _explain(self) -> None:

@@ -78,8 +78,8 @@ class StatusOk:
     pid: int
     daemon_version: str
     uptime_s: float
-    entries: list
-    bytes_by_device: dict
+    entries: list[dict[str, Any]]
+    bytes_by_device: dict[str, int]
     torch_imported: bool
 
 
@@ -99,7 +99,7 @@ class AttachMiss:
 class AttachMismatch:
     model: str
     key_short: str
-    diffs: list
+    diffs: list[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +109,7 @@ class PublishOk:
 
 @dataclass(frozen=True, slots=True)
 class ReleaseOk:
-    released: list
+    released: list[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +133,9 @@ MESSAGES: dict[str, type] = {
     "release_ok": ReleaseOk, "stop_ok": StopOk, "error": Error,
 }
 _OPS = {cls: op for op, cls in MESSAGES.items()}
-_HINTS = {cls: typing.get_type_hints(cls) for cls in MESSAGES.values()}
+# field -> the type its wire value must have (``list[str]`` is checked as a list; its items by the reader)
+_HINTS = {cls: {name: typing.get_origin(hint) or hint for name, hint in typing.get_type_hints(cls).items()}
+          for cls in MESSAGES.values()}
 
 
 def encode(msg: Message) -> bytes:
@@ -193,7 +195,7 @@ def decode_body(body: Any) -> Message:
     if extra or missing:
         raise ProtocolError(f"op {op!r}: unexpected fields {extra}, missing fields {missing}", code="bad_message")
     kwargs = {name: _convert(op, name, body[name], hint) for name, hint in hints.items()}
-    return cls(**kwargs)
+    return cls(**kwargs)  # type: ignore[no-any-return]  # cls is one of MESSAGES
 
 
 def _convert(op: str, name: str, value: Any, hint: Any) -> Any:

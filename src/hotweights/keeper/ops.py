@@ -20,23 +20,8 @@ from .. import __version__, evidence
 from ..manifest import Manifest
 from ..pools.fds import pool_fds_problem
 from ..protocol import (
-    PROTOCOL_VERSION,
-    Attach,
-    AttachMismatch,
-    AttachMiss,
-    AttachOk,
-    Error,
-    Hello,
-    HelloOk,
-    Message,
-    Publish,
-    PublishOk,
-    Release,
-    ReleaseOk,
-    Status,
-    StatusOk,
-    Stop,
-    StopOk,
+    PROTOCOL_VERSION, Attach, AttachMismatch, AttachMiss, AttachOk, Error, Hello, HelloOk, Message, Publish, PublishOk,
+    Release, ReleaseOk, Status, StatusOk, Stop, StopOk,
 )
 from ..wire import close_fds
 from .limits import Warnings

@@ -19,18 +19,18 @@ from __future__ import annotations
 import gc
 import importlib
 import importlib.util
-import json
 import logging
 import os
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
 
 from .. import evidence
 from ..config import AttachConfig
 from .generate import Generator
+from .tokenizer import read_json
 
 logger = logging.getLogger(__name__)
 
@@ -78,20 +78,17 @@ def load(config: ServeConfig, overlap=None) -> tuple[Generator, Started]:
     each phase's seconds, measured from process start (``imports`` holds the interpreter too).
 
     ``overlap()`` is called once the weights are in: work it starts on another thread runs
-    beside the warm-up. Started earlier, it shares the GIL with the model phases: the 8B's
-    weights phase took 0.115 s beside it on an H200 (0.036 s alone), and everything was ready
-    later (1.00 s vs 0.88 s); started beside torch's own imports, it made both slower
-    (``benchmarks/startup_gc.py``).
+    beside the warm-up. Started earlier, it shares the GIL with the model phases and makes
+    both the weights phase and the whole start slower (``benchmarks/startup_gc.py``).
     """
     import torch
 
     from ..engines.transformers import load_model
     from .tokenizer import Tokenizer
 
-    # torch's import leaves ~0.5M objects that every full collection of the start-up would walk
-    # again (0.16 s of collections beside the side thread's import on the dev CPU, holding the GIL
-    # it and the model phases share: benchmarks/startup_gc.py); they live as long as the server,
-    # so they leave the collector's generations, as vLLM's freeze_gc_heap does after start-up
+    # torch's import leaves objects that every full collection of the start-up would walk again,
+    # holding the GIL the side thread and the model phases share (benchmarks/startup_gc.py); they
+    # live as long as the server, so they leave the collector's generations (vLLM: freeze_gc_heap)
     gc.freeze()
     t_imports = process_age_s()
     t0 = time.perf_counter()
@@ -111,7 +108,7 @@ def load(config: ServeConfig, overlap=None) -> tuple[Generator, Started]:
     t3 = time.perf_counter()
     if overlap is not None:
         overlap()
-    hf_config = _read_json(os.path.join(config.model, "config.json"))
+    hf_config = read_json(Path(config.model) / "config.json")
     limit = config.max_model_len or int(hf_config.get("max_position_embeddings", 2048))
     generator = Generator(model, tokenizer, max_model_len=limit, eos_ids=eos_ids(config.model, tokenizer))
     # the kernels' first-use costs are paid before /health says ready
@@ -131,18 +128,10 @@ def load(config: ServeConfig, overlap=None) -> tuple[Generator, Started]:
 def eos_ids(model_dir: str, tokenizer) -> set[int]:
     """Where generation stops: generation_config.json's eos ids, else config.json's, else the tokenizer's."""
     for name in ("generation_config.json", "config.json"):
-        eos = _read_json(os.path.join(model_dir, name)).get("eos_token_id")
+        eos = read_json(Path(model_dir) / name).get("eos_token_id")
         if eos is not None:
             return set(eos if isinstance(eos, list) else [eos])
     return {tokenizer.eos_token_id} - {None}
-
-
-def _read_json(path: str) -> dict[str, Any]:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return {}
 
 
 class SideImport:

@@ -20,7 +20,7 @@ from typing import Any
 class Tokenizer:
     def __init__(self, model_dir: str | Path) -> None:
         d = Path(model_dir)
-        self.config: dict[str, Any] = _read_json(d / "tokenizer_config.json")
+        self.config: dict[str, Any] = read_json(d / "tokenizer_config.json")
         self.chat_template = _chat_template(d, self.config)
         self._template = None
         if (d / "tokenizer.json").exists():
@@ -71,7 +71,8 @@ def clean_up_spaces(text: str) -> str:
     return text
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON file of a model directory; {} when it is not there."""
     return json.loads(path.read_text()) if path.exists() else {}
 
 

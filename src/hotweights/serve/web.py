@@ -1,9 +1,8 @@
 """The HTTP side of ``hotweights serve``: Starlette routes of the OpenAI-compatible API.
 
 Imported on a side thread while the model loads (``app.run``). Starlette (the ASGI toolkit
-FastAPI is built on) with the pydantic bodies of ``schema``: 0.39 s of imports on the dev
-CPU where FastAPI's were 0.70 s (torch already imported, 3 runs each), and a start waits for
-them. Bad requests get OpenAI error objects with status 400, never a 500.
+FastAPI is built on) with the pydantic bodies of ``schema``: about half FastAPI's import
+time, and a start waits for it. Bad requests get OpenAI error objects with status 400.
 """
 
 from __future__ import annotations

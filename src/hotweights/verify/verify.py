@@ -27,16 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import CheckpointError
-from ..evidence import (
-    FALLBACK_MARK,
-    MAPPED_RE,
-    READY_MARK,
-    STRICT_MARK,
-    UNUSABLE_MARK,
-    is_evidence,
-    parse_startup,
-    vllm_weights_s,
-)
+from ..evidence import FALLBACK_MARK, MAPPED_RE, READY_MARK, STRICT_MARK, UNUSABLE_MARK, is_evidence
+from ..evidence import parse_startup, vllm_weights_s
 from ..observe import Observed, complete, floor_s, require_free_port
 from .environment import host_record
 from .memory import page_cache_resident
@@ -133,9 +125,8 @@ class Procedure:
 
     def _engine_env(self) -> dict[str, str]:
         # vLLM's CPU build reserves most of the RAM for its KV cache unless told otherwise
-        if self.config.engine != "vllm":
-            return {}
-        return {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+        kv_space = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+        return kv_space if self.config.engine == "vllm" else {}
 
     def _run_cli(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "hotweights", *args], capture_output=True, text=True)
@@ -213,8 +204,8 @@ class Procedure:
         server = "vllm.entrypoints.openai.api_server" if self.config.engine == "vllm" else "hotweights.serve.web"
         subprocess.run([python, "-c", f"import {server}, hotweights.engines.transformers"], capture_output=True)
         (self.out / "environment.json").write_text(json.dumps(self.env, indent=2))
-        self.check("environment recorded", True,
-                   f"{key['arch']} {self.dtype} digest {key['key']} on {self.config.device}")
+        what = f"{key['arch']} {self.dtype} digest {key['key']} on {self.config.device}"
+        self.check("environment recorded", True, what)
 
     def disk_baseline(self) -> None:
         run = self.serve("disk", load_format="auto")

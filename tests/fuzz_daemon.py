@@ -20,7 +20,7 @@ has plateaued (max over the last half of the run minus the value at the half), a
 the reference entry attaches bitwise-equal. Prints one JSON line (``--json``) and exits
 non-zero when any of that fails.
 
-Run: python benchmarks/fuzz_daemon.py --frames 100000 --json
+Run: python tests/fuzz_daemon.py --frames 100000 --json (a tool; tests/test_fuzz.py runs a short form)
 """
 
 from __future__ import annotations
