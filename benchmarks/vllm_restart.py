@@ -40,9 +40,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hotweights.evidence import VLLM_LOADING_RE as LOADING
 from hotweights.observe import Observed, complete, free_port
 from hotweights.verify.memory import evict_page_cache
+from hotweights.verify.vllm_log import VLLM_LOADING_RE as LOADING
 
 INIT = re.compile(r"Initializing model took ([\d.]+) seconds")
 DISK = re.compile(r"Loading weights took ([\d.]+) seconds")

@@ -52,12 +52,3 @@ def test_the_startup_line_round_trips_through_its_parser():
     parsed = evidence.parse_startup(f"noise\nINFO {line}\nmore")
     assert parsed == {"phases": {**phases, "weights": 0.012}, "engine": "native", "source": "cache", "ready_s": 3.1}
     assert evidence.parse_startup("no such line") is None
-
-
-def test_vllms_weight_clock_is_read_in_both_wordings_and_the_slowest_rank_counts():
-    from hotweights.evidence import vllm_weights_s
-
-    log = ("(Worker_TP0 pid=1) INFO [model_runner.py:305] Model loading took 7.63 GiB and 0.244372 seconds\n"
-           "(Worker_TP1 pid=2) INFO [gpu_model_runner.py:5348] Model loading took 7.63 GiB memory and 0.31 seconds\n")
-    assert vllm_weights_s(log) == 0.31
-    assert vllm_weights_s("no such line") is None

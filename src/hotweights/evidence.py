@@ -6,9 +6,9 @@ The patterns below are the only parsers of them (verify, ``preload --engine vllm
 Change a shape only together with its pattern and the README section "Evidence lines".
 
 Besides DESIGN's lines: the embedded server's ``startup:`` line and its parser (read by
-verify, the report and ``benchmarks/serve_restart.py``), and ``vllm_weights_s``, the one
-parser of vLLM's own weight clock (read by verify): each is a line someone greps, so it
-lives beside the others. What to *do* about a strict failure is ``loading.diagnosis``.
+verify, the report and ``benchmarks/serve_restart.py``), and the launcher's standby lines:
+each is a line someone greps, so it lives beside the others. vLLM's own lines are read in
+``verify/vllm_log.py``; what to *do* about a strict failure is ``loading.diagnosis``.
 """
 
 from __future__ import annotations
@@ -55,6 +55,18 @@ def mapped(num_tensors: int, nbytes: int, socket_path: str, mode: str, ms: float
     )
 
 
+STANDBY_USED_RE = re.compile(r"Started vLLM from a warm standby \(pid (\d+), imports saved ([\d.]+) s\)")
+STANDBY_UNUSED_MARK = "No warm standby for this vLLM start"
+
+
+def standby_used(pid: int, imports_s: float) -> str:
+    return f"Started vLLM from a warm standby (pid {pid}, imports saved {imports_s:.1f} s)"
+
+
+def standby_unused(reason: str) -> str:
+    return f"{STANDBY_UNUSED_MARK} ({reason}); starting it plainly"
+
+
 def falling_back(reason: str) -> str:
     return f"Weight cache unusable ({reason}); falling back to disk loading"
 
@@ -90,13 +102,3 @@ def parse_startup(text: str) -> dict | None:
     m = found[-1]
     return {"phases": {k: float(m.group(k)) for k in STARTUP_PHASES}, "engine": m.group("engine"),
             "source": m.group("source"), "ready_s": float(m.group("ready"))}
-
-
-# vLLM's own weight clock (its model runner; 0.26 and 0.32 word it differently), one line per worker
-VLLM_LOADING_RE = re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) s")
-
-
-def vllm_weights_s(text: str) -> float | None:
-    """The slowest worker's ``Model loading took`` seconds in a vLLM log (the start waits for it)."""
-    found = [float(m.group(2)) for m in VLLM_LOADING_RE.finditer(text)]
-    return max(found) if found else None

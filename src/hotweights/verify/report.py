@@ -12,11 +12,12 @@ import html
 import json
 from pathlib import Path
 
-from ..evidence import STARTUP_PHASES
 
 # the weights phase in a strong colour, every other phase in muted ones
 PHASE_COLOURS = {"imports": "#9aa5b1", "cuda_context": "#b8c2cc", "tokenizer": "#cfd6dd", "model_build": "#7b8794",
-                 "weights": "#e8590c", "warmup": "#52606d", "listening": "#dde3e8"}
+                 "weights": "#e8590c", "warmup": "#52606d", "listening": "#dde3e8",  # the embedded server's
+                 "engine_start": "#b8c2cc", "compile": "#7b8794", "cuda_graphs": "#52606d",  # vLLM's (vllm_log)
+                 "engine_rest": "#cfd6dd", "api": "#dde3e8"}
 
 MEMORY_POINTS = [("none", "nothing running"), ("daemon_only", "daemon only"),
                  ("daemon_engine", "daemon + engine"), ("engine_stopped", "engine stopped")]
@@ -104,15 +105,16 @@ def saved_sentence(receipts: dict) -> str | None:
              f"{'read from memory, not the drive' if pc > 0.9 else 'read from the drive'}")
     text = f"Warm start ready in {w:.2f} s, disk start in {d:.2f} s ({state})"
     dp, wp = disk.get("phases"), warm.get("phases")
-    if not (dp and wp) and disk.get("weights_s") is not None and warm.get("weights_s") is not None:
+    if not (dp and wp) and disk.get("weights_s") is not None and warm.get("weights_s") is not None:  # no phases
         text += (f"; vLLM's weight phase (its \"Model loading took\") took {disk['weights_s']:.2f} s from disk and "
                  f"{warm['weights_s']:.2f} s from the cache, and the other {w - warm['weights_s']:.1f} s of the warm "
                  f"start are vLLM's own start-up, paid by every start")
     if dp and wp:
         rest = w - wp["weights"]
+        others = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in wp.items() if k != "weights")
         text += (f"; the weights phase took {dp['weights']:.3f} s from disk and {wp['weights']:.3f} s from the "
-                 f"cache, and the other {rest:.2f} s of the warm start (imports {wp['imports']:.2f} s, CUDA context, "
-                 f"model build, warm-up, listening) are paid by every start, cached or not")
+                 f"cache, and the other {rest:.2f} s of the warm start ({others}) are paid by every start, cached "
+                 f"or not")
     floor, device = receipts["env"].get("floor_s"), str(receipts["env"].get("device", ""))
     if floor:
         what = "importing torch and creating a CUDA context" if device.startswith("cuda") else "importing torch"
@@ -132,7 +134,7 @@ def _phase_bars(runs: dict) -> str:
     for i, (label, r) in enumerate(ready):
         y, x = 28 + i * row, float(left)
         parts.append(f'<text x="0" y="{y + 15}">{html.escape(label)}</text>')
-        for phase in STARTUP_PHASES if r.get("phases") else ():
+        for phase in r.get("phases") or ():
             w = r["phases"].get(phase, 0.0) * scale
             parts.append(f'<rect x="{x:.1f}" y="{y}" width="{max(w, 0.5):.1f}" height="20" '
                          f'fill="{PHASE_COLOURS[phase]}"><title>{phase} {r["phases"].get(phase, 0.0)} s</title></rect>')
@@ -145,7 +147,7 @@ def _phase_bars(runs: dict) -> str:
         parts.append(f'<text x="{x + 6:.1f}" y="{y + 15}">{float(r["elapsed_s"]):.2f} s{weights}</text>')
     y = 28 + len(ready) * row + 8
     x = 0
-    for phase in STARTUP_PHASES:
+    for phase in dict.fromkeys(p for _, r in ready for p in r.get("phases") or ()):
         parts.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{PHASE_COLOURS[phase]}"/>'
                      f'<text x="{x + 16}" y="{y + 11}" font-size="12">{phase}</text>')
         x += 16 + 8 * len(phase) + 10

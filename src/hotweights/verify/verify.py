@@ -10,8 +10,7 @@ The daemon lives in a private socket directory made for the run, so verify never
 touches a production daemon. Engines are command templates (``--engine-cmd``), which
 is how other engines plug in and how the tests plant faults.
 
-Not covered: multi-node runs; TP > 1 on the embedded engine.
-"""
+Not covered: multi-node runs; TP > 1 on the embedded engine."""
 
 from __future__ import annotations
 
@@ -27,11 +26,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import CheckpointError
-from ..evidence import FALLBACK_MARK, MAPPED_RE, READY_MARK, STRICT_MARK, UNUSABLE_MARK, is_evidence
-from ..evidence import parse_startup, vllm_weights_s
+from ..evidence import FALLBACK_MARK, MAPPED_RE, READY_MARK, STRICT_MARK, UNUSABLE_MARK, is_evidence, parse_startup
 from ..observe import Observed, complete, floor_s, require_free_port
 from .environment import host_record
 from .memory import page_cache_resident
+from .vllm_log import phases as vllm_phases
 
 ENGINE_CMDS = {
     "hotweights": "{python} -m hotweights serve {model} --port {port} --dtype {dtype} --device {device} "
@@ -148,10 +147,11 @@ class Procedure:
                 self.memory[measure] = self._memory(engine_pid=obs.proc.pid)
             obs.stop()
             log = obs.log_text()
-        phases = (parse_startup(log) or {}).get("phases")
+        phases = (vllm_phases(log, receipt.started_utc, receipt.elapsed_s) if self.config.engine == "vllm"
+                  else (parse_startup(log) or {}).get("phases"))
         run = Run(label, receipt.ready, receipt.elapsed_s, answer, str(obs.log_path),
                   [line for line in log.splitlines() if is_evidence(line)], None if receipt.ready else
-                  obs.proc.returncode, phases, page_cache, phases["weights"] if phases else vllm_weights_s(log))
+                  obs.proc.returncode, phases, page_cache, phases["weights"] if phases else None)
         receipt.extra.update(answer=answer, evidence=run.evidence, phases=run.phases, page_cache=page_cache,
                              weights_s=run.weights_s)
         obs.write()

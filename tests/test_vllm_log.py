@@ -1,0 +1,46 @@
+"""Where a vLLM start's time went, read from vLLM's own log (``verify/vllm_log.py``).
+
+The log lines are those of a real start (vLLM 0.26.0, H200, 8B, CUDA graphs on, engine layout
+mapped zero-copy), shortened. Run: pytest tests/test_vllm_log.py
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from hotweights.verify.vllm_log import VLLM_PHASES, phases, vllm_weights_s
+
+H200_START = """\
+INFO 11-30 14:55:56 [__init__.py:112] Registered model loader `HotweightsModelLoader` with load format `hotweights`
+(APIServer pid=6011) INFO 11-30 14:55:56 [api_utils.py:273] non-default args: {'port': 34401}
+(EngineCore pid=62) INFO 11-30 14:56:22 [core.py:116] Initializing a V1 LLM engine (v0.26.0) with config: ...
+(EngineCore pid=62) INFO 11-30 14:56:24 [model_runner.py:305] Model loading took 0.0 GiB and 0.678672 seconds
+(EngineCore pid=62) INFO 11-30 14:56:31 [monitor.py:53] torch.compile took 6.75 s in total
+(EngineCore pid=62) Capturing CUDA graphs (PIECEWISE):   0%|          | 0/51 [00:00<?, ?it/s]
+(EngineCore pid=62) INFO 11-30 14:56:39 [model_runner.py:747] Graph capturing finished in 7 secs, took 1.01 GiB
+(EngineCore pid=62) INFO 11-30 14:56:39 [core.py:340] init engine (profile, create kv cache, warmup model) took 15.38 s
+(APIServer pid=6011) INFO 11-30 14:56:40 [api_server.py:677] Starting vLLM server on http://0.0.0.0:34401
+"""
+START = datetime(2026, 11, 30, 14, 55, 30).astimezone().isoformat()  # when the command ran
+
+
+def test_a_start_splits_into_phases_that_add_up_to_its_ready_time():
+    got = phases(H200_START, START, ready_s=71.0)
+    assert list(got) == list(VLLM_PHASES)
+    assert got == {"imports": 26.0, "engine_start": 26.0, "weights": 0.68, "compile": 6.75, "cuda_graphs": 7.0,
+                   "engine_rest": 2.57, "api": 2.0}
+    assert abs(sum(got.values()) - 71.0) < 0.01
+
+
+def test_an_eager_start_has_no_compile_and_no_graphs_and_no_vllm_line_is_no_phases():
+    eager = "\n".join(line for line in H200_START.splitlines() if "compile" not in line and "Graph" not in line)
+    got = phases(eager, START, ready_s=71.0)
+    assert got["compile"] == 0.0 and got["cuda_graphs"] == 0.0 and got["engine_rest"] == 16.32
+    assert phases("Traceback (most recent call last):", START, ready_s=1.0) is None
+
+
+def test_vllms_weight_clock_is_read_in_both_wordings_and_the_slowest_rank_counts():
+    log = ("(Worker_TP0 pid=1) INFO [model_runner.py:305] Model loading took 7.63 GiB and 0.244372 seconds\n"
+           "(Worker_TP1 pid=2) INFO [gpu_model_runner.py:5348] Model loading took 7.63 GiB memory and 0.31 seconds\n")
+    assert vllm_weights_s(log) == 0.31
+    assert vllm_weights_s("no such line") is None
