@@ -131,7 +131,7 @@ def _preload_vllm(args: argparse.Namespace) -> int:
              f"[{r['key']}] on {r['device']} (layout vllm)" for r in result.published]
     lines += [f"Already cached (engine layout), {result.already_cached} rank(s)"] if result.already_cached else []
     _emit(args, {"engine": "vllm", "published": result.published, "already_cached": result.already_cached,
-                 "seconds": result.seconds, "log": result.log},
+                 "seconds": result.seconds, "log": result.log, "started_up": result.started_up},
           "\n".join(lines + [f"vLLM run: {result.seconds:.1f} s, log {result.log}"]))
     return 0
 
@@ -258,19 +258,31 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_vllm(args: argparse.Namespace) -> int:
-    import os
-
     from .engines.vllm import launcher, preflight
 
     preflight.check(args.vllm_args)  # a strict start the daemon cannot serve exits 1 here, with the strict message
-    cmd = launcher.launch_command(args.vllm_args)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(cmd[0], cmd)
+    return launcher.run(args.vllm_args)
+
+
+def cmd_standby(args: argparse.Namespace) -> int:
+    from .engines.vllm import handoff
+    from .paths import resolve_socket_dir
+
+    directory = resolve_socket_dir(args.socket_dir)
+    if args.stop:
+        pid = handoff.stop(directory)
+        _emit(args, {"stopped": pid}, f"stopped the standby (pid {pid})" if pid else "no standby to stop")
+        return 0
+    state = handoff.status(directory)
+    text = (f"standby pid {state['pid']} ready (vLLM imported in {state['imports_s']} s); "
+            + ("fits this environment" if state["fits"] else f"stale: {', '.join(state['differs'])} differ")
+            if state["ready"] else f"no standby ready at {state['socket']} ({state.get('reason', '')})")
+    _emit(args, state, text)
+    return 0 if state["ready"] else 1
 
 
 COMMANDS = {
     "daemon": cmd_daemon, "preload": cmd_preload, "status": cmd_status, "release": cmd_release,
     "stop": cmd_stop, "demo-model": cmd_demo_model, "inspect": cmd_inspect, "generate": cmd_generate,
-    "serve": cmd_serve, "observe": cmd_observe, "verify": cmd_verify, "vllm": cmd_vllm,
+    "serve": cmd_serve, "observe": cmd_observe, "verify": cmd_verify, "vllm": cmd_vllm, "standby": cmd_standby,
 }

@@ -158,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
                                "message, in well under a second: vLLM's own plugin check runs only after vLLM's "
                                "import.")
 
+    p = sub.add_parser("standby", help="the warm vLLM standby of this interpreter: is it ready, does it fit",
+                       description="hotweights vllm serve starts from a warm standby (vLLM imported) when one fits, "
+                                   "and prepares one for the next start; HOTWEIGHTS_VLLM_STANDBY=off turns that off")
+    _socket_dir(p)
+    p.add_argument("--stop", action="store_true", help="retire it (also one still importing vLLM)")
+    p.add_argument("--json", action="store_true")
+
     p = sub.add_parser("generate", help="load a model (cache or disk) with transformers and complete a prompt")
     _model(p)
     p.add_argument("--prompt", default="The weight cache says")

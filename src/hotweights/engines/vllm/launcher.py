@@ -1,14 +1,73 @@
-"""``hotweights vllm ARGS...``: the vLLM command line this interpreter can run.
+"""``hotweights vllm ARGS...``: the vLLM this interpreter can run, from a warm standby where one fits.
 
 Runs in the hotweights CLI process, before vLLM is imported: the strict check
-(``preflight.check``) comes first, then the process becomes vLLM (``launch_command``).
+(``preflight.check``) comes first. For ``serve``, ``run`` then hands the start to the warm
+standby of this interpreter (``handoff.hand_over``; the standby has vLLM imported already), stays
+in the foreground relaying SIGINT, SIGTERM and SIGHUP, and exits with the server's code, as
+``vllm serve`` would; when no standby fits, it says why in one line and becomes vLLM (exec). Either
+way it prepares a standby for the next start. ``HOTWEIGHTS_VLLM_STANDBY=off`` turns both off.
+
+The engine core: vLLM's CLI sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` unless it is set, so its
+EngineCore (and each TP worker) starts as a fresh interpreter that imports vLLM again. The launcher
+sets ``fork`` unless the user chose: fork is vLLM's own default as a library, vLLM switches to
+spawn by itself when the parent has initialized CUDA (``_maybe_force_spawn``), the API server
+never does, and vLLM's CPU platform spawns regardless.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
+import logging
+import os
 import sys
+from pathlib import Path
+
+from ... import evidence
+from ...paths import resolve_socket_dir
+from . import handoff
+
+logger = logging.getLogger(__name__)
+
+
+def run(argv: list[str]) -> int:
+    """Start vLLM with ``argv`` (``serve MODEL ...``): from the standby, else by exec; the exit code."""
+    cmd = launch_command(argv)
+    environ = dict(os.environ)
+    env = {**environ, "VLLM_WORKER_MULTIPROC_METHOD": environ.get("VLLM_WORKER_MULTIPROC_METHOD", "fork")}
+    standby = argv[:1] == ["serve"] and environ.get(handoff.DISABLE_ENV, "").lower() not in ("off", "0", "false")
+    if standby:
+        directory = socket_dir(argv)
+        try:
+            server = handoff.hand_over(directory, cmd[2], cmd[3:], env)
+        except handoff.StandbyUnusable as exc:
+            logger.info(evidence.standby_unused(str(exc)))
+        else:
+            logger.info(evidence.standby_used(server.pid, server.imports_s))
+            handoff.prepare(directory, environ)
+            return server.wait()
+        handoff.prepare(directory, environ)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(cmd[0], cmd, env)
+    return 1  # not reached
+
+
+def socket_dir(argv: list[str]) -> Path:
+    """The daemon's socket directory this start uses (its extra config's ``socket_dir``, else the default):
+    the standby lives there, under the same trust rules."""
+    for i, arg in enumerate(argv):
+        value = arg.split("=", 1)[1] if arg.startswith("--model-loader-extra-config=") else (
+            argv[i + 1] if arg == "--model-loader-extra-config" and i + 1 < len(argv) else None)
+        if value is not None:
+            try:
+                extra = json.loads(value)
+            except json.JSONDecodeError:
+                break  # vLLM reports it
+            if isinstance(extra, dict) and isinstance(extra.get("socket_dir"), str):
+                return resolve_socket_dir(extra["socket_dir"])
+    return resolve_socket_dir(None)
 
 
 def launch_command(argv: list[str]) -> list[str]:

@@ -3,9 +3,11 @@
 Runs stock vLLM (``python -m vllm.entrypoints.openai.api_server``) with
 ``--load-format hotweights`` and ``{"publish": true, "layout": "engine"}``: every worker
 (one per TP rank) loads the checkpoint with vLLM's ``DefaultModelLoader``, post-processes
-it, publishes its tensors, and is stopped as soon as every rank has published (or found
-its entry already cached). The daemon is started detached beforehand, because vLLM kills
-its whole process tree on exit.
+it and publishes its tensors. Once every rank has published (or found its entry cached),
+vLLM is left to finish its start-up, so that what it compiles lands in its compile cache
+(the cache's key does not hold the load format: the next ``--load-format hotweights`` start
+with the same flags loads it instead of compiling), then it is stopped. The daemon is started
+detached beforehand, because vLLM kills its whole process tree on exit.
 
 Which Python runs vLLM: ``--vllm-python``, else ``$HOTWEIGHTS_VLLM_PYTHON``, else this one.
 The worker's log is kept (``--log``) and its tail shown on failure.
@@ -35,6 +37,7 @@ class VllmPreloadResult:
     already_cached: int  # ranks that found their entry
     seconds: float
     log: str
+    started_up: bool  # vLLM finished its start-up (and saved its compile cache) before it was stopped
 
 
 def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_dir: str | None = None,
@@ -81,7 +84,8 @@ def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_di
                 print(f"preload --engine vllm: vLLM is starting and loading the model ({said * 10} s; "
                       f"log {obs.log_path})", file=sys.stderr, flush=True)
             time.sleep(0.5)
+        started_up = obs.wait_ready(timeout_s=timeout_s).ready  # the compile cache is written on the way
     finally:
         obs.stop(grace_s=20)
     rows = [{"num_tensors": int(n), "gib": float(g), "model": m, "key": k, "device": d} for n, g, m, k, d in published]
-    return VllmPreloadResult(rows, mapped, time.monotonic() - start, str(obs.log_path))
+    return VllmPreloadResult(rows, mapped, time.monotonic() - start, str(obs.log_path), started_up)

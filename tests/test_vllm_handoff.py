@@ -1,0 +1,140 @@
+"""The warm standby's hand-off (``handoff.py`` <-> ``standby.py``), without vLLM: a real standby process
+of this interpreter (its vLLM imports are simply missing here) runs a probe module instead of vLLM's
+server. Properties: the server gets the launcher's argv, environment, working directory and stdio; its
+exit code is the launcher's; signals reach it; a killed launcher takes it down; a standby made under
+another environment is refused and retired; no standby, or an untrusted directory, is a plain start.
+vLLM itself from a standby: tests/test_vllm_standby.py.
+
+Run: pytest tests/test_vllm_handoff.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hotweights.engines.vllm import handoff
+from hotweights.engines.vllm.launcher import socket_dir
+
+PROBE = '''
+import os, signal, sys, time
+print("argv", sys.argv[1:], "cwd", os.getcwd(), "knob", os.environ.get("PROBE_KNOB"), flush=True)
+def stopped(signum, frame):
+    open("stopped", "w").write(str(signum))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stopped)
+if "--wait" in sys.argv:
+    print("waiting", flush=True)
+    time.sleep(120)
+sys.exit(7)
+'''
+
+LAUNCH = '''
+import os, sys
+from pathlib import Path
+from hotweights.engines.vllm.handoff import hand_over, StandbyUnusable
+try:
+    server = hand_over(Path(sys.argv[1]), "probe_server", sys.argv[2:], dict(os.environ, PROBE_KNOB="on"))
+except StandbyUnusable as exc:
+    print("unusable:", exc, flush=True)
+    sys.exit(2)
+print("started", server.pid, flush=True)
+sys.exit(server.wait())
+'''
+
+
+@pytest.fixture
+def work(tmp_path):
+    (tmp_path / "probe_server.py").write_text(PROBE)
+    return tmp_path
+
+
+def start_standby(socket_dir: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "hotweights.engines.vllm.standby", "--socket-dir", str(socket_dir)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    deadline = time.monotonic() + 120
+    while not handoff.status(socket_dir).get("ready"):
+        assert proc.poll() is None and time.monotonic() < deadline, "the standby did not become ready"
+        time.sleep(0.2)
+    return proc
+
+
+def launch(socket_dir: Path, work: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", LAUNCH, str(socket_dir), *args], cwd=work, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_no_standby_and_an_untrusted_directory_are_plain_starts(socket_dir, tmp_path):
+    with pytest.raises(handoff.StandbyUnusable, match="no standby ready"):
+        handoff.hand_over(socket_dir, "probe_server", [], {})
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o770)
+    os.chmod(shared, 0o770)
+    with pytest.raises(handoff.StandbyUnusable, match="untrusted socket dir"):
+        handoff.hand_over(shared, "probe_server", [], {})
+
+
+def test_the_fingerprint_names_what_changed():
+    base = handoff.fingerprint({"VLLM_X": "1", "PATH": "/bin", handoff.DISABLE_ENV: "off"})
+    assert "env PATH" not in base and f"env {handoff.DISABLE_ENV}" not in base and base["env VLLM_X"] == "1"
+    assert {"python", "package vllm", "package torch", "package hotweights"} <= set(base)
+    changed = handoff.fingerprint({"VLLM_X": "2", "CUDA_VISIBLE_DEVICES": "1"})
+    assert handoff.differences(base, changed) == ["env CUDA_VISIBLE_DEVICES", "env VLLM_X"]
+
+
+def test_the_standby_lives_in_the_socket_dir_the_start_names(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOTWEIGHTS_SOCKET_DIR", str(tmp_path / "env"))
+    extra = json.dumps({"socket_dir": str(tmp_path / "mine"), "fallback": False})
+    assert socket_dir(["serve", "/m", "--model-loader-extra-config", extra]) == tmp_path / "mine"
+    assert socket_dir(["serve", "/m", f"--model-loader-extra-config={extra}"]) == tmp_path / "mine"
+    assert socket_dir(["serve", "/m", "--load-format", "auto"]) == tmp_path / "env"
+    assert handoff.standby_paths(tmp_path, "/usr/bin/python3").socket != handoff.standby_paths(tmp_path).socket
+
+
+@pytest.mark.slow
+def test_the_server_gets_the_start_and_the_launcher_its_exit_code(socket_dir, work):
+    standby = start_standby(socket_dir)
+    launcher = launch(socket_dir, work, "--flag", "x")
+    out, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 7, (out, err)
+    assert out.splitlines()[0].startswith("started ")
+    assert f"argv ['--flag', 'x'] cwd {work} knob on" in out
+    assert standby.wait(30) == 0  # one start per standby: it supervised this one, then left
+    assert not handoff.standby_paths(socket_dir).socket.exists()
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_reaches_the_server_and_a_killed_launcher_takes_it_down(socket_dir, work):
+    start_standby(socket_dir)
+    launcher = launch(socket_dir, work, "--wait")
+    assert launcher.stdout.readline().startswith("started ") and "waiting" in launcher.stdout.readline() + \
+        launcher.stdout.readline()
+    launcher.send_signal(signal.SIGTERM)
+    assert launcher.wait(30) == 0 and (work / "stopped").read_text() == str(int(signal.SIGTERM))
+    (work / "stopped").unlink()
+    start_standby(socket_dir)
+    launcher = launch(socket_dir, work, "--wait")
+    assert launcher.stdout.readline().startswith("started ")
+    assert "waiting" in launcher.stdout.readline() + launcher.stdout.readline()  # its SIGTERM handler is set
+    launcher.kill()
+    launcher.wait(10)
+    deadline = time.monotonic() + 30
+    while not (work / "stopped").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (work / "stopped").exists(), "the server outlived its killed launcher"
+
+
+@pytest.mark.slow
+def test_a_standby_made_under_another_environment_is_refused_and_retired(socket_dir, work):
+    standby = start_standby(socket_dir, {"VLLM_PROBE_KNOB": "1"})
+    launcher = launch(socket_dir, work)
+    out, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == 2 and "unusable: stale standby (env VLLM_PROBE_KNOB differs)" in out
+    assert standby.wait(30) == 0

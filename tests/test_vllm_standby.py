@@ -1,0 +1,136 @@
+"""``hotweights vllm serve`` from a warm standby, against real vLLM (CPU build 0.32).
+
+Properties: a standby start answers like a plain start; SIGINT to the launcher stops the server and
+frees its port; a killed launcher leaves no server behind; a killed standby costs a plain start; a
+standby made under another environment is not used. Timings are a benchmark's job
+(``benchmarks/vllm_restart.py --launcher``), not this test's.
+
+Run: HOTWEIGHTS_VLLM_PYTHON=~/.cache/hotweights/vllm-venv/bin/python pytest tests/test_vllm_standby.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+
+from hotweights import evidence
+from hotweights.observe import Observed
+
+VLLM_PYTHON = os.environ.get("HOTWEIGHTS_VLLM_PYTHON")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not VLLM_PYTHON, reason="set HOTWEIGHTS_VLLM_PYTHON (make test does)")]
+
+
+def environ(sock: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    return {"VLLM_CPU_KVCACHE_SPACE": "1", "HOTWEIGHTS_SOCKET_DIR": str(sock), **(env or {})}
+
+
+def launch(label: str, model: Path, out: Path, sock: Path, env: dict[str, str] | None = None) -> tuple[Observed, int]:
+    port = free_port()
+    cmd = [VLLM_PYTHON, "-m", "hotweights", "vllm", "serve", str(model), "--port", str(port), "--enforce-eager",
+           "--dtype", "bfloat16", "--max-model-len", "256"]
+    return Observed(label, cmd, out_dir=out, health_url=f"http://127.0.0.1:{port}/health",
+                    env=environ(sock, env)), port
+
+
+def answer(port: int, model: Path) -> str:
+    body = {"model": str(model), "prompt": "The weight cache", "max_tokens": 16, "temperature": 0}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())["choices"][0]["text"]
+
+
+def standby(sock: Path, *args: str, env: dict[str, str] | None = None) -> dict:
+    r = subprocess.run([VLLM_PYTHON, "-m", "hotweights", "standby", "--socket-dir", str(sock), "--json", *args],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, **environ(sock, env)})
+    return json.loads(r.stdout)
+
+
+def wait_for_standby(sock: Path, env: dict[str, str] | None = None, timeout_s: float = 240) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = standby(sock, env=env)
+        if state["ready"]:
+            return state
+        time.sleep(1)
+    raise AssertionError(f"no standby became ready: {state}; log: {Path(state['log']).read_text()[-3000:]}")
+
+
+def port_is_free(port: int, timeout_s: float = 60) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) != 0:
+                return True
+        time.sleep(0.5)
+    return False
+
+
+@pytest.fixture
+def vllm_model(tmp_path_factory):
+    from hotweights.demo_model import write_demo_model
+
+    return write_demo_model(tmp_path_factory.mktemp("standby") / "small", "small")
+
+
+@pytest.mark.timeout(1500)  # four vLLM starts, three standbys importing vLLM
+def test_a_standby_start_serves_like_a_plain_one_and_stops_with_its_launcher(vllm_model, socket_dir, tmp_path):
+    try:
+        # 1. nothing prepared: a plain start, which prepares a standby for the next one
+        plain, port = launch("plain", vllm_model, tmp_path, socket_dir)
+        assert plain.wait_ready(timeout_s=300, interval_s=0.5).ready, plain.log_text()[-3000:]
+        expected = answer(port, vllm_model)
+        plain.stop(grace_s=20)
+        assert f"{evidence.STANDBY_UNUSED_MARK} (no standby ready" in plain.log_text()
+        ready = wait_for_standby(socket_dir)
+        assert ready["fits"] and ready["cuda_initialized"] is False and ready["threads"] == 1
+
+        # 2. from the standby: the same answer; Ctrl-C to the launcher stops the server and frees the port
+        warm, port = launch("warm", vllm_model, tmp_path, socket_dir)
+        assert warm.wait_ready(timeout_s=300, interval_s=0.5).ready, warm.log_text()[-3000:]
+        assert evidence.STANDBY_USED_RE.search(warm.log_text()), warm.log_text()[-3000:]
+        assert answer(port, vllm_model) == expected
+        warm.proc.send_signal(signal.SIGINT)  # the launcher alone, as its terminal's Ctrl-C would reach it
+        assert warm.proc.wait(60) in (0, 130, -signal.SIGINT), warm.log_text()[-3000:]
+        assert port_is_free(port), "the server outlived its launcher's Ctrl-C"
+
+        # 3. a killed launcher: its supervisor stops the server
+        wait_for_standby(socket_dir)
+        orphan, port = launch("orphan", vllm_model, tmp_path, socket_dir)
+        assert orphan.wait_ready(timeout_s=300, interval_s=0.5).ready, orphan.log_text()[-3000:]
+        assert evidence.STANDBY_USED_RE.search(orphan.log_text())
+        orphan.proc.kill()
+        orphan.proc.wait(10)
+        assert port_is_free(port), "a server outlived its killed launcher"
+
+        # 4. a killed standby costs a plain start, nothing more
+        pid = wait_for_standby(socket_dir)["pid"]
+        os.kill(pid, signal.SIGKILL)
+        after, port = launch("after-kill", vllm_model, tmp_path, socket_dir)
+        assert after.wait_ready(timeout_s=300, interval_s=0.5).ready, after.log_text()[-3000:]
+        assert answer(port, vllm_model) == expected
+        after.stop(grace_s=20)
+        assert f"{evidence.STANDBY_UNUSED_MARK} (no standby ready" in after.log_text()
+
+        # 5. a standby made under another environment is not used (and is retired)
+        wait_for_standby(socket_dir)
+        stale, _ = launch("stale", vllm_model, tmp_path, socket_dir, env={"VLLM_HOTWEIGHTS_TEST_KNOB": "1"})
+        deadline = time.monotonic() + 60
+        while evidence.STANDBY_UNUSED_MARK not in stale.log_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        stale.stop(grace_s=20)
+        assert (f"{evidence.STANDBY_UNUSED_MARK} (stale standby (env VLLM_HOTWEIGHTS_TEST_KNOB differs)"
+                in stale.log_text()), stale.log_text()[-3000:]
+    finally:
+        for env in ({}, {"VLLM_HOTWEIGHTS_TEST_KNOB": "1"}):
+            standby(socket_dir, "--stop", env=env)
