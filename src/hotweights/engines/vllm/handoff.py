@@ -12,15 +12,15 @@ and the same environment variables that change what vLLM imports or how (``ENV_P
 Otherwise, or when none answers in time, the start is a plain one and says why in one line.
 A standby that crashed, hung or was killed costs at most that plain start.
 
-Wire: frames of ``wire`` carrying msgpack maps. launcher -> ``hello``; standby -> ``ready``
-(pid, fingerprint, imports_s, cuda_initialized, Python and native threads); launcher -> ``start`` (module, args,
-env, cwd) with fds 0, 1, 2; standby -> ``started`` (the server's pid, which leads its own
-process group); standby -> ``exited`` (code) when the server ends. ``stop`` retires a standby.
+Wire: ``wire`` frames of msgpack maps. launcher -> ``hello``; standby -> ``ready`` (pid, fingerprint,
+imports_s, cuda_initialized, threads); launcher -> ``start`` (module, args, env, cwd) with fds 0, 1, 2;
+standby -> ``started`` (the server's pid, leader of its own process group), later ``exited`` (code).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -155,11 +155,9 @@ class Server:
 
 
 def _is_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError:
-        return False
-    return True
+    with contextlib.suppress(OSError):
+        return os.fstat(fd) is not None
+    return False
 
 
 def _alive(pid: int) -> bool:
@@ -224,8 +222,6 @@ def hand_over(directory: Path, module: str, args: list[str], env: dict[str, str]
 def prepare(directory: Path, environ: dict[str, str]) -> bool:
     """Start a standby for the next start, detached (vLLM ends its own process tree on exit), unless one
     holds the lock already. True if one was started."""
-    import fcntl
-
     paths = standby_paths(directory)
     try:
         fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -258,11 +254,9 @@ def prepare(directory: Path, environ: dict[str, str]) -> bool:
     return True
 
 
-def stop(directory: Path, *, timeout_s: float = 2.0) -> int | None:
+def stop(directory: Path) -> int | None:
     """Retire the standby of this interpreter, also one still importing (SIGTERM to the lock holder's pid,
     which it writes into the lock file); its pid, or None if there is none."""
-    import fcntl
-
     paths = standby_paths(directory)
     try:
         check_socket_dir(directory)

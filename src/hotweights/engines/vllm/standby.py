@@ -55,13 +55,12 @@ from .handoff import fingerprint, peer_uid, receive, send, standby_paths
 
 logger = logging.getLogger("hotweights.standby")
 
-# what a vLLM start imports before it reads a weight; each one that exists in this build
-PREIMPORTS = ("torch", "transformers", "vllm", "vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main",
-              "vllm.entrypoints.cli.serve", "vllm.v1.engine.core", "vllm.v1.engine.async_llm",
-              "vllm.v1.executor.multiproc_executor", "vllm.v1.worker.gpu_worker", "vllm.v1.worker.cpu_worker",
-              "vllm.model_executor.model_loader", "vllm.model_executor.models.llama",
-              "vllm.model_executor.models.qwen2", "vllm.model_executor.models.qwen3",
-              "hotweights.engines.vllm.loader")
+# what vLLM's API server imports anyway, and no more: a fork from it is vLLM's own tested path. The
+# engine core's worker modules (the GPU worker, model runner, sampler) stay out: imported before the
+# fork, a Triton kernel of vLLM 0.26's sampler failed in the forked engine core on an H200 ("Pointer
+# argument cannot be accessed from Triton"), while the same start with them imported after the fork ran
+PREIMPORTS = ("torch", "transformers", "vllm", "vllm.entrypoints.cli.main", "vllm.entrypoints.cli.serve",
+              "vllm.entrypoints.openai.api_server", "vllm.v1.engine.async_llm", "hotweights.engines.vllm.loader")
 GRACE_S = 30.0  # from SIGTERM to SIGKILL when the launcher is gone
 
 
