@@ -1,7 +1,7 @@
 """A decoder of the Llama family in plain torch, for the embedded server's fast start.
 
-Why: importing transformers' model machinery costs about 5 s on the dev CPU and 11 s on
-the H200, more than all the rest of a warm restart. Serving needs one forward with a KV
+Why: importing transformers' model machinery costs more than all the rest of a warm restart
+(``benchmarks/serve_restart.py`` times the phases). Serving needs one forward with a KV
 cache, which is this module: the architectures ``llama``, ``mistral``, ``qwen2`` and
 ``qwen3`` with plain rotary embeddings and SiLU MLPs. It computes as transformers' sdpa
 path does (RMSNorm in float32, rotary angles in float32 cast to the model dtype, SDPA

@@ -20,6 +20,7 @@ import os
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
 import torch
 
@@ -28,6 +29,18 @@ from .digest import BLOCK_BYTES, block_digest, combine
 
 NUM_SLOTS = 6
 NUM_THREADS = 4
+
+
+class Segment(NamedTuple):
+    """One tensor's byte range ``[begin, end)`` that a block holds, at ``at`` in the block."""
+
+    name: str
+    src_dtype: torch.dtype
+    dst: torch.Tensor  # the tensor's flat destination
+    begin: int
+    end: int
+    at: int
+    nbytes: int  # the whole tensor's
 
 
 class Staging:
@@ -40,12 +53,12 @@ class Staging:
         self.events = [torch.cuda.Event() for _ in range(NUM_SLOTS)] if self.cuda else []
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         self.scratch = torch.empty(BLOCK_BYTES + 16, dtype=torch.uint8, device=device) if self.cuda else None
-        self.pool = ThreadPoolExecutor(NUM_THREADS, thread_name_prefix="hotweights-read")
+        self.readers = ThreadPoolExecutor(NUM_THREADS, thread_name_prefix="hotweights-read")
 
     def close(self) -> None:
         if self.stream is not None:
             self.stream.synchronize()
-        self.pool.shutdown(wait=True)
+        self.readers.shutdown(wait=True)
 
     def _read(self, fd: int, offset: int, n: int, slot: int) -> bytes:
         if self.cuda:
@@ -59,14 +72,14 @@ class Staging:
             got += step
         return block_digest(view)
 
-    def fill(self, path, size: int, segments: list[list[tuple]], progress: Callable[[int], None]) -> str:
+    def fill(self, path, size: int, segments: list[list[Segment]], progress: Callable[[int], None]) -> str:
         """Read ``path`` block by block; ``segments[k]`` lists what block k feeds. Returns the digest."""
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         pending: deque[Future] = deque()
         try:
             num_blocks = -(-size // BLOCK_BYTES)
             for k in range(min(NUM_SLOTS, num_blocks)):
-                pending.append(self.pool.submit(self._read, fd, k * BLOCK_BYTES,
+                pending.append(self.readers.submit(self._read, fd, k * BLOCK_BYTES,
                                                 min(BLOCK_BYTES, size - k * BLOCK_BYTES), k % NUM_SLOTS))
             digests, carry = [], {}
             for k in range(num_blocks):
@@ -79,7 +92,7 @@ class Staging:
                     self.events[slot].record(self.stream)
                 nxt = k + NUM_SLOTS
                 if nxt < num_blocks:
-                    pending.append(self.pool.submit(self._read, fd, nxt * BLOCK_BYTES,
+                    pending.append(self.readers.submit(self._read, fd, nxt * BLOCK_BYTES,
                                                     min(BLOCK_BYTES, size - nxt * BLOCK_BYTES), slot))
                 progress(min(size, (k + 1) * BLOCK_BYTES))
             return combine(digests)
@@ -91,8 +104,8 @@ class Staging:
                     f.exception()
             os.close(fd)
 
-    def _copy(self, buf: torch.Tensor, seg: tuple, carry: dict) -> None:
-        """One tensor's byte range ``[a, b)`` found at ``buf[x:x + b - a]``; ``dst`` is its flat destination."""
+    def _copy(self, buf: torch.Tensor, seg: Segment, carry: dict) -> None:
+        """One segment, found at ``buf[seg.at:]``, into its destination (cast if its dtype differs)."""
         name, src_dtype, dst, a, b, x, total = seg
         raw = buf[x:x + b - a]
         if dst.dtype == src_dtype:
@@ -126,9 +139,9 @@ class Staging:
             dst[first:last].copy_(body.view(src_dtype))
 
 
-def plan_segments(tensors, dest: Callable[[str], torch.Tensor], size: int) -> list[list[tuple]]:
+def plan_segments(tensors, dest: Callable[[str], torch.Tensor], size: int) -> list[list[Segment]]:
     """For each block of a file, the tensor byte ranges it holds and where they go."""
-    blocks: list[list[tuple]] = [[] for _ in range(-(-size // BLOCK_BYTES))]
+    blocks: list[list[Segment]] = [[] for _ in range(-(-size // BLOCK_BYTES))]
     for t in tensors:
         if t.end == t.begin:
             continue
@@ -138,7 +151,7 @@ def plan_segments(tensors, dest: Callable[[str], torch.Tensor], size: int) -> li
         while pos < t.end:
             k = pos // BLOCK_BYTES
             stop = min(t.end, (k + 1) * BLOCK_BYTES)
-            blocks[k].append((t.name, src_dtype, dst, pos - t.begin, stop - t.begin, pos - k * BLOCK_BYTES,
-                              t.end - t.begin))
+            blocks[k].append(Segment(t.name, src_dtype, dst, pos - t.begin, stop - t.begin, pos - k * BLOCK_BYTES,
+                                     t.end - t.begin))
             pos = stop
     return blocks
