@@ -20,10 +20,11 @@ import pytest
 from conftest import DaemonProc, run_cli
 
 from hotweights import evidence
-from hotweights.client import Outcome, connect
+from hotweights.client import Outcome, connect, wait_for_daemon
 from hotweights.errors import ProtocolError
 from hotweights.key import CacheKey, ShardId
 from hotweights.manifest import Manifest, pack
+from hotweights.paths import DaemonPaths
 from hotweights.protocol import Publish, encode, recv_message
 from hotweights.wire import send_frame
 
@@ -80,6 +81,18 @@ def test_daemon_never_imports_torch_or_cuda(daemon):
         assert c.status().torch_imported is False
     maps = open(f"/proc/{daemon.pid}/maps").read()
     assert "libtorch" not in maps and "libcuda" not in maps
+
+
+def test_a_detached_daemon_does_not_hold_its_callers_output_open(socket_dir):
+    # `hotweights daemon --detach | tail -1` and `$(...)` return once the caller is done
+    r = run_cli("daemon", "--detach", "--socket-dir", str(socket_dir), timeout=10)
+    assert r.returncode == 0 and f"its log: {socket_dir}/daemon.log" in r.stdout
+    try:
+        with wait_for_daemon(DaemonPaths(socket_dir), state_timeout_s=15) as c:
+            assert c.hello().pid > 0
+        assert evidence.READY_MARK in (socket_dir / "daemon.log").read_text()
+    finally:
+        assert run_cli("stop", "--socket-dir", str(socket_dir)).returncode == 0
 
 
 def test_second_daemon_is_refused(daemon):

@@ -118,6 +118,14 @@ def test_chat_uses_the_template_and_is_deterministic(warm_server):
     assert a["usage"]["prompt_tokens"] == len(text) - 2 * len("<|im_start|>") - len("<|im_end|>") + 3
 
 
+def test_a_chat_completion_without_a_limit_may_use_the_rest_of_the_context(warm_server):
+    body = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+    status, reply = warm_server.post("/v1/chat/completions", body)
+    room = 64 - reply["usage"]["prompt_tokens"]  # the server runs with --max-model-len 64
+    assert status == 200 and reply["usage"]["completion_tokens"] > 16, reply
+    assert reply["choices"][0]["finish_reason"] == "stop" or reply["usage"]["completion_tokens"] == room
+
+
 def test_seeded_sampling_is_reproducible(warm_server):
     body = {"prompt": "abc", "max_tokens": 8, "temperature": 1.0, "top_p": 0.9, "seed": 7}
     first, again = (warm_server.post("/v1/completions", body)[1]["choices"] for _ in range(2))

@@ -84,13 +84,18 @@ def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
 
 def cmd_daemon(args: argparse.Namespace) -> int:
     from .errors import DaemonAlreadyRunning
-    from .keeper.server import DaemonConfig, detach, run
-    from .paths import daemon_paths
+    from .keeper.process import detach
+    from .keeper.server import DaemonConfig, run
+    from .paths import daemon_paths, ensure_socket_dir
 
+    paths = daemon_paths(args.socket_dir)
     if args.detach:
-        detach()
+        ensure_socket_dir(paths.directory)
+        if detach(paths.log):
+            print(f"hotweights daemon: starting in the background; its log: {paths.log}", flush=True)
+            return 0
     try:
-        return run(DaemonConfig(daemon_paths(args.socket_dir), max_bytes=args.max_bytes))
+        return run(DaemonConfig(paths, max_bytes=args.max_bytes))
     except DaemonAlreadyRunning as exc:
         print(f"hotweights daemon: {exc}", file=sys.stderr)
         return 3

@@ -6,12 +6,10 @@ The design header is ``keeper/__init__.py``.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import fcntl
 import logging
 import os
-import resource
 import signal
 import socket
 import struct
@@ -27,6 +25,7 @@ from ..wire import close_fds, recv_body, recv_header, wait_for_frame
 from .limits import Connections, Limits, Phase, Warnings, short
 from .linger import Refuser, drain_and_close, try_send
 from .ops import Ops
+from .process import trim_heap, tune_process
 
 logger = logging.getLogger("hotweights.daemon")  # the name in the daemon log users read
 
@@ -253,16 +252,6 @@ class Daemon:
             raise
 
 
-def detach() -> None:
-    """Double-fork into the background: the daemon is then no descendant of the caller,
-    so an engine that kills its process tree on exit (vLLM does) leaves it running."""
-    if os.fork() > 0:
-        os._exit(0)
-    os.setsid()
-    if os.fork() > 0:
-        os._exit(0)
-
-
 def run(config: DaemonConfig) -> int:
     """Entry point of ``hotweights daemon``: serve until stop, SIGINT or SIGTERM."""
     daemon = Daemon(config)
@@ -276,18 +265,3 @@ def run(config: DaemonConfig) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     daemon.serve_forever()
     return 0
-
-
-def tune_process() -> None:
-    """Room for fds, and a heap that gives memory back: thread-per-connection under glibc
-    otherwise grows one malloc arena per thread, each keeping its freed memory."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).mallopt(-8, 2)  # M_ARENA_MAX = 2
-
-
-def trim_heap() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).malloc_trim(0)

@@ -38,4 +38,6 @@ class Message(BaseModel):
 
 
 class ChatRequest(Sampling):
+    # no legacy default of 16: a chat completion may use the rest of the context, as OpenAI's and vLLM's do
+    max_tokens: int | None = Field(default=None, ge=1)
     messages: list[Message] = Field(min_length=1)
