@@ -224,12 +224,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_observe(args: argparse.Namespace) -> int:
-    from .observe import observe
+    from .observe import health_url_for, observe
 
     command = args.cmd
-    receipt = observe(args.label, command, out_dir=Path(args.out), health_url=args.health_url,
+    url = args.health_url or health_url_for(command)
+    print(f"hotweights observe: waiting for {url} (up to {args.timeout:.0f} s)", file=sys.stderr, flush=True)
+    receipt = observe(args.label, command, out_dir=Path(args.out), health_url=url,
                       timeout_s=args.timeout, interval_s=args.interval, then=args.then,
                       exit_when_ready=args.exit_when_ready, grace_s=args.grace)
+    if not receipt.ready:
+        print(f"hotweights observe: {receipt.reason}", file=sys.stderr)
     return 0 if receipt.ready else 1
 
 

@@ -125,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "health URL, so it includes up to one poll interval (--interval).")
     p.add_argument("label")
     p.add_argument("cmd", nargs="*", help="-- CMD ARGS... (everything after --)")
-    p.add_argument("--health-url", default="http://127.0.0.1:8000/health")
+    p.add_argument("--health-url", default=None,
+                   help="default: http://HOST:PORT/health from the command's --host and --port (127.0.0.1:8000)")
     p.add_argument("--interval", type=float, default=1.0, help="poll interval in seconds (default 1)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for ready (default 600)")
     p.add_argument("--out", default=".", help="directory for LABEL.log and LABEL.json")

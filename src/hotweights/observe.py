@@ -26,6 +26,18 @@ from pathlib import Path
 DEFAULT_HEALTH_URL = "http://127.0.0.1:8000/health"
 
 
+def health_url_for(command: list[str]) -> str:
+    """Where a server started by ``command`` answers ``/health``: its ``--port`` (and ``--host`` unless it
+    binds every address), else port 8000 on 127.0.0.1, the default of ``vllm serve`` and ``hotweights serve``."""
+    found = {"--port": "8000", "--host": "127.0.0.1"}
+    for i, arg in enumerate(command):
+        name, eq, value = arg.partition("=")
+        if name in found:
+            found[name] = value if eq else (command[i + 1] if i + 1 < len(command) else found[name])
+    host = "127.0.0.1" if found["--host"] in ("0.0.0.0", "::", "") else found["--host"]
+    return f"http://{host}:{found['--port']}/health"
+
+
 def complete(base_url: str, prompt: str, *, max_tokens: int = 16, model: str | None = None,
              timeout_s: float = 120.0) -> str | None:
     """The greedy completion of ``prompt`` from an OpenAI-compatible server, None on any failure."""
@@ -84,6 +96,8 @@ class Receipt:
     exit_code: int | None = None
     log: str = ""
     extra: dict = field(default_factory=dict)
+    health_url: str = ""
+    reason: str = ""  # why it is not ready, in one line
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -111,7 +125,7 @@ class Observed:
             self._log.close()
             raise ValueError(f"cannot start {self.command[0]!r}: {exc.strerror}") from None
         self.receipt = Receipt(label, self.started_utc, False, 0.0, self.proc.pid, self.command,
-                               log=str(self.log_path))
+                               log=str(self.log_path), health_url=health_url)
 
     def __enter__(self) -> Observed:
         return self
@@ -127,8 +141,12 @@ class Observed:
                 break
             if self.proc.poll() is not None:
                 self.receipt.exit_code = self.proc.returncode
+                self.receipt.reason = (f"the command exited with code {self.proc.returncode} before "
+                                       f"{self.health_url} answered 200; see {self.log_path}")
                 break
             if time.monotonic() >= deadline:
+                self.receipt.reason = (f"no 200 from {self.health_url} within {timeout_s:.0f} s (is the server on "
+                                       f"another port? pass --health-url); see {self.log_path}")
                 break
             time.sleep(interval_s)
         self.receipt.elapsed_s = round(time.monotonic() - self.t0, 3)
