@@ -130,8 +130,7 @@ def test_dtype_mismatch_and_unknown_keys_are_reported(vllm_model, daemon, tmp_pa
     sock = str(daemon.paths.directory)
     preloaded = run_cli("preload", "--model", str(vllm_model), "--dtype", "float16", "--socket-dir", sock)
     assert preloaded.returncode == 0, preloaded.stderr
-    # through the launcher: its check passes (the daemon holds the model), vLLM gets every argument and
-    # its loader reports the mismatch
+    # through the launcher: --dtype bfloat16 against a float16 entry fails before vLLM is imported
     obs, _ = serve("mismatch", vllm_model, tmp_path, "--load-format", "hotweights", "--model-loader-extra-config",
                    json.dumps({"socket_dir": sock, "fallback": False}), expect_ready=False, launcher=True)
     assert "dtype: cached=float16 requested=bfloat16) and fallback is disabled" in obs.log_text()

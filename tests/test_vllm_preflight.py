@@ -26,6 +26,24 @@ def test_preflight_reads_the_command_line(argv, target):
     assert strict_target(argv) == target
 
 
+def test_a_strict_start_in_a_dtype_the_cache_does_not_hold_fails_at_once(models, daemon, caplog):
+    from conftest import run_cli
+
+    sock = str(daemon.paths.directory)
+    preloaded = run_cli("preload", "--model", str(models["tiny"]), "--dtype", "float32", "--socket-dir", sock)
+    assert preloaded.returncode == 0, preloaded.stderr
+    argv = ["serve", str(models["tiny"]), "--load-format", "hotweights", "--model-loader-extra-config",
+            json.dumps({"fallback": False, "socket_dir": sock})]
+    check([*argv, "--dtype", "float"])  # float is float32: no exit
+    check(argv)  # auto: the loader decides
+    with pytest.raises(SystemExit):
+        check([*argv, "--dtype", "half"])
+    assert ("Weight cache unusable (cached entries of tiny differ: dtype: cached=float32 requested=float16) and "
+            "fallback is disabled; "
+            "start with --dtype float32, or make a float16 entry (hotweights preload --engine vllm --model "
+            f"{models['tiny']} --dtype float16), or set fallback to true") in caplog.text
+
+
 def test_preflight_fails_a_strict_start_at_once(socket_dir, daemon, caplog, tmp_path):
     missing = ["--model", str(tmp_path / "qwen"), "--load-format", "hotweights", "--model-loader-extra-config"]
     with pytest.raises(SystemExit):

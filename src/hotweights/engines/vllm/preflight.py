@@ -3,14 +3,15 @@
 vLLM calls a loader only after its own start-up (a minute and more on a GPU). With
 ``--load-format hotweights`` and ``{"fallback": false}`` on the command line, the plugin
 checks at registration, in the process that parses that command line: no daemon (or an
-untrusted one), or a daemon that holds no entry of this model at all, is a certain
-failure, so it logs the strict evidence message and exits 1 right there. Anything finer
-(dtype, layout, TP rank) is left to the loader, which knows vLLM's resolved config.
+untrusted one), a daemon that holds no entry of this model at all, or none in the dtype
+named by ``--dtype``, is a certain failure, so it logs the strict evidence message and exits
+1 right there. Anything finer (``--dtype auto``, layout, TP rank) is left to the loader,
+which knows vLLM's resolved config.
 
 ``hotweights vllm ARGS...`` (``launcher.py``) runs the same check before vLLM is imported
 at all, so a strict start fails in a fraction of a second instead of after vLLM's import.
 
-It is coarser than ``loading.diagnosis`` on purpose: before vLLM has resolved the dtype
+It is coarser than ``loading.diagnosis`` on purpose: before vLLM has resolved its config
 and the TP rank no key can be built, so it fails only where every candidate must fail.
 
 Not covered: options given through ``--config`` files.
@@ -71,9 +72,23 @@ def check(argv: list[str] | None = None) -> None:
     except TrustError as exc:
         _fail(f"untrusted daemon: {exc}")
     name = Path(model).name
-    if not any(e.get("model") == name for e in entries):
+    held = sorted({str(e.get("dtype")) for e in entries if e.get("model") == name})
+    if not held:
         _fail(f"cache miss for {name}: the daemon holds no entry of this model ({len(entries)} entries)",
               advice_for(Outcome.MISS))
+    wanted = _requested_dtype(argv if argv is not None else sys.argv[1:])
+    if wanted and wanted not in held:
+        _fail(f"cached entries of {name} differ: dtype: cached={'/'.join(held)} requested={wanted}",
+              f"start with --dtype {held[0]}, or make a {wanted} entry (hotweights preload --engine vllm --model "
+              f"{model} --dtype {wanted})")
+
+
+def _requested_dtype(argv: list[str]) -> str | None:
+    """The dtype a start asks for by name (``--dtype``), None for ``auto`` (the checkpoint decides)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--dtype")
+    dtype = parser.parse_known_args(argv)[0].dtype
+    return {"half": "float16", "float": "float32"}.get(dtype, dtype) if dtype and dtype != "auto" else None
 
 
 def _fail(reason: str, advice: str = evidence.START_AND_PRELOAD) -> None:
