@@ -7,6 +7,7 @@ Run: pytest tests/test_daemon.py
 from __future__ import annotations
 
 import fcntl
+import json
 import mmap
 import os
 import signal
@@ -93,6 +94,25 @@ def test_a_detached_daemon_does_not_hold_its_callers_output_open(socket_dir):
         assert evidence.READY_MARK in (socket_dir / "daemon.log").read_text()
     finally:
         assert run_cli("stop", "--socket-dir", str(socket_dir)).returncode == 0
+
+
+def test_stop_is_done_when_it_returns_and_stopping_nothing_is_no_error(socket_dir):
+    d = DaemonProc(socket_dir)
+    assert run_cli("stop", "--socket-dir", str(socket_dir)).returncode == 0
+    assert not d.paths.socket.exists()
+    again = run_cli("stop", "--socket-dir", str(socket_dir))
+    assert again.returncode == 0 and again.stdout.startswith("no daemon running (no daemon socket at")
+    d.proc.wait(10)
+
+
+def test_release_takes_a_unique_prefix_and_names_a_key_it_does_not_know(models, daemon):
+    sock = str(daemon.paths.directory)
+    key = json.loads(run_cli("preload", "--model", str(models["tiny"]), "--json", "--socket-dir", sock).stdout)["key"]
+    unknown = run_cli("release", "ffffffff", "--socket-dir", sock)
+    assert unknown.returncode == 1
+    assert unknown.stdout.strip() == "no entry with key ffffffff (hotweights status lists them)"
+    done = run_cli("release", key[:6], "--socket-dir", sock)
+    assert done.returncode == 0 and done.stdout.strip() == f"released 1 entries: {key}"
 
 
 def test_second_daemon_is_refused(daemon):

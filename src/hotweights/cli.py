@@ -167,17 +167,37 @@ def cmd_release(args: argparse.Namespace) -> int:
     from .paths import daemon_paths
 
     with connect(daemon_paths(args.socket_dir)) as client:
-        released = client.release(None if args.all else args.key).released
+        key = None
+        if not args.all:  # a unique prefix of a key names it, as in `hotweights status`
+            keys = [e["key"] for e in client.status().entries if str(e.get("key", "")).startswith(args.key)]
+            if len(keys) != 1:
+                _emit(args, {"released": [], "matches": keys},
+                      f"no entry with key {args.key} (hotweights status lists them)" if not keys else
+                      f"{args.key} names {len(keys)} entries ({' '.join(keys)}); give more of the key")
+                return 1
+            key = keys[0]
+        released = client.release(key).released
     _emit(args, {"released": released}, f"released {len(released)} entries: {' '.join(released) or '-'}")
-    return 0 if released or args.all else 1
+    return 0
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    import time
+
     from .client import connect
+    from .errors import DaemonUnavailable
     from .paths import daemon_paths
 
-    with connect(daemon_paths(args.socket_dir)) as client:
-        client.stop()
+    paths = daemon_paths(args.socket_dir)
+    try:
+        with connect(paths) as client:
+            client.stop()
+    except DaemonUnavailable as exc:  # stopping what is not running is done, as with a service manager
+        print(f"no daemon running ({exc})")
+        return 0
+    deadline = time.monotonic() + 10
+    while paths.socket.exists() and time.monotonic() < deadline:  # gone when we return: `stop; stop` works
+        time.sleep(0.05)
     print("daemon stopped")
     return 0
 
