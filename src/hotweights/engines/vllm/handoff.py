@@ -147,7 +147,7 @@ class Server:
             # the standby died: the server got SIGTERM with it (PR_SET_PDEATHSIG); wait until it is gone
             logger.error("the vLLM standby supervising pid %d went away (%s); waiting for the server to end",
                          self.pid, exc)
-            while _alive(self.pid):
+            while Path(f"/proc/{self.pid}").exists():
                 time.sleep(0.2)
             return 1
         finally:
@@ -155,23 +155,16 @@ class Server:
 
 
 def _is_open(fd: int) -> bool:
-    with contextlib.suppress(OSError):
-        return os.fstat(fd) is not None
-    return False
-
-
-def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        os.fstat(fd)
+    except OSError:
         return False
     return True
 
 
-def hand_over(directory: Path, module: str, args: list[str], env: dict[str, str], *,
-              connect_timeout_s: float = 1.0, reply_timeout_s: float = 10.0) -> Server:
-    """Give the start (``python -m MODULE ARGS`` with ``env``, this cwd and stdio) to the standby of this
-    interpreter; StandbyUnusable says why not. Nothing has started when it raises."""
+def _hello(directory: Path, connect_timeout_s: float, reply_timeout_s: float) -> tuple[socket.socket, dict, list[str]]:
+    """A trusted connection to the standby of this interpreter, its ``ready`` and what differs from this
+    launcher's fingerprint; StandbyUnusable says why there is none."""
     paths = standby_paths(directory)
     try:
         check_socket_dir(directory)
@@ -186,15 +179,27 @@ def hand_over(directory: Path, module: str, args: list[str], env: dict[str, str]
             sock.connect(str(paths.socket))
         except (FileNotFoundError, ConnectionRefusedError):
             raise StandbyUnusable("no standby ready (none was prepared, or it is still importing vLLM)") from None
-        except OSError as exc:
-            raise StandbyUnusable(f"standby unreachable: {exc}") from None
         pid, uid = peer_uid(sock)
         if uid != os.getuid():
             raise StandbyUnusable(f"the standby at {paths.socket} (pid {pid}) runs as uid {uid}, not {os.getuid()}")
         sock.settimeout(reply_timeout_s)
         send(sock, "hello")
         ready, _ = receive(sock, "ready")
-        changed = differences(fingerprint(), ready.get("fingerprint") or {})
+        return sock, ready, differences(fingerprint(), ready.get("fingerprint") or {})
+    except StandbyUnusable:
+        sock.close()
+        raise
+    except (OSError, EOFError, ProtocolError) as exc:
+        sock.close()
+        raise StandbyUnusable(f"standby unreachable: {exc}") from None
+
+
+def hand_over(directory: Path, module: str, args: list[str], env: dict[str, str], *,
+              connect_timeout_s: float = 1.0, reply_timeout_s: float = 10.0) -> Server:
+    """Give the start (``python -m MODULE ARGS`` with ``env``, this cwd and stdio) to the standby of this
+    interpreter; StandbyUnusable says why not. Nothing has started when it raises."""
+    sock, ready, changed = _hello(directory, connect_timeout_s, reply_timeout_s)
+    try:
         unsafe = ("CUDA is initialized in it" if ready.get("cuda_initialized") else
                   f"it runs {ready.get('threads')} Python threads" if ready.get("threads") != 1 else "")
         if changed or unsafe:
@@ -280,21 +285,12 @@ def status(directory: Path, *, timeout_s: float = 2.0) -> dict[str, Any]:
     """What the standby of this interpreter says of itself, and whether it fits this environment."""
     paths = standby_paths(directory)
     out: dict[str, Any] = {"socket": str(paths.socket), "log": str(paths.log), "ready": False}
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    sock.settimeout(timeout_s)
     try:
-        check_socket_dir(directory)
-        sock.connect(str(paths.socket))
-        if peer_uid(sock)[1] != os.getuid():
-            out["reason"] = "runs as another user"
-            return out
-        send(sock, "hello")
-        ready, _ = receive(sock, "ready")
-        changed = differences(fingerprint(), ready.get("fingerprint") or {})
-        out.update(ready=True, pid=ready.get("pid"), imports_s=ready.get("imports_s"), fits=not changed,
-                   differs=changed, cuda_initialized=ready.get("cuda_initialized"), threads=ready.get("threads"))
-    except (OSError, EOFError, ProtocolError, TrustError) as exc:
-        out["reason"] = f"{type(exc).__name__}: {exc}"
-    finally:
-        sock.close()
+        sock, ready, changed = _hello(directory, timeout_s, timeout_s)
+    except StandbyUnusable as exc:
+        out["reason"] = str(exc)
+        return out
+    sock.close()
+    out.update(ready=True, pid=ready.get("pid"), imports_s=ready.get("imports_s"), fits=not changed,
+               differs=changed, cuda_initialized=ready.get("cuda_initialized"), threads=ready.get("threads"))
     return out

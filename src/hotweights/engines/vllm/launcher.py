@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import json
 import logging
 import os
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 
 from ... import evidence
 from ...paths import resolve_socket_dir
-from . import handoff
+from . import handoff, preflight
 
 logger = logging.getLogger(__name__)
 
@@ -57,17 +56,8 @@ def run(argv: list[str]) -> int:
 def socket_dir(argv: list[str]) -> Path:
     """The daemon's socket directory this start uses (its extra config's ``socket_dir``, else the default):
     the standby lives there, under the same trust rules."""
-    for i, arg in enumerate(argv):
-        value = arg.split("=", 1)[1] if arg.startswith("--model-loader-extra-config=") else (
-            argv[i + 1] if arg == "--model-loader-extra-config" and i + 1 < len(argv) else None)
-        if value is not None:
-            try:
-                extra = json.loads(value)
-            except json.JSONDecodeError:
-                break  # vLLM reports it
-            if isinstance(extra, dict) and isinstance(extra.get("socket_dir"), str):
-                return resolve_socket_dir(extra["socket_dir"])
-    return resolve_socket_dir(None)
+    extra = preflight.read_argv(argv)[2] or {}
+    return resolve_socket_dir(extra["socket_dir"] if isinstance(extra.get("socket_dir"), str) else None)
 
 
 def launch_command(argv: list[str]) -> list[str]:

@@ -35,22 +35,26 @@ from .options import LOAD_FORMAT, split_extra_config
 logger = logging.getLogger(__name__)
 
 
-def strict_target(argv: list[str]) -> tuple[str, dict] | None:
-    """``(model, extra config)`` when ``argv`` starts vLLM with load format hotweights and
-    the fallback off; None otherwise (or when the command line cannot be read)."""
+def read_argv(argv: list[str]) -> tuple[argparse.Namespace, list[str], dict | None]:
+    """The flags of a vLLM command line that hotweights reads (``load_format``, ``model``, ``dtype``), the
+    rest, and the extra config (None when it is not a JSON map: vLLM reports that)."""
     parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--load-format")
-    parser.add_argument("--model-loader-extra-config")
-    parser.add_argument("--model")
+    for flag in ("--load-format", "--model-loader-extra-config", "--model", "--dtype"):
+        parser.add_argument(flag)
     known, rest = parser.parse_known_args(argv)
-    if known.load_format != LOAD_FORMAT:
-        return None
     try:
         extra = json.loads(known.model_loader_extra_config or "{}")
     except json.JSONDecodeError:
-        return None  # vLLM reports it
+        return known, rest, None
+    return known, rest, extra if isinstance(extra, dict) else None
+
+
+def strict_target(argv: list[str]) -> tuple[str, dict] | None:
+    """``(model, extra config)`` when ``argv`` starts vLLM with load format hotweights and
+    the fallback off; None otherwise (or when the command line cannot be read)."""
+    known, rest, extra = read_argv(argv)
     model = known.model or (rest[1] if len(rest) > 1 and rest[0] == "serve" else None)
-    if not isinstance(extra, dict) or extra.get("fallback", True) is not False or not model:
+    if known.load_format != LOAD_FORMAT or extra is None or extra.get("fallback", True) is not False or not model:
         return None
     return model, extra
 
@@ -85,9 +89,7 @@ def check(argv: list[str] | None = None) -> None:
 
 def _requested_dtype(argv: list[str]) -> str | None:
     """The dtype a start asks for by name (``--dtype``), None for ``auto`` (the checkpoint decides)."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--dtype")
-    dtype = parser.parse_known_args(argv)[0].dtype
+    dtype = read_argv(argv)[0].dtype
     return {"half": "float16", "float": "float32"}.get(dtype, dtype) if dtype and dtype != "auto" else None
 
 

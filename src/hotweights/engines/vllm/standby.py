@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                 server = _serve(conn, state, listener, lock, paths.socket)
                 if server is not None:
                     return _supervise(conn, server)
-                if server is None and state.get("stopping"):
+                if state.get("stopping"):
                     return 0
     finally:
         if not state.get("handed_over"):
