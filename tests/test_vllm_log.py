@@ -27,7 +27,7 @@ START = datetime(2026, 11, 30, 14, 55, 30).astimezone().isoformat()  # when the 
 def test_a_start_splits_into_phases_that_add_up_to_its_ready_time():
     got = phases(H200_START, START, ready_s=71.0)
     assert list(got) == list(VLLM_PHASES)
-    assert got == {"imports": 26.0, "engine_start": 26.0, "weights": 0.68, "compile": 6.75, "cuda_graphs": 7.0,
+    assert got == {"imports": 26.0, "engine_start": 26.0, "workers_start": 0.0, "weights": 0.68, "compile": 6.75, "cuda_graphs": 7.0,
                    "engine_rest": 2.57, "api": 2.0}
     assert abs(sum(got.values()) - 71.0) < 0.01
 
@@ -37,6 +37,14 @@ def test_an_eager_start_has_no_compile_and_no_graphs_and_no_vllm_line_is_no_phas
     got = phases(eager, START, ready_s=71.0)
     assert got["compile"] == 0.0 and got["cuda_graphs"] == 0.0 and got["engine_rest"] == 16.32
     assert phases("Traceback (most recent call last):", START, ready_s=1.0) is None
+
+
+def test_tp_workers_that_start_as_processes_of_their_own_are_a_phase_of_their_own():
+    tp2 = H200_START.replace("(EngineCore pid=62) INFO 11-30 14:56:24", "(Worker_TP0 pid=63) INFO 11-30 14:56:24")
+    tp2 = tp2.replace("INFO 11-30 14:56:22 [core.py:116] Initializing", "INFO 11-30 14:56:05 [core.py:116] Initializing")
+    got = phases(tp2, START, ready_s=71.0)
+    assert got["engine_start"] == 9.0 and got["workers_start"] == 19.0 and got["engine_rest"] == 0.57
+    assert abs(sum(got.values()) - 71.0) < 0.01
 
 
 def test_vllms_weight_clock_is_read_in_both_wordings_and_the_slowest_rank_counts():

@@ -8,6 +8,8 @@ command ran to its first ``/health`` 200, into:
 - ``imports``: to vLLM's first line (the API server's imports; nearly none from a standby);
 - ``engine_start``: to the engine core's first line (its process start: a fresh interpreter
   importing vLLM again when vLLM spawns it);
+- ``workers_start``: from there to the first worker's line, with TP > 1 (the workers are processes
+  of their own, spawned or forked by the engine core; with TP = 1 the worker is the engine core);
 - ``weights``: vLLM's "Model loading took" (the slowest rank);
 - ``compile``: "torch.compile took ... in total" (a cache hit loads; a miss compiles);
 - ``cuda_graphs``: "Graph capturing finished in";
@@ -23,7 +25,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-VLLM_PHASES = ("imports", "engine_start", "weights", "compile", "cuda_graphs", "engine_rest", "api")
+VLLM_PHASES = ("imports", "engine_start", "workers_start", "weights", "compile", "cuda_graphs", "engine_rest", "api")
 LINE_RE = re.compile(r"^(?:\((?P<proc>\w+)(?: pid=\d+)?\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
                      r"(?P<ts>\d\d-\d\d \d\d:\d\d:\d\d) \[")
 # vLLM's own weight clock (its model runner; 0.26 and 0.32 word it differently), one line per worker
@@ -43,7 +45,7 @@ def phases(text: str, started_utc: str, ready_s: float) -> dict[str, float] | No
     """Seconds per phase of the start whose log is ``text`` (its command ran at ``started_utc``, ISO 8601;
     vLLM logs local time); None when the log has no vLLM line."""
     started = datetime.fromisoformat(started_utc).astimezone().replace(tzinfo=None)
-    first = engine = init_done = None
+    first = engine = worker = init_done = None
     durations = {"weights": 0.0, "compile": 0.0, "cuda_graphs": 0.0}
     for line in text.splitlines():
         m = LINE_RE.match(line)
@@ -51,8 +53,11 @@ def phases(text: str, started_utc: str, ready_s: float) -> dict[str, float] | No
             continue
         at = (datetime.strptime(f"{started.year}-{m.group('ts')}", "%Y-%m-%d %H:%M:%S") - started).total_seconds()
         first = at if first is None else first
-        if engine is None and (m.group("proc") or "").startswith(("EngineCore", "Worker")):
+        proc = m.group("proc") or ""
+        if engine is None and proc.startswith(("EngineCore", "Worker")):
             engine = at
+        if worker is None and proc.startswith("Worker"):
+            worker = at
         for phase, rx in (("weights", VLLM_LOADING_RE), ("compile", COMPILE_RE), ("cuda_graphs", GRAPHS_RE)):
             if found := rx.search(line):
                 durations[phase] = max(durations[phase], float(found.group(rx.groups)))
@@ -61,8 +66,9 @@ def phases(text: str, started_utc: str, ready_s: float) -> dict[str, float] | No
     if first is None:
         return None
     engine = first if engine is None else engine
+    worker = engine if worker is None else worker
     init_done = ready_s if init_done is None else init_done
     spent = sum(durations.values())
-    out = {"imports": first, "engine_start": engine - first, **durations,
-           "engine_rest": init_done - engine - spent, "api": ready_s - init_done}
+    out = {"imports": first, "engine_start": engine - first, "workers_start": worker - engine, **durations,
+           "engine_rest": init_done - worker - spent, "api": ready_s - init_done}
     return {k: round(max(0.0, out[k]), 2) for k in VLLM_PHASES}
