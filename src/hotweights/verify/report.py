@@ -16,8 +16,8 @@ from pathlib import Path
 # the weights phase in a strong colour, every other phase in muted ones
 PHASE_COLOURS = {"imports": "#9aa5b1", "cuda_context": "#b8c2cc", "tokenizer": "#cfd6dd", "model_build": "#7b8794",
                  "weights": "#e8590c", "warmup": "#52606d", "listening": "#dde3e8",  # the embedded server's
-                 "engine_start": "#b8c2cc", "workers_start": "#aab4be", "compile": "#7b8794", "cuda_graphs": "#52606d",  # vLLM's (vllm_log)
-                 "engine_rest": "#cfd6dd", "api": "#dde3e8"}
+                 "engine_start": "#b8c2cc", "workers_start": "#aab4be", "compile": "#7b8794",  # vLLM's (vllm_log)
+                 "cuda_graphs": "#52606d", "engine_rest": "#cfd6dd", "api": "#dde3e8"}
 
 MEMORY_POINTS = [("none", "nothing running"), ("daemon_only", "daemon only"),
                  ("daemon_engine", "daemon + engine"), ("engine_stopped", "engine stopped")]
