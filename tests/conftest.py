@@ -185,3 +185,22 @@ class ServerProc:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def warm_server(models, tmp_path_factory):
+    """``hotweights serve`` of the small demo model (as ``tiny``, 64 tokens of context), its weights from a
+    daemon's cache, strictly (no disk fallback); one per test module."""
+    import json
+
+    sock = Path(tempfile.mkdtemp(prefix="hws-", dir="/tmp"))
+    d = DaemonProc(sock)
+    preloaded = run_cli("preload", "--model", str(models["small"]), "--socket-dir", str(sock))
+    assert preloaded.returncode == 0, preloaded.stderr
+    server = ServerProc(models["small"], tmp_path_factory.mktemp("srv") / "s.log", "--served-model-name", "tiny",
+                        "--max-model-len", "64", "--model-loader-extra-config",
+                        json.dumps({"socket_dir": str(sock), "fallback": False}))
+    assert server.ready, server.log()
+    yield server
+    server.stop()
+    d.stop()

@@ -41,7 +41,8 @@ def test_demo_models_give_transformers_logits_and_greedy_answers(models, size):
     tok = Tokenizer(models[size])
     answers = []
     for model in (hf, native):
-        g = Generator(model, tok, max_model_len=256, eos_ids={258})
+        g = Generator(model, tok, max_model_len=256, eos_ids={258},
+                      vocab_size=json.loads((models[size] / "config.json").read_text())["vocab_size"])
         chunks = list(g.stream(tok.encode("The weight cache"), SamplingParams(max_tokens=20, temperature=0)))
         answers.append(("".join(c.text for c in chunks), chunks[-1].num_tokens))
     assert answers[0] == answers[1] and answers[0][1] > 0

@@ -52,24 +52,6 @@ def test_disk_warm_and_warm_restart_answer_identically(models, daemon, tmp_path)
     assert texts[0] == texts[1] == texts[2]
 
 
-@pytest.fixture(scope="module")
-def warm_server(models, tmp_path_factory):
-    import tempfile
-    from pathlib import Path
-
-    from conftest import DaemonProc
-
-    sock = Path(tempfile.mkdtemp(prefix="hws-", dir="/tmp"))
-    d = DaemonProc(sock)
-    preloaded = run_cli("preload", "--model", str(models["small"]), "--socket-dir", str(sock))
-    assert preloaded.returncode == 0, preloaded.stderr
-    server = ServerProc(models["small"], tmp_path_factory.mktemp("srv") / "s.log", "--served-model-name", "tiny",
-                        "--max-model-len", "64", "--model-loader-extra-config", strict(sock))
-    yield server
-    server.stop()
-    d.stop()
-
-
 def test_models_and_health(warm_server):
     with urllib.request.urlopen(warm_server.url + "/v1/models") as r:
         data = json.loads(r.read())
@@ -137,10 +119,17 @@ def test_seeded_sampling_is_reproducible(warm_server):
     ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
     ({"prompt": "x", "temperature": -1}, "temperature"),
     ({"prompt": "x", "max_tokens": 100}, "max_tokens"),
-    ({"prompt": "x", "n": 2}, "n"),
-    ({"prompt": "x", "model": "other"}, "model"),
-    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": "x", "n": 0}, "n"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [[1], []]}, "prompt"),
+    ({"prompt": [10**9]}, "prompt"),
     ({"prompt": "x", "logprobs": 2}, "logprobs"),  # not implemented: refused, never silently ignored
+    ({"prompt": "x", "suffix": "y"}, "suffix"),
+    ({"prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"prompt": "x", "min_p": 0.1}, "min_p"),  # unknown here: refused, naming it
 ])
 def test_bad_requests_get_400_with_an_openai_error(warm_server, body, param):
     status, data = warm_server.post("/v1/completions", body)

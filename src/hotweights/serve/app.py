@@ -11,7 +11,7 @@ that import counts as ``listening``.
 The model is ``engines.native.Decoder`` where it covers the architecture, so serving
 imports nothing of transformers (``--model-impl``).
 
-Not covered: batching, logprobs, tools, n > 1, authentication (binds 127.0.0.1).
+Not covered: batching, logprobs, tools, structured output, authentication (binds 127.0.0.1).
 """
 
 from __future__ import annotations
@@ -110,7 +110,8 @@ def load(config: ServeConfig, overlap=None) -> tuple[Generator, Started]:
         overlap()
     hf_config = read_json(Path(config.model) / "config.json")
     limit = config.max_model_len or int(hf_config.get("max_position_embeddings", 2048))
-    generator = Generator(model, tokenizer, max_model_len=limit, eos_ids=eos_ids(config.model, tokenizer))
+    generator = Generator(model, tokenizer, max_model_len=limit, eos_ids=eos_ids(config.model, tokenizer),
+                          vocab_size=int(hf_config["vocab_size"]))
     # the kernels' first-use costs are paid before /health says ready
     with torch.inference_mode():
         if hasattr(model, "warm_up"):

@@ -1,8 +1,10 @@
 """Token generation for the embedded server: incremental decoding with a KV cache.
 
 Greedy decoding (temperature 0) is deterministic; sampling uses a generator seeded
-per request. Text is streamed as it becomes printable: a byte-level tokenizer can end
-a step in the middle of a UTF-8 character, so a trailing U+FFFD is held back.
+per request. Logit bias and the presence/frequency penalties (OpenAI's definitions) change the
+logits before either; ``top_k`` and ``top_p`` narrow sampling only. Text is streamed as it
+becomes printable: a byte-level tokenizer can end a step in the middle of a UTF-8
+character, so a trailing U+FFFD is held back.
 
 Not covered: batching several requests (one generation at a time, behind a lock),
 beam search, logprobs.
@@ -24,6 +26,10 @@ class SamplingParams:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    top_k: int = 0  # 0: off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,13 +60,14 @@ def step_of(model) -> Step:
 
 
 class Generator:
-    def __init__(self, model, tokenizer, *, max_model_len: int, eos_ids: set[int]) -> None:
+    def __init__(self, model, tokenizer, *, max_model_len: int, eos_ids: set[int], vocab_size: int) -> None:
         self.step = step_of(model)
         self.tokenizer = tokenizer  # serve.tokenizer.Tokenizer
         self.max_model_len = max_model_len
         self.device = next(model.parameters()).device
         self.lock = threading.Lock()
         self.eos_ids = eos_ids
+        self.vocab_size = vocab_size  # the model's (config.json): what a token id may be
 
     def encode(self, prompt: str) -> list[int]:
         return self.tokenizer.encode(prompt)
@@ -81,7 +88,7 @@ class Generator:
         sent = ""
         for _ in range(params.max_tokens):
             logits, past = self.step(ids, past)
-            token = self._pick(logits.float(), params, gen)
+            token = self._pick(_adjusted(logits.float(), params, out), params, gen)
             if token in self.eos_ids:
                 yield Chunk("", "stop", len(out))
                 return
@@ -102,12 +109,27 @@ class Generator:
     def _pick(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
         if params.temperature <= 0 or gen is None:
             return int(torch.argmax(logits))
+        if 0 < params.top_k < logits.numel():
+            logits = logits.masked_fill(logits < torch.topk(logits, params.top_k).values[-1], float("-inf"))
         probs = torch.softmax(logits / params.temperature, dim=-1)
         if params.top_p < 1.0:
             sorted_probs, order = torch.sort(probs, descending=True)
             keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < params.top_p
             probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_probs[keep])
         return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def _adjusted(logits: torch.Tensor, params: SamplingParams, out: list[int]) -> torch.Tensor:
+    """Logits after the bias and OpenAI's penalties: ``- frequency * count - presence * (count > 0)``
+    over the tokens generated so far."""
+    if params.logit_bias:
+        ids, bias = zip(*params.logit_bias)
+        logits = logits.index_add(0, torch.tensor(ids, device=logits.device),
+                                  torch.tensor(bias, device=logits.device, dtype=logits.dtype))
+    if out and (params.presence_penalty or params.frequency_penalty):
+        counts = torch.bincount(torch.tensor(out, device=logits.device), minlength=logits.numel()).to(logits.dtype)
+        logits = logits - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).to(logits.dtype)
+    return logits
 
 
 def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:

@@ -1,43 +1,132 @@
-"""Request bodies of the OpenAI-compatible endpoints (pydantic), validated on arrival."""
+"""Request bodies of the OpenAI-compatible endpoints (pydantic), validated on arrival.
+
+What a greedy/sampling decoder can serve is served: prompts as text, token ids or lists of
+either, chat content as a string or text parts, ``n``, ``echo``, penalties, ``top_k``,
+``logit_bias``, ``stream_options.include_usage``. What it cannot (tools, structured output,
+logprobs, images, ...) is refused with 400 naming the field, and so is a field this server does
+not know: a request is never answered as if a field it sent had been read.
+"""
 
 from __future__ import annotations
+
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 
 class BadRequest(Exception):
-    """A request that is well-formed but cannot be served; answered with 400."""
+    """A request that is well-formed but cannot be served: 400, or ``status`` (404: no such model)."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, *, status: int = 400, code: str | None = None) -> None:
         super().__init__(message)
-        self.param = param
+        self.param, self.status, self.code = param, status, code
 
 
-class Sampling(BaseModel):
-    model_config = ConfigDict(extra="allow")  # OpenAI clients send fields we do not use
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # an unknown field is refused, never ignored
+
+
+class StreamOptions(Body):
+    include_usage: bool = False  # a last chunk with the usage and no choices
+    continuous_usage_stats: bool = False  # vLLM's; refused when true
+
+
+class Sampling(Body):
     model: str | None = None
     max_tokens: int | None = Field(default=16, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)  # the newer name; wins when given
-    logprobs: bool | int | None = None  # not implemented: any truthy value is refused with 400
-    top_logprobs: int | None = None
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1, le=64)
+    temperature: float | None = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)  # vLLM's; -1 and 0 mean off
+    presence_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in -100..100
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
-    n: int = 1
+    stream_options: StreamOptions | None = None
+    user: str | None = None  # the caller's end-user id, for its own records; no effect on the answer
+    # in the API, not served here: refused unless absent or off (``refuse_unserved``)
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+    best_of: int | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+
+    def refuse_unserved(self) -> None:
+        off = {"logprobs": self.logprobs in (None, False, 0), "top_logprobs": self.top_logprobs in (None, 0),
+               "best_of": self.best_of in (None, 1, self.n), "tools": not self.tools,
+               "tool_choice": self.tool_choice in (None, "none"), "functions": not self.functions,
+               "function_call": self.function_call in (None, "none"),
+               "response_format": self.response_format in (None, {"type": "text"})}
+        for name, ok in off.items():
+            if not ok:
+                raise BadRequest(f"{name} is not supported by this server (it decodes text only: greedy or "
+                                 f"sampled; no logprobs, tools or structured output)", name)
+        if self.stream_options is not None and not self.stream:
+            raise BadRequest("stream_options is only allowed with stream=true", "stream_options")
+        if self.stream_options is not None and self.stream_options.continuous_usage_stats:
+            raise BadRequest("stream_options.continuous_usage_stats is not supported by this server (include_usage "
+                             "is)", "stream_options.continuous_usage_stats")
+
+    def bias(self, vocab_size: int) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for key, value in (self.logit_bias or {}).items():
+            if not key.lstrip("-").isdigit() or not 0 <= int(key) < vocab_size or not -100 <= value <= 100:
+                raise BadRequest(f"logit_bias: {key!r}: {value} is not a token id in 0..{vocab_size - 1} with a "
+                                 f"bias in -100..100", "logit_bias")
+            out[int(key)] = value
+        return out
 
 
 class CompletionRequest(Sampling):
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False  # the prompt's text before the completion's
+    suffix: str | None = None  # refused when given: no fill-in-the-middle here
+
+    def prompts(self, vocab_size: int) -> list[str | list[int]]:
+        """Each prompt, as text or as token ids (checked against the vocabulary)."""
+        if self.suffix is not None:
+            raise BadRequest("suffix is not supported by this server", "suffix")
+        prompt = self.prompt
+        items: list[str | list[int]] = [prompt] if isinstance(prompt, str) else (
+            [prompt] if prompt and isinstance(prompt[0], int) else list(prompt))  # type: ignore[list-item]
+        if not items or any(len(p) == 0 for p in items):
+            raise BadRequest("prompt must not be empty", "prompt")
+        for p in items:
+            if isinstance(p, list) and not all(0 <= t < vocab_size for t in p):
+                raise BadRequest(f"prompt holds a token id outside the vocabulary (0..{vocab_size - 1})", "prompt")
+        return items
 
 
-class Message(BaseModel):
-    role: str
-    content: str
+class Message(Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None  # passed to the chat template with the message
+
+    def text(self, where: str) -> str:
+        """The content as one string: text parts joined; any other part is refused, naming it."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        texts = []
+        for j, part in enumerate(self.content):
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise BadRequest(f"content part of type {part.get('type')!r} is not supported by this server (text "
+                                 f"parts only)", f"{where}.content.{j}")
+            texts.append(part["text"])
+        return "".join(texts)
 
 
 class ChatRequest(Sampling):
     # no legacy default of 16: a chat completion may use the rest of the context, as OpenAI's and vLLM's do
     max_tokens: int | None = Field(default=None, ge=1)
     messages: list[Message] = Field(min_length=1)
+
+    def dialog(self) -> list[dict[str, str]]:
+        return [{"role": m.role, "content": m.text(f"messages.{i}"), **({"name": m.name} if m.name else {})}
+                for i, m in enumerate(self.messages)]
