@@ -26,6 +26,8 @@ $hw daemon --detach --socket-dir "$work/sock"
 $hw status --json --socket-dir "$work/sock"
 $hw demo-model "$work/tiny" --size tiny 2>&1 | tee "$work/missing.txt" && { echo "demo-model ran without [engine]"; exit 1; }
 grep -q "hotweights\[engine\]" "$work/missing.txt"  # the missing extra is named
+if $hw verify --model "$work/tiny" --out "$work/v" > "$work/verify.txt" 2>&1; then echo "verify ran bare"; exit 1; fi
+cat "$work/verify.txt"; grep -q "hotweights\[serve\]" "$work/verify.txt"; ! grep -q Traceback "$work/verify.txt"
 
 step "[engine]: torch (the CPU build: install it first, or pip picks a CUDA build), preload"
 $pip install -q "$TORCH_SPEC"

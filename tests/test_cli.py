@@ -77,6 +77,21 @@ def test_a_missing_extra_is_one_line_naming_it(models):
     assert one_line_error(r, 1) == "hotweights serve: starlette is not installed; pip install 'hotweights[serve]'"
 
 
+def test_verify_says_what_it_lacks_before_it_starts_anything(models, tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['starlette'] = None; from hotweights.cli import main; "
+            f"sys.exit(main(['verify', '--model', {str(models['tiny'])!r}, '--out', {str(tmp_path / 'v')!r}]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert one_line_error(r, 1) == ("hotweights verify: --engine hotweights needs starlette, not installed here; "
+                                    "pip install 'hotweights[serve]'")
+    r = run_cli("verify", "--engine", "vllm", "--model", str(models["tiny"]), "--out", str(tmp_path / "v"),
+                env={"HOTWEIGHTS_VLLM_PYTHON": str(tmp_path / "no-python")})
+    assert "runs vLLM with" in one_line_error(r, 1) and "HOTWEIGHTS_VLLM_PYTHON" in r.stderr
+    assert not (tmp_path / "v").exists()  # nothing ran
+
+
 def test_status_json_without_a_daemon_is_json(socket_dir):
     import json
 

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args.vllm_args = vllm_args
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from .errors import HotweightsError
+    from .errors import HotweightsError, missing_extra
 
     try:
         return COMMANDS[args.command](args)
@@ -51,20 +51,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-
-
-EXTRAS = {"torch": "engine", "safetensors": "engine", "transformers": "engine", "tokenizers": "engine",
-          "uvicorn": "serve", "pydantic": "serve", "starlette": "serve", "jinja2": "serve"}
-
-
-def missing_extra(module: str) -> str:
-    """One line naming the extra (or package) that brings ``module``."""
-    root = module.split(".")[0]
-    if root in EXTRAS:
-        return f"{root} is not installed; pip install 'hotweights[{EXTRAS[root]}]'"
-    if root == "vllm":
-        return "vllm is not installed here; install hotweights into vLLM's own environment (pip install hotweights)"
-    return f"{root} is not installed (pip install {root})"
 
 
 def _extra_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -258,6 +244,11 @@ def cmd_observe(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from .verify.environment import missing_for
+
+    if why := missing_for(args.engine, vllm=not args.engine_cmd):  # first: one line, not ten failed checks
+        print(f"hotweights verify: {why}", file=sys.stderr)
+        return 1
     from .verify.report import print_verdict
     from .verify.verify import VerifyConfig, verify
 

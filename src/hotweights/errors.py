@@ -58,3 +58,18 @@ class WeightCacheUnusable(HotweightsError):
     def __init__(self, message: str, *, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+EXTRAS = {"torch": "engine", "safetensors": "engine", "transformers": "engine", "tokenizers": "engine",
+          "uvicorn": "serve", "pydantic": "serve", "starlette": "serve", "jinja2": "serve"}
+
+
+def missing_extra(module: str) -> str:
+    """One line naming the extra (or package) that brings ``module``."""
+    root = module.split(".")[0]
+    if root in EXTRAS:
+        return f"{root} is not installed; pip install 'hotweights[{EXTRAS[root]}]'"
+    if root == "vllm":
+        return ("vllm is not installed here; install hotweights into vLLM's own environment (pip install "
+                "dist/hotweights-*.whl; make wheel builds it)")
+    return f"{root} is not installed (pip install {root})"
