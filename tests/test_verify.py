@@ -34,14 +34,18 @@ def test_healthy_engine_passes_and_writes_every_receipt(models, tmp_path):
                      "--port", str(free_port()), "--max-tokens", "6", "--json", timeout=600)
     receipts = json.loads(result.stdout)
     assert result.returncode == 0 and receipts["passed"], failed(receipts)
-    for name in ("environment.json", "disk.json", "disk.log", "warm1.json", "warm2.json", "receipts.json",
-                 "report.md", "report.html", "drill_fallback_off.json"):
+    for name in ("environment.json", "disk_cold.json", "disk.json", "disk.log", "warm1.json", "warm2.json",
+                 "receipts.json", "report.md", "report.html", "drill_fallback_off.json", "daemon.log"):
         assert (out / name).exists(), name
     assert set(receipts["memory"]) == {"none", "daemon_only", "daemon_engine", "engine_stopped"}
     assert receipts["memory"]["none"]["pool_bytes"] == 0 < receipts["memory"]["daemon_only"]["pool_bytes"]
     assert "<svg" in (out / "report.html").read_text()
     assert set(receipts["runs"]["warm1"]["phases"]) >= {"imports", "weights", "warmup"}
-    assert "the weights phase took" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "the weights phase:" in report and "with it evicted first" in report
+    assert receipts["runs"]["disk_cold"]["page_cache"] < 0.5 and receipts["runs"]["disk"]["page_cache"] > 0.9
+    daemon_check = next(c for c in receipts["checks"] if c["name"] == "daemon READY line")
+    assert daemon_check["passed"] and Path(daemon_check["detail"]).exists()  # the log named outlives the run
     assert json.loads((out / "warm1.json").read_text())["ready"] is True
 
 

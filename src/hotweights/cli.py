@@ -255,7 +255,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     config = VerifyConfig(model=args.model, engine=args.engine, dtype=args.dtype, device=args.device,
                           tp_size=args.tensor_parallel_size, out=args.out, prompt=args.prompt,
                           max_tokens=args.max_tokens, port=args.port, timeout_s=args.timeout,
-                          engine_cmd=args.engine_cmd)
+                          engine_cmd=args.engine_cmd, cold=args.cold)
     code, receipts = verify(config)
     if args.json:
         print(json.dumps(receipts, sort_keys=True))

@@ -149,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-cmd", default=None,
                    help="server command template with {python} {model} {port} {dtype} {device} {tp} "
                         "{load_format} {extra} (default: the --engine's own)")
+    p.add_argument("--no-cold-start", dest="cold", action="store_false",
+                   help="skip the disk start with the checkpoint evicted from the page cache (one start less)")
     p.add_argument("--json", action="store_true", help="print the receipts as one JSON line")
 
     sub.add_parser("vllm", help="start vLLM with ARGS (hotweights vllm serve MODEL ...), a strict start checked first",
@@ -175,4 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load-format", default="hotweights", choices=["hotweights", "auto"])
     p.add_argument("--model-loader-extra-config", default="{}", help="JSON: mode, fallback, socket_dir, ...")
     p.add_argument("--json", action="store_true")
+    for command in sub.choices.values():  # every --help shows each option's default
+        for action in command._actions:
+            if (action.option_strings and not any(action.default is x for x in (None, False, True, argparse.SUPPRESS))
+                    and "%(default)" not in (action.help or "")
+                    and command.formatter_class is not argparse.ArgumentDefaultsHelpFormatter):
+                action.help = f"{action.help or ''} (default: %(default)s)".strip()
     return parser

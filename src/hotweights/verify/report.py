@@ -93,28 +93,36 @@ def _bars(title: str, items: list[tuple[str, float]], unit: str) -> str:
 
 
 def saved_sentence(receipts: dict) -> str | None:
-    """What the cache saved, disk baseline vs the first warm start, in one sentence (None without both)."""
+    """What the cache saved, the disk starts (page cache warm, and evicted when run) vs the first warm start,
+    in one sentence (None without a disk and a warm start)."""
     runs = receipts["runs"]
-    disk, warm = runs.get("disk"), runs.get("warm1")
+    disk, warm, cold = runs.get("disk"), runs.get("warm1"), runs.get("disk_cold")
     if not (disk and warm and disk["ready"] and warm["ready"]):
         return None
+    cold = cold if cold and cold["ready"] else None
     d, w = float(disk["elapsed_s"]), float(warm["elapsed_s"])
-    pc = disk.get("page_cache")
-    state = ("page cache state unknown" if pc is None else
-             f"{pc:.0%} of the checkpoint in the page cache at the disk start, so it "
-             f"{'read from memory, not the drive' if pc > 0.9 else 'read from the drive'}")
-    text = f"Warm start ready in {w:.2f} s, disk start in {d:.2f} s ({state})"
-    dp, wp = disk.get("phases"), warm.get("phases")
-    if not (dp and wp) and disk.get("weights_s") is not None and warm.get("weights_s") is not None:  # no phases
-        text += (f"; vLLM's weight phase (its \"Model loading took\") took {disk['weights_s']:.2f} s from disk and "
-                 f"{warm['weights_s']:.2f} s from the cache, and the other {w - warm['weights_s']:.1f} s of the warm "
-                 f"start are vLLM's own start-up, paid by every start")
-    if dp and wp:
-        rest = w - wp["weights"]
-        others = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in wp.items() if k != "weights")
-        text += (f"; the weights phase took {dp['weights']:.3f} s from disk and {wp['weights']:.3f} s from the "
-                 f"cache, and the other {rest:.2f} s of the warm start ({others}) are paid by every start, cached "
-                 f"or not")
+
+    def state(run: dict) -> str:
+        pc = run.get("page_cache")
+        return "page cache state unknown" if pc is None else f"{pc:.0%} of the checkpoint in the page cache"
+
+    text = f"Warm start ready in {w:.2f} s; disk start {d:.2f} s with the page cache warm ({state(disk)})"
+    if cold:
+        text += f" and {float(cold['elapsed_s']):.2f} s with it evicted first ({state(cold)}: read from the drive)"
+
+    def weights(run: dict | None, what: str) -> str:
+        return f", {run['weights_s']:.3f} s {what}" if run and run.get("weights_s") is not None else ""
+
+    if warm.get("weights_s") is not None and disk.get("weights_s") is not None:
+        name = ("vLLM's weight phase (its \"Model loading took\")" if receipts["env"].get("engine") == "vllm"
+                else "the weights phase")
+        text += (f"; {name}: {disk['weights_s']:.3f} s from disk (page cache warm){weights(cold, 'evicted')}, "
+                 f"{warm['weights_s']:.3f} s from the cache")
+        rest = w - warm["weights_s"]
+        others = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in (warm.get("phases") or {}).items()
+                           if k != "weights")
+        text += (f"; the other {rest:.2f} s of the warm start{f' ({others})' if others else ''} are paid by every "
+                 f"start, cached or not")
     floor, device = receipts["env"].get("floor_s"), str(receipts["env"].get("device", ""))
     if floor:
         what = "importing torch and creating a CUDA context" if device.startswith("cuda") else "importing torch"
@@ -128,8 +136,18 @@ def _phase_bars(runs: dict) -> str:
     ready = [(label, r) for label, r in runs.items() if r["ready"] and label != "preload"]  # starts only
     width, row, left = 640, 30, 120
     top = max((float(r["elapsed_s"]) for _, r in ready), default=1.0) or 1.0
-    scale = (width - left - 90) / top
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{row * len(ready) + 70}">',
+    scale = (width - left - 190) / top  # room after the longest bar for "12.34 s, weights 1.234 s"
+    # the legend names the phases that took time in some start (no cuda_context on a CPU run), wrapped
+    shown = [p for p in dict.fromkeys(p for _, r in ready for p in r.get("phases") or ())
+             if any((r.get("phases") or {}).get(p, 0.0) > 0 for _, r in ready)]
+    legend, x, y = [], 0, 28 + len(ready) * row + 8
+    for phase in shown:
+        if x + 16 + 8 * len(phase) > width:
+            x, y = 0, y + 18
+        legend.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{PHASE_COLOURS[phase]}"/>'
+                      f'<text x="{x + 16}" y="{y + 11}" font-size="12">{phase}</text>')
+        x += 16 + 8 * len(phase) + 10
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y + 30}">',
              '<text x="0" y="16" font-weight="bold">seconds from process start to /health 200, by phase</text>']
     for i, (label, r) in enumerate(ready):
         y, x = 28 + i * row, float(left)
@@ -145,13 +163,7 @@ def _phase_bars(runs: dict) -> str:
         w_s = r.get("weights_s", (r.get("phases") or {}).get("weights"))
         weights = "" if w_s is None else f", weights {w_s:.3f} s"
         parts.append(f'<text x="{x + 6:.1f}" y="{y + 15}">{float(r["elapsed_s"]):.2f} s{weights}</text>')
-    y = 28 + len(ready) * row + 8
-    x = 0
-    for phase in dict.fromkeys(p for _, r in ready for p in r.get("phases") or ()):
-        parts.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{PHASE_COLOURS[phase]}"/>'
-                     f'<text x="{x + 16}" y="{y + 11}" font-size="12">{phase}</text>')
-        x += 16 + 8 * len(phase) + 10
-    return "".join(parts) + "</svg>"
+    return "".join(parts + legend) + "</svg>"
 
 
 def html_report(receipts: dict) -> str:

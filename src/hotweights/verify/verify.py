@@ -1,7 +1,8 @@
 """``hotweights verify``: the acceptance procedure, run for real, with receipts.
 
-Steps: environment record -> disk baseline -> preload -> warm1 and warm2 with the
-fallback disabled -> memory at four points -> drills (no daemon + fallback on, no
+Steps: environment record -> a disk start with the checkpoint evicted from the page cache
+(``disk_cold``, unless ``cold=False``) -> the disk baseline (page cache warm) -> preload -> warm1
+and warm2 with the fallback disabled -> memory at four points -> drills (no daemon + fallback on, no
 daemon + fallback off, dtype mismatch) -> verdict. Each check is a ``Check`` that can
 fail on its own and says why in one line. Every server run is an ``observe`` run
 with its own log and JSON receipt under ``--out``.
@@ -29,7 +30,7 @@ from ..errors import CheckpointError
 from ..evidence import FALLBACK_MARK, MAPPED_RE, READY_MARK, STRICT_MARK, UNUSABLE_MARK, is_evidence, parse_startup
 from ..observe import Observed, complete, floor_s, require_free_port
 from .environment import host_record
-from .memory import page_cache_resident
+from .memory import evict_page_cache, page_cache_resident
 from .vllm_log import phases as vllm_phases
 
 ENGINE_CMDS = {
@@ -62,6 +63,7 @@ class VerifyConfig:
     interval_s: float = 0.25
     engine_cmd: str | None = None
     preload_cmd: str | None = None  # default: VLLM_PRELOAD_CMD for --engine vllm, else PRELOAD_CMD
+    cold: bool = True  # a disk start with the checkpoint's pages evicted first, beside the page-cache-warm one
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_CMDS and self.engine_cmd is None:
@@ -174,6 +176,8 @@ class Procedure:
         try:
             self.environment()
             self.memory["none"] = self._memory()
+            if self.config.cold:
+                self.disk_baseline("disk_cold")
             self.disk_baseline()
             if self.preload():
                 self.memory["daemon_only"] = self._memory()
@@ -183,6 +187,8 @@ class Procedure:
             self.drills()
         finally:
             self._run_cli("stop", "--socket-dir", str(self.socket_dir))
+            if (self.socket_dir / "daemon.log").exists():  # the run's private directory goes; its log stays
+                shutil.copyfile(self.socket_dir / "daemon.log", self.out / "daemon.log")
             shutil.rmtree(self.socket_dir, ignore_errors=True)
         return 0 if all(c.passed for c in self.checks) else 1
 
@@ -207,10 +213,18 @@ class Procedure:
         what = f"{key['arch']} {self.dtype} digest {key['key']} on {self.config.device}"
         self.check("environment recorded", True, what)
 
-    def disk_baseline(self) -> None:
-        run = self.serve("disk", load_format="auto")
-        self.check("disk baseline ready", run.ready, f"ready in {run.elapsed_s:.2f} s" if run.ready else
+    def disk_baseline(self, label: str = "disk") -> None:
+        if label == "disk_cold":  # a node whose page cache was reclaimed: the start reads the drive
+            evict_page_cache(self.config.model)
+        run = self.serve(label, load_format="auto")
+        what = "disk start, page cache evicted," if label == "disk_cold" else "disk baseline"
+        self.check(f"{what} ready", run.ready, f"ready in {run.elapsed_s:.2f} s" if run.ready else
                    f"not ready (exit {run.exit_code}); see {run.log_path}")
+        if label == "disk_cold":
+            return
+        if (cold := self.runs.get("disk_cold")) and cold.ready:
+            self.check("disk starts answer alike (page cache evicted, warm)", cold.answer == run.answer,
+                       "identical" if cold.answer == run.answer else f"evicted={cold.answer!r} warm={run.answer!r}")
         self.check("disk baseline answered", bool(run.answer),
                    repr(run.answer) if run.answer else "empty or no answer: answer comparisons would prove "
                                                         "nothing; try another --prompt")
@@ -227,7 +241,7 @@ class Procedure:
         self.runs["preload"] = Run("preload", ok, round(elapsed, 3), None, str(self.out / "preload.log"))
         daemon_log = (self.socket_dir / "daemon.log")
         ready = daemon_log.exists() and f"{READY_MARK}: socket=" in daemon_log.read_text()
-        self.check("daemon READY line", ready, str(daemon_log))
+        self.check("daemon READY line", ready, str(self.out / "daemon.log"))  # copied there at the end
         status = self._run_cli("status", "--json", "--socket-dir", str(self.socket_dir))
         entries = json.loads(status.stdout)["entries"] if status.returncode == 0 else []
         held = [f"{e['dtype']} on {e['device']}" for e in entries]
