@@ -92,6 +92,44 @@ def test_verify_says_what_it_lacks_before_it_starts_anything(models, tmp_path):
     assert not (tmp_path / "v").exists()  # nothing ran
 
 
+def test_the_budget_takes_units_and_status_shows_it(socket_dir):
+    import json
+
+    from conftest import DaemonProc
+
+    d = DaemonProc(socket_dir, "--max-bytes", "1G")
+    try:
+        data = json.loads(run_cli("status", "--json", "--socket-dir", str(socket_dir)).stdout)
+        assert data["max_bytes"] == 1 << 30
+        assert "budget: 0.00 of 1.00 GiB (--max-bytes)" in run_cli("status", "--socket-dir", str(socket_dir)).stdout
+    finally:
+        d.stop()
+    bad = run_cli("daemon", "--max-bytes", "lots", "--socket-dir", str(socket_dir))
+    assert bad.returncode == 2 and "'lots' is not a size" in bad.stderr
+
+
+def test_status_without_a_daemon_says_how_to_start_one_and_json_stays_json(socket_dir, tmp_path):
+    import json
+
+    r = run_cli("status", "--socket-dir", str(socket_dir))
+    assert "`hotweights preload --model DIR` starts one" in one_line_error(r, 1)
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)  # another user could plant a socket here: not trusted
+    r = run_cli("status", "--json", "--socket-dir", str(shared))
+    assert r.returncode == 1 and json.loads(r.stdout)["running"] is False
+
+
+def test_preloads_checks_are_not_counted_as_attaches(models, daemon):
+    import json
+
+    sock = str(daemon.paths.directory)
+    for _ in range(2):  # the second finds it cached
+        assert run_cli("preload", "--model", str(models["tiny"]), "--socket-dir", sock).returncode == 0
+    entries = json.loads(run_cli("status", "--json", "--socket-dir", sock).stdout)["entries"]
+    assert [e["num_attaches"] for e in entries] == [0]
+
+
 def test_status_json_without_a_daemon_is_json(socket_dir):
     import json
 

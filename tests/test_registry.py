@@ -43,7 +43,7 @@ def test_refusals_close_the_fds_they_were_given():
     code, message = reg.add(*entry(KEY))
     assert code == "exists" and "already published" in message
     code, message = reg.add(*entry(OTHER), max_bytes=1500)
-    assert code == "budget" and "would exceed the daemon budget of 1500 bytes (1024 in use)" in message
+    assert code == "budget" and "would exceed the daemon budget of 1500 bytes (1024 bytes in use)" in message
     reg.release(None)
     assert open_fds() == before
 

@@ -130,19 +130,20 @@ def _preload_vllm(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from .client import connect
     from .console import status_table
-    from .errors import DaemonUnavailable
+    from .errors import DaemonUnavailable, TrustError
     from .paths import daemon_paths
 
     try:
         with connect(daemon_paths(args.socket_dir)) as client:
             status = client.status()
-    except DaemonUnavailable as exc:
+    except (DaemonUnavailable, TrustError) as exc:
+        start = "" if isinstance(exc, TrustError) else "; `hotweights preload --model DIR` starts one and fills it"
         if not args.json:
-            raise
+            raise type(exc)(f"{exc}{start}") from None
         _emit(args, {"running": False, "reason": str(exc)}, "")
         return 1
     data = {"running": True, "pid": status.pid, "version": status.daemon_version, "uptime_s": round(status.uptime_s, 1),
-            "entries": status.entries, "bytes_by_device": status.bytes_by_device,
+            "entries": status.entries, "bytes_by_device": status.bytes_by_device, "max_bytes": status.max_bytes,
             "torch_imported": status.torch_imported, "socket": str(client.socket_path)}
     _emit(args, data, status_table(status, client.socket_path))
     return 0

@@ -48,6 +48,20 @@ def split_vllm(argv: list[str]) -> tuple[list[str], list[str] | None]:
     return argv, None
 
 
+def byte_size(text: str) -> int:
+    """``8G``, ``512M``, ``1.5T``, ``8GiB`` or plain bytes -> bytes (binary units: ``G`` is GiB)."""
+    units = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}
+    number = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = number[-1:] if number[-1:] in units else ""
+    try:
+        value = float(number[:len(number) - len(unit)])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: bytes, or a number with K, M, G or T (8G)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size cannot be negative")
+    return int(value * (1 << units[unit]))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hotweights", description="Keep LLM weights resident across restarts.")
     parser.add_argument("--version", action="version", version=f"hotweights {__version__}")
@@ -56,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("daemon", help="run the keeper daemon in the foreground")
     _socket_dir(p)
-    p.add_argument("--max-bytes", type=int, default=0, help="refuse publishes beyond this many bytes (0: no cap)")
+    p.add_argument("--max-bytes", type=byte_size, default=0,
+                   help="refuse publishes beyond this size: bytes, or with K, M, G, T (binary: 8G = 8 GiB); 0: no cap")
     p.add_argument("--detach", action="store_true",
                    help="double-fork into the background (no longer a descendant of the caller, so an engine "
                         "that kills its process tree on exit does not take the daemon with it)")

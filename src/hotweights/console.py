@@ -41,6 +41,9 @@ def status_table(status: Any, socket_path: Path) -> str:
              f"socket={socket_path}"]
     for dev, nbytes in sorted(status.bytes_by_device.items()):
         lines.append(f"  {dev}: {nbytes / GIB:.2f} GiB")
+    held = sum(status.bytes_by_device.values())
+    lines.append(f"  budget: {held / GIB:.2f} of {status.max_bytes / GIB:.2f} GiB (--max-bytes)" if status.max_bytes
+                 else "  budget: none (--max-bytes not set)")
     lines.append(f"{'KEY':<14}{'MODEL':<20}{'LAYOUT':<14}{'TP':<5}{'DTYPE':<10}{'DEVICE':<16}{'GiB':>8}"
                  f"{'TENSORS':>9}{'ATTACHES':>10}")
     for e in status.entries:

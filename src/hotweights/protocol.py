@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import socket
 import typing
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 import msgpack
@@ -81,6 +81,7 @@ class StatusOk:
     entries: list[dict[str, Any]]
     bytes_by_device: dict[str, int]
     torch_imported: bool
+    max_bytes: int = 0  # the daemon's budget (0: none); a field with a default may be absent (older daemons)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +139,10 @@ _HINTS = {cls: {name: typing.get_origin(hint) or hint for name, hint in typing.g
           for cls in MESSAGES.values()}
 
 
+# fields added later, with a default: a peer of the same protocol version that predates them omits them
+_OPTIONAL = {cls: {f.name for f in fields(cls) if f.default is not MISSING} for cls in MESSAGES.values()}
+
+
 def encode(msg: Message) -> bytes:
     body: dict[str, Any] = {"op": _OPS[type(msg)]}
     for f in fields(msg):
@@ -191,10 +196,10 @@ def decode_body(body: Any) -> Message:
     if cls is None:
         raise ProtocolError(f"unknown op {op!r}; known ops: {sorted(MESSAGES)}", code="unknown_op")
     hints = _HINTS[cls]
-    extra, missing = sorted(set(body) - set(hints)), sorted(set(hints) - set(body))
+    extra, missing = sorted(set(body) - set(hints)), sorted(set(hints) - set(body) - _OPTIONAL[cls])
     if extra or missing:
         raise ProtocolError(f"op {op!r}: unexpected fields {extra}, missing fields {missing}", code="bad_message")
-    kwargs = {name: _convert(op, name, body[name], hint) for name, hint in hints.items()}
+    kwargs = {name: _convert(op, name, body[name], hint) for name, hint in hints.items() if name in body}
     return cls(**kwargs)  # type: ignore[no-any-return]  # cls is one of MESSAGES
 
 

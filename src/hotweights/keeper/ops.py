@@ -51,7 +51,7 @@ class Ops:
         if isinstance(msg, Status):
             entries, per_device = self.registry.describe()
             return StatusOk(os.getpid(), __version__, time.monotonic() - self.started, entries, per_device,
-                            "torch" in sys.modules), []
+                            "torch" in sys.modules, self.max_bytes), []
         if isinstance(msg, Attach):
             return self._attach(msg, peer_pid)
         if isinstance(msg, Publish):

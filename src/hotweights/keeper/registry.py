@@ -34,7 +34,8 @@ class Entry:
         return {
             "key": key.short, "model": key.model, "dtype": key.dtype, "arch": key.arch,
             "layout": key.layout, "device": key.device, "tp": f"{key.tp_rank}/{key.tp_size}",
-            "nbytes": self.manifest.nbytes, "num_tensors": len(self.manifest.tensors),
+            "nbytes": self.manifest.nbytes, "tensor_nbytes": self.manifest.tensor_nbytes,
+            "num_tensors": len(self.manifest.tensors),
             "num_pools": len(self.manifest.pools), "num_attaches": self.num_attaches,
             "published_at": self.published_at,
         }
@@ -57,8 +58,9 @@ class Registry:
             if manifest.key in self._entries:
                 refusal = ("exists", f"entry {manifest.key.short} is already published; release it first")
             elif max_bytes and in_use + manifest.nbytes > max_bytes:
-                refusal = ("budget", f"entry of {manifest.nbytes} bytes would exceed the daemon budget of "
-                                     f"{max_bytes} bytes ({in_use} in use); release an entry or raise --max-bytes")
+                refusal = ("budget", f"entry of {_size(manifest.nbytes)} would exceed the daemon budget of "
+                                     f"{_size(max_bytes)} ({_size(in_use)} in use); release an entry or raise "
+                                     f"--max-bytes")
             if refusal:
                 close_fds(fds)
                 return refusal
@@ -106,3 +108,11 @@ class Registry:
         for e in entries:
             per_device[e["device"]] = per_device.get(e["device"], 0) + e["nbytes"]
         return entries, per_device
+
+
+def _size(nbytes: int) -> str:
+    """Bytes as a person reads them: GiB, MiB, or bytes (the unit ``--max-bytes 8G`` takes)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):.2f} {unit}"
+    return f"{nbytes} bytes"

@@ -75,11 +75,9 @@ def preload(model_dir: str | os.PathLike[str], *, dtype: str = "auto", device: s
         known = {s.name: d for s in ckpt.shards if (d := cache.get(s.stat))}
         if len(known) == len(ckpt.shards):
             key = checkpoint_key(ckpt, dtype=dtype, device=dev, digests=known)
-            answer = client.lookup(key)
-            if answer.outcome is Outcome.OK:
+            if entry := _cached(client, key):
                 logger.info("already cached: key=%s model=%s", key.short, key.model)
-                return PreloadResult(key, len(answer.manifest.tensors), answer.manifest.tensor_nbytes, 0.0, True,
-                                     client.socket_path)
+                return PreloadResult(key, entry["num_tensors"], entry["tensor_nbytes"], 0.0, True, client.socket_path)
         start = time.perf_counter()
         writer, key = fill_from_disk(ckpt, dtype, dev, pool_bytes=pool_bytes, progress=progress, cache=cache)
         seconds = time.perf_counter() - start
@@ -88,14 +86,19 @@ def preload(model_dir: str | os.PathLike[str], *, dtype: str = "auto", device: s
         except ProtocolError as exc:
             # the same bytes under the same key are already cached (a chmod or a byte-identical
             # copy only missed the digest cache): that is success, not a conflict
-            answer = client.lookup(key) if exc.code == "exists" else None
-            if answer is None or answer.outcome is not Outcome.OK:
+            entry = _cached(client, key) if exc.code == "exists" else None
+            if entry is None:
                 raise
             logger.info("already cached: key=%s model=%s (read again: the digest cache did not know the files)",
                         key.short, key.model)
-            return PreloadResult(key, len(answer.manifest.tensors), answer.manifest.tensor_nbytes, seconds, True,
-                                 client.socket_path)
+            return PreloadResult(key, entry["num_tensors"], entry["tensor_nbytes"], seconds, True, client.socket_path)
         return PreloadResult(key, len(manifest.tensors), manifest.tensor_nbytes, seconds, False, client.socket_path)
+
+
+def _cached(client, key: CacheKey) -> dict | None:
+    """The daemon's entry of ``key``, from its status: a check that is not an attach (an entry's ATTACHES
+    count engines, not this look)."""
+    return next((e for e in client.status().entries if e["key"] == key.short and "tensor_nbytes" in e), None)
 
 
 def fill_from_disk(ckpt: Checkpoint, dtype: str, dev: Device, *, pool_bytes: int = DEFAULT_POOL_BYTES,

@@ -120,7 +120,7 @@ def saved_sentence(receipts: dict) -> str | None:
                  f"{warm['weights_s']:.3f} s from the cache")
         rest = w - warm["weights_s"]
         others = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in (warm.get("phases") or {}).items()
-                           if k != "weights")
+                           if k != "weights" and v > 0)
         text += (f"; the other {rest:.2f} s of the warm start{f' ({others})' if others else ''} are paid by every "
                  f"start, cached or not")
     floor, device = receipts["env"].get("floor_s"), str(receipts["env"].get("device", ""))
