@@ -20,6 +20,8 @@ def test_same_size_writes_identical_bytes(tmp_path, models):
     again = write_demo_model(tmp_path / "again", "small")
     for f in sorted(models["small"].glob("*.safetensors")):
         assert digest(f) == digest(again / f.name)
+    modes = {f.name: f.stat().st_mode & 0o777 for f in again.iterdir()}
+    assert len(set(modes.values())) == 1, modes  # the shards as readable as the config (the umask's)
 
 
 def test_tokenizer_is_byte_level_and_has_a_chat_template(models):

@@ -101,7 +101,7 @@ def cmd_preload(args: argparse.Namespace) -> int:
     key = result.key
     line = (f"Already cached: {key.model} [{key.short}] on {key.device}" if result.already_cached else
             evidence.published(result.num_tensors, result.nbytes, key.model, key.short, key.device, result.seconds)
-            + f" ({result.gbps:.2f} GB/s)")
+            + f" ({result.nbytes / max(result.seconds, 1e-9) / evidence.GIB:.2f} GiB/s)")
     _emit(args, {"key": key.short, "model": key.model, "dtype": key.dtype, "device": key.device,
                  "num_tensors": result.num_tensors, "nbytes": result.nbytes, "seconds": result.seconds,
                  "gbps": result.gbps, "already_cached": result.already_cached,

@@ -19,16 +19,20 @@ class ProgressBar:
     def __enter__(self):
         if not self.enabled:
             return None
-        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-        self._progress = Progress("[bold]preload", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        # binary units throughout, as the Published line has them (GiB, GiB/s)
+        speed = TextColumn("{task.fields[rate]}")
+        self._progress = Progress("[bold]preload", BarColumn(), DownloadColumn(binary_units=True), speed,
                                   TimeRemainingColumn(), transient=True)
         self._progress.start()
-        self._task = self._progress.add_task("preload", total=None)
+        self._task = self._progress.add_task("preload", total=None, rate="")
         return self.update
 
     def update(self, done: int, total: int) -> None:
         self._progress.update(self._task, completed=done, total=total)
+        speed = self._progress.tasks[0].speed
+        self._progress.update(self._task, rate=f"{speed / GIB:.2f} GiB/s" if speed else "")
 
     def __exit__(self, *exc: object) -> None:
         if self._progress is not None:

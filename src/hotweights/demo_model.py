@@ -14,6 +14,7 @@ bfloat16, about 65.5 GB, 14 shards).
 from __future__ import annotations
 
 import json
+import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +98,8 @@ def write_demo_model(directory: str | Path, size: str = "tiny", *, gen_device: s
     s = SHAPES[size]
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
+    umask = os.umask(0)
+    os.umask(umask)
     names = tensor_shapes(s)
     total = sum(_numel(shape) for _, shape in names)
     per_shard = -(-total // s.num_shards)
@@ -113,6 +116,7 @@ def write_demo_model(directory: str | Path, size: str = "tiny", *, gen_device: s
         fname = "model.safetensors" if len(groups) == 1 else f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
         save_file({n: _make_tensor(n, shape, s.dtype, gen_device) for n, shape in group}, out / fname,
                   metadata={"format": "pt"})
+        os.chmod(out / fname, 0o666 & ~umask)  # safetensors writes 0600; the other files follow the umask
         weight_map.update({n: fname for n, _ in group})
     if len(groups) > 1:
         itemsize = 4 if s.dtype == "float32" else 2

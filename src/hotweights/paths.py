@@ -23,6 +23,7 @@ from .errors import TrustError
 SOCKET_NAME = "daemon.sock"
 LOCK_NAME = "daemon.lock"
 LOG_NAME = "daemon.log"
+LOG_KEEP_BYTES = 16 << 20  # a daemon starting beside a larger log moves it to daemon.log.1 (one old log kept)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,15 @@ class DaemonPaths:
     @property
     def log(self) -> Path:
         return self.directory / LOG_NAME
+
+
+def rotate_log(log: Path, keep_bytes: int = LOG_KEEP_BYTES) -> None:
+    """Move ``log`` to ``<log>.1`` (replacing an older one) when it has grown beyond ``keep_bytes``."""
+    try:
+        if log.stat().st_size > keep_bytes:
+            os.replace(log, log.with_name(log.name + ".1"))
+    except FileNotFoundError:
+        pass
 
 
 def resolve_socket_dir(socket_dir: str | os.PathLike[str] | None = None) -> Path:

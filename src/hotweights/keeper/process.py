@@ -9,6 +9,8 @@ import resource
 import sys
 from pathlib import Path
 
+from ..paths import rotate_log
+
 
 def detach(log: Path) -> bool:
     """Double-fork into the background: the daemon is then no descendant of the caller, so an engine that
@@ -22,6 +24,7 @@ def detach(log: Path) -> bool:
     os.setsid()
     if os.fork() > 0:
         os._exit(0)
+    rotate_log(log)
     null, out = os.open(os.devnull, os.O_RDONLY), os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     for fd, target in ((null, 0), (out, 1), (out, 2)):
         os.dup2(fd, target)

@@ -19,7 +19,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +54,8 @@ def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_di
            "--tensor-parallel-size", str(tp_size), "--load-format", "hotweights",
            "--model-loader-extra-config", json.dumps(extra), "--host", "127.0.0.1", "--port", str(port),
            *(extra_args or [])]
-    log_dir = log_path.parent if log_path else Path(tempfile.mkdtemp(prefix="hotweights-vllm-preload-"))
+    # its log beside the daemon's (the last preload's; no temporary directory left behind), unless named
+    log_dir = log_path.parent if log_path else paths.directory
     label = log_path.stem if log_path else "vllm-preload"
     start = time.monotonic()
     obs = Observed(label, cmd, out_dir=log_dir, health_url=f"http://127.0.0.1:{port}/health")
