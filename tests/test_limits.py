@@ -43,10 +43,13 @@ def test_limits_reject_a_bound_that_admits_nothing(field, value):
         Limits(**{field: value})
 
 
-def test_a_pid_at_its_cap_gives_up_its_oldest_idle_connection(sockets):
-    table = Connections(max_connections=8, max_per_pid=2, stall_s=1.0)
+def test_a_pid_at_its_cap_gives_up_its_oldest_silent_connection_but_not_a_fresh_one(sockets):
+    table = Connections(max_connections=8, max_per_pid=2, stall_s=0.05)
     first, second, third = sockets(), sockets(), sockets()
     assert table.admit(first, pid=7) == "" and table.admit(second, pid=7) == ""
+    assert table.admit(third, pid=7) == "pid 7 already has 2 busy connections (limit 2); retry"  # about to send
+    assert not is_shut(first) and not is_shut(second)
+    time.sleep(0.1)  # now both have been silent for longer than stall_s
     assert table.admit(third, pid=7) == ""
     assert len(table) == 2 and is_shut(first) and not is_shut(second)
 
@@ -56,7 +59,7 @@ def test_a_connection_being_served_is_never_evicted(sockets):
     served = sockets()
     table.admit(served, pid=7)
     table.enter(served, Phase.SERVING)
-    assert table.admit(sockets(), pid=7) == "pid 7 already has 1 busy connections (limit 1)"
+    assert table.admit(sockets(), pid=7) == "pid 7 already has 1 busy connections (limit 1); retry"
     assert not is_shut(served)
 
 

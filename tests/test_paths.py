@@ -114,3 +114,15 @@ def test_clients_refuse_a_daemon_of_another_uid_behind_a_trusted_dir(impostor, s
     assert r.returncode == 1 and f"runs as uid {NOBODY}" in r.stderr and "Traceback" not in r.stderr
     received = (paths.directory / "received").read_text()
     assert set(received.splitlines()) == {"0 bytes 0 ancillary"}  # connected, then nothing was sent
+
+
+def test_a_large_daemon_log_is_rotated_once_and_a_small_one_kept(tmp_path):
+    from hotweights.paths import rotate_log
+
+    log = tmp_path / "daemon.log"
+    rotate_log(log)  # none yet: nothing to do
+    log.write_bytes(b"x" * 100)
+    rotate_log(log, keep_bytes=1000)
+    assert log.read_bytes() == b"x" * 100 and not (tmp_path / "daemon.log.1").exists()
+    rotate_log(log, keep_bytes=10)
+    assert not log.exists() and (tmp_path / "daemon.log.1").read_bytes() == b"x" * 100

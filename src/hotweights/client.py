@@ -14,7 +14,9 @@ pool importers do). An ``error`` reply is raised as ``ProtocolError`` carrying i
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
+import random
 import socket
 import struct
 import time
@@ -115,36 +117,58 @@ def connect(paths: DaemonPaths, *, socket_path: str | os.PathLike[str] | None = 
 
     Before a byte (or an fd) is sent: the socket's directory must be a private directory
     of this user, and the process that answers must run as this user (``SO_PEERCRED``);
-    TrustError otherwise. DaemonUnavailable says why no daemon answered.
+    TrustError otherwise. DaemonUnavailable says why no daemon answered. A daemon that
+    answered the connect but shed it (all its slots busy, ``is_transient``) is asked again
+    until ``timeout_s``: it is up, only busy.
     """
     path = Path(socket_path) if socket_path else paths.socket
     try:
         check_socket_dir(path.parent)
     except FileNotFoundError:
         raise DaemonUnavailable(f"no daemon socket at {path}") from None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    sock.settimeout(timeout_s)
-    try:
-        _connect_patiently(sock, str(path), time.monotonic() + timeout_s)
-        pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-        if uid != os.getuid():
-            raise TrustError(f"the daemon at {path} (pid {pid}) runs as uid {uid}, not as you (uid {os.getuid()}): "
-                             f"refusing to send it anything; stop it, or use a daemon of your own with --socket-dir")
-        client = Client(sock, path)
-        client.hello()
-        return client
-    except TrustError:
-        sock.close()
-        raise
-    except FileNotFoundError:
-        sock.close()
-        raise DaemonUnavailable(f"no daemon socket at {path}") from None
-    except ConnectionRefusedError:
-        sock.close()
-        raise DaemonUnavailable(f"daemon socket {path} refuses connections (stale socket?)") from None
-    except (TimeoutError, ProtocolError, OSError) as exc:
-        sock.close()
-        raise DaemonUnavailable(f"daemon at {path} did not answer hello: {exc}") from None
+    deadline = time.monotonic() + timeout_s
+    for attempt in itertools.count():
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.settimeout(timeout_s)
+        try:
+            _connect_patiently(sock, str(path), deadline)
+            pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            if uid != os.getuid():
+                raise TrustError(f"the daemon at {path} (pid {pid}) runs as uid {uid}, not as you (uid "
+                                 f"{os.getuid()}): refusing to send it anything; stop it, or use a daemon of your "
+                                 f"own with --socket-dir")
+            client = Client(sock, path)
+            client.hello()
+            return client
+        except TrustError:
+            sock.close()
+            raise
+        except FileNotFoundError:
+            sock.close()
+            raise DaemonUnavailable(f"no daemon socket at {path}") from None
+        except ConnectionRefusedError:
+            sock.close()
+            raise DaemonUnavailable(f"daemon socket {path} refuses connections (stale socket?)") from None
+        except (TimeoutError, ProtocolError, OSError) as exc:
+            sock.close()
+            if is_transient(exc) and time.monotonic() < deadline:
+                backoff(attempt)
+                continue
+            raise DaemonUnavailable(f"daemon at {path} did not answer hello: {exc}") from None
+    raise AssertionError("unreachable")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A failure of the connection, not an answer: the daemon shed it (busy) or it broke in transit.
+    Asked again within the caller's deadline; never read as a cache miss."""
+    if isinstance(exc, ProtocolError):
+        return exc.code in ("busy", "closed")
+    return isinstance(exc, (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, EOFError))
+
+
+def backoff(attempt: int) -> None:
+    """Sleep before try ``attempt + 1``: 2 ms doubling to 50 ms, jittered (threads that collided spread out)."""
+    time.sleep(min(0.05, 0.002 * 2 ** attempt) * (0.5 + random.random()))
 
 
 def _connect_patiently(sock: socket.socket, path: str, deadline: float) -> None:

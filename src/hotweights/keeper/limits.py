@@ -1,11 +1,14 @@
 """What one peer may cost the daemon: connection slots, and the lines it can make it log.
 
-``Connections`` admits a connection, evicting another when the table is full: first an
-idle one of the same pid when that pid is at its cap, else the least recently active
-connection that is idle (waiting for a frame) or stalled inside a frame for longer than
-``stall_s``. A connection that is being served is never evicted. So a client that
-opens and forgets connections, or starts frames and stalls, cannot lock out the engines:
-a new connection takes the slot of the oldest silent one.
+``Connections`` admits a connection, evicting another when the table is full: first a
+silent one of the same pid when that pid is at its cap, else the least recently active
+silent connection anywhere. Silent: idle (waiting for its next or first frame) or stalled
+inside a frame, either for longer than ``stall_s``. A connection that is being served, or
+that was admitted or answered less than ``stall_s`` ago, is never evicted: its client is
+about to send a frame, and shedding it would turn a busy moment into a failed request.
+The newcomer is refused instead ("busy; retry"), and clients retry within their deadline.
+So a client that opens and forgets connections, or starts frames and stalls, cannot lock
+out the engines, and 64 threads of one engine attaching at once all succeed.
 
 ``Warnings`` bounds each warning line (every field cut to ``FIELD_CHARS`` characters)
 and rate-limits them per kind: at most ``burst`` lines per ``window_s``, then one line
@@ -73,7 +76,7 @@ class Connections:
         with self._lock:
             mine = [c for c, s in self._slots.items() if s.pid == pid]
             if len(mine) >= self.max_per_pid and not self._evict(mine):
-                return f"pid {pid} already has {len(mine)} busy connections (limit {self.max_per_pid})"
+                return f"pid {pid} already has {len(mine)} busy connections (limit {self.max_per_pid}); retry"
             if len(self._slots) >= self.max_connections and not self._evict(list(self._slots)):
                 return f"all {self.max_connections} connections are busy; retry"
             self._slots[conn] = _Slot(pid)
@@ -81,8 +84,8 @@ class Connections:
 
     def _evict(self, candidates: list[socket.socket]) -> bool:
         now = time.monotonic()
-        evictable = [c for c in candidates if self._slots[c].phase is Phase.IDLE
-                     or (self._slots[c].phase is Phase.RECEIVING and now - self._slots[c].since > self.stall_s)]
+        evictable = [c for c in candidates if self._slots[c].phase is not Phase.SERVING
+                     and now - self._slots[c].since > self.stall_s]
         if not evictable:
             return False
         oldest = min(evictable, key=lambda c: self._slots[c].since)

@@ -13,6 +13,7 @@ keeps the weights alive: an engine keeps working when the daemon dies.
 from __future__ import annotations
 
 import logging
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import evidence
-from ..client import Outcome, connect_for
+from ..client import Outcome, backoff, connect_for, is_transient
 from ..config import AttachConfig
 from ..errors import DaemonUnavailable, PoolError, ProtocolError, TrustError, WrongEntry
 from ..evidence import GIB
@@ -62,27 +63,35 @@ def attach_tensors(key: CacheKey, config: AttachConfig | None = None, *, evidenc
     config = config or AttachConfig()
     tick = clock or (lambda _: None)
     start = time.perf_counter()
-    try:
-        client = connect_for(config)
-    except DaemonUnavailable as exc:
-        return AttachResult(Outcome.ABSENT, f"daemon unavailable: {exc}")
-    except TrustError as exc:
-        return AttachResult(Outcome.ABSENT, f"untrusted daemon: {exc}")
-    tick("connect")
-    with client:
-        socket_path = str(client.socket_path)
+    deadline = time.monotonic() + config.connect_timeout_s
+    for attempt in itertools.count():
         try:
-            reply = client.attach(key)
-            tick("request")
-            mapped = _map_pools(reply.pools, reply.take_fds(), copy=config.mode == "copy") if reply.pools else None
-            tick("map")
-            answer = reply.answer()
-        except PoolError as exc:
-            return AttachResult(Outcome.UNUSABLE, str(exc), socket_path=socket_path)
-        except WrongEntry:
-            raise  # a broken invariant, not an outcome
-        except (ProtocolError, OSError) as exc:
-            return AttachResult(Outcome.ABSENT, f"daemon failed the attach: {exc}", socket_path=socket_path)
+            client = connect_for(config)
+        except DaemonUnavailable as exc:
+            return AttachResult(Outcome.ABSENT, f"daemon unavailable: {exc}")
+        except TrustError as exc:
+            return AttachResult(Outcome.ABSENT, f"untrusted daemon: {exc}")
+        tick("connect")
+        with client:
+            socket_path = str(client.socket_path)
+            try:
+                reply = client.attach(key)
+                tick("request")
+                mapped = _map_pools(reply.pools, reply.take_fds(), copy=config.mode == "copy") if reply.pools else None
+                tick("map")
+                answer = reply.answer()
+                break
+            except PoolError as exc:
+                return AttachResult(Outcome.UNUSABLE, str(exc), socket_path=socket_path)
+            except WrongEntry:
+                raise  # a broken invariant, not an outcome
+            except (ProtocolError, OSError) as exc:
+                if is_transient(exc) and time.monotonic() < deadline:  # the connection broke: ask again
+                    backoff(attempt)
+                    continue
+                # the daemon answered the connect: no word here about what it holds
+                return AttachResult(Outcome.ABSENT, f"daemon unavailable: the attach failed in transit after "
+                                                    f"{attempt + 1} tries ({exc})", socket_path=socket_path)
     if answer.outcome is not Outcome.OK:
         return AttachResult(answer.outcome, answer.reason, diffs=answer.diffs, socket_path=socket_path)
     manifest = answer.manifest
