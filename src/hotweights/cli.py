@@ -93,7 +93,10 @@ def cmd_preload(args: argparse.Namespace) -> int:
     if args.vllm_arg or args.vllm_python or args.log:
         raise ValueError("--vllm-arg, --vllm-python and --log apply to --engine vllm only")
     from .console import ProgressBar
+    from .loading.headroom import lower_priority_for_the_oom_killer
     from .loading.preload import preload
+
+    lower_priority_for_the_oom_killer()  # under pressure this loader goes before the daemon or an engine
 
     with ProgressBar(enabled=sys.stderr.isatty() and not args.json) as progress:
         result = preload(args.model, dtype=args.dtype, device=args.device, tp_size=args.tensor_parallel_size,

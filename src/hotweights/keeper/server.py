@@ -96,7 +96,7 @@ class Daemon:
 
     def serve_forever(self) -> None:
         assert self._listener is not None, "open() first"
-        tune_process()
+        logger.info("keeper process: %s", tune_process())
         self._refuser = Refuser()
         self._reserve_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         logger.info(evidence.daemon_ready(str(self.config.paths.socket), os.getpid()))

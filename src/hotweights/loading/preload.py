@@ -33,6 +33,7 @@ from ..pools.devices import Device, resolve_device
 from .attach import AttachResult, attach_tensors
 from .checkpoint import Checkpoint, checkpoint_key, open_checkpoint, target_dtype
 from .digest import DigestCache
+from .headroom import check_fits
 from .publish import DEFAULT_POOL_BYTES, PoolWriter, publish
 from .reader import Staging, plan_segments
 
@@ -78,6 +79,7 @@ def preload(model_dir: str | os.PathLike[str], *, dtype: str = "auto", device: s
             if entry := _cached(client, key):
                 logger.info("already cached: key=%s model=%s", key.short, key.model)
                 return PreloadResult(key, entry["num_tensors"], entry["tensor_nbytes"], 0.0, True, client.socket_path)
+        check_fits(ckpt, dtype, dev.kind, dev.index)  # before a byte is read: one line, not an OOM kill
         start = time.perf_counter()
         writer, key = fill_from_disk(ckpt, dtype, dev, pool_bytes=pool_bytes, progress=progress, cache=cache)
         seconds = time.perf_counter() - start
