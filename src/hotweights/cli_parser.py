@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--detach", action="store_true",
                    help="double-fork into the background (no longer a descendant of the caller, so an engine "
                         "that kills its process tree on exit does not take the daemon with it)")
+    p.add_argument("--replace", action="store_true",
+                   help="take every entry (its pool fds) and then the place of the running daemon, which exits: "
+                        "an upgrade or a restart without losing the cache; attaches go on meanwhile")
 
     p = sub.add_parser("preload", help="load a checkpoint into the cache (starts the daemon if needed)")
     _model(p)

@@ -63,6 +63,14 @@ class Stop:
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class Export:
+    """Hand-off (``daemon --replace``): the ``index``-th entry, as an ``AttachOk`` with its fds, or
+    ``AttachMiss`` past the last. From the first export on, the daemon refuses publishes."""
+
+    index: int
+
+
 # -- replies ----------------------------------------------------------------------------
 
 
@@ -124,12 +132,12 @@ class Error:
     message: str
 
 
-Message = (Hello | Status | Attach | Publish | Release | Stop | HelloOk | StatusOk | AttachOk
+Message = (Hello | Status | Attach | Publish | Release | Stop | Export | HelloOk | StatusOk | AttachOk
            | AttachMiss | AttachMismatch | PublishOk | ReleaseOk | StopOk | Error)
 
 MESSAGES: dict[str, type] = {
     "hello": Hello, "status": Status, "attach": Attach, "publish": Publish, "release": Release,
-    "stop": Stop, "hello_ok": HelloOk, "status_ok": StatusOk, "attach_ok": AttachOk,
+    "stop": Stop, "export": Export, "hello_ok": HelloOk, "status_ok": StatusOk, "attach_ok": AttachOk,
     "attach_miss": AttachMiss, "attach_mismatch": AttachMismatch, "publish_ok": PublishOk,
     "release_ok": ReleaseOk, "stop_ok": StopOk, "error": Error,
 }

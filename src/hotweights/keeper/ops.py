@@ -20,8 +20,8 @@ from .. import __version__, evidence
 from ..manifest import Manifest
 from ..pools.fds import pool_fds_problem
 from ..protocol import (
-    PROTOCOL_VERSION, Attach, AttachMismatch, AttachMiss, AttachOk, Error, Hello, HelloOk, Message, Publish, PublishOk,
-    Release, ReleaseOk, Status, StatusOk, Stop, StopOk,
+    PROTOCOL_VERSION, Attach, AttachMismatch, AttachMiss, AttachOk, Error, Export, Hello, HelloOk, Message, Publish,
+    PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk,
 )
 from ..wire import close_fds
 from .limits import Warnings
@@ -38,6 +38,7 @@ class Ops:
         self.warnings = warnings
         self.on_stop = on_stop
         self.started = time.monotonic()
+        self.handover_until = 0.0  # monotonic time: publishes are refused until then (each Export renews it)
 
     def handle(self, msg: Message, fds: list[int], peer_pid: int) -> tuple[Message, list[int]]:
         if not isinstance(msg, Publish) and fds:
@@ -55,7 +56,18 @@ class Ops:
         if isinstance(msg, Attach):
             return self._attach(msg, peer_pid)
         if isinstance(msg, Publish):
+            if time.monotonic() < self.handover_until:
+                close_fds(fds)
+                return Error("busy", "the daemon is handing its entries to a new one (hotweights daemon --replace); "
+                                     "publish again in a moment"), []
             return self._publish(msg.manifest, fds, peer_pid), []
+        if isinstance(msg, Export):
+            if time.monotonic() >= self.handover_until:
+                logger.info("hand-off: exporting every entry to peer_pid=%d; publishes refused meanwhile", peer_pid)
+            # a hand-off that fails half-way (the new daemon died) lets publishes in again a minute later
+            self.handover_until = time.monotonic() + 60.0
+            found = self.registry.nth(msg.index)
+            return (AttachOk(found[0]), found[1]) if found else (AttachMiss("no more entries"), [])
         if isinstance(msg, Release):
             if not msg.all and not msg.key_short:
                 return Error("bad_message", "release needs a key or all=true"), []

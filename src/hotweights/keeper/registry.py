@@ -83,6 +83,21 @@ class Registry:
             entry.num_attaches += 1
             return entry.manifest, dups
 
+    def nth(self, index: int) -> tuple[Manifest, list[int]] | None:
+        """The ``index``-th entry in publish order and fresh dups of its fds (a hand-off: not an attach)."""
+        with self._lock:
+            entries = list(self._entries.values())
+            if not 0 <= index < len(entries):
+                return None
+            dups: list[int] = []
+            try:
+                for fd in entries[index].fds:
+                    dups.append(os.dup(fd))
+            except OSError:
+                close_fds(dups)
+                raise
+            return entries[index].manifest, dups
+
     def closest(self, key: CacheKey) -> tuple[Manifest, list[FieldDiff]] | None:
         """The entry with the fewest differing fields, and those fields; None if empty."""
         with self._lock:

@@ -66,32 +66,51 @@ class Daemon:
         """Take the lock, bind the socket. Raises DaemonAlreadyRunning or TrustError."""
         paths = self.config.paths
         ensure_socket_dir(paths.directory)
-        fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise DaemonAlreadyRunning(
-                f"another weight cache daemon (pid {holder}) already serves {paths.directory}; "
-                f"use it, or stop it with `hotweights stop`"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
+        self.take_lock()
         if paths.socket.exists() or paths.socket.is_symlink():
             logger.info("removing stale socket: path=%s", paths.socket)
             paths.socket.unlink()
+        self.listen(paths.socket)
+
+    def take_lock(self, wait_s: float = 0.0) -> None:
+        """The daemon lock (one daemon per directory), waiting up to ``wait_s`` for its holder to exit."""
+        paths = self.config.paths
+        fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.02)
+                    continue
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise DaemonAlreadyRunning(
+                    f"another weight cache daemon (pid {holder}) already serves {paths.directory}; "
+                    f"use it, stop it with `hotweights stop`, or take its place with `hotweights daemon --replace`"
+                ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def listen(self, path, *, publish_as=None) -> None:
+        """Bind and listen at ``path`` (owner-only); ``publish_as``: then rename it over that path, so that
+        new connections reach this daemon at once (a hand-off)."""
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)
         try:
-            listener.bind(str(paths.socket))
+            listener.bind(str(path))
         finally:
             os.umask(old_umask)
-        os.chmod(paths.socket, 0o600)
-        self._socket_ino = os.stat(paths.socket).st_ino
+        os.chmod(path, 0o600)
         listener.listen(1024)  # the kernel caps it at net.core.somaxconn
         listener.settimeout(0.2)
+        if publish_as is not None:
+            os.rename(path, publish_as)
+            path = publish_as
+        self._socket_ino = os.stat(path).st_ino
         self._listener = listener
 
     def serve_forever(self) -> None:
@@ -252,10 +271,16 @@ class Daemon:
             raise
 
 
-def run(config: DaemonConfig) -> int:
-    """Entry point of ``hotweights daemon``: serve until stop, SIGINT or SIGTERM."""
+def run(config: DaemonConfig, *, replace: bool = False) -> int:
+    """Entry point of ``hotweights daemon``: serve until stop, SIGINT or SIGTERM. ``replace``: take every
+    entry and the place of the running daemon first (``handover.take_over``)."""
     daemon = Daemon(config)
-    daemon.open()
+    if replace:
+        from .handover import take_over
+
+        logger.info("hand-off: %s", take_over(daemon))
+    else:
+        daemon.open()
 
     def _on_signal(signum: int, _frame: object) -> None:
         logger.info("signal received: signum=%d; shutting down", signum)

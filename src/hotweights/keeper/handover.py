@@ -1,0 +1,83 @@
+"""``hotweights daemon --replace``: a new daemon takes every entry of the running one, then its place.
+
+1. Connect to the running daemon as any client does (trusted directory, peer uid, hello with this
+   protocol version: a daemon of another protocol version is refused in one line and keeps serving).
+2. ``Export`` every entry (manifest + pool fds, in publish order) and publish each into this daemon's
+   registry through the same checks as any publish. While it exports, the old daemon refuses
+   publishes (``busy``; for a minute after the last export, should the new daemon fail half-way),
+   so none lands in it unseen.
+3. Bind a socket beside the old one and rename it over ``daemon.sock``: every new connection reaches
+   this daemon, which holds every entry. The old one finishes what it is serving.
+4. Export again (nothing new can have come: publishes were refused), stop the old daemon, wait for
+   its lock (it exits: its socket path is ours now, which it checks by inode before unlinking), take it.
+
+Attaches never miss during the hand-off: before the rename the old daemon serves them, after it the
+new one; a connection left in the old listener's backlog when it closes is reset, and the client
+asks again (``client.is_transient``). The pool memory is the same throughout: fds are passed, not
+bytes copied.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+
+from ..client import connect, is_daemon_starting
+from ..errors import DaemonUnavailable, HotweightsError, ProtocolError
+from ..paths import ensure_socket_dir
+from ..protocol import AttachMiss, AttachOk, Export, Publish, PublishOk, Stop
+from ..wire import close_fds
+
+LOCK_WAIT_S = 30.0  # the old daemon's exit, after Stop
+
+
+def take_over(daemon) -> str:
+    """Run steps 1-4 for ``daemon`` (a ``server.Daemon`` not yet opened); a line saying what happened."""
+    paths = daemon.config.paths
+    ensure_socket_dir(paths.directory)
+    start = time.monotonic()
+    try:
+        old = connect(paths, timeout_s=5.0)
+    except DaemonUnavailable as exc:
+        if is_daemon_starting(paths):  # a daemon holds the lock but did not answer as one of ours
+            raise HotweightsError(f"cannot take over from the running daemon: {exc}") from None
+        daemon.open()
+        return "no daemon was running; started afresh"
+    with old:
+        hello = old.hello()
+        taken: set[str] = set()
+        try:
+            _take_entries(daemon, old, taken)
+        except ProtocolError as exc:
+            if exc.code == "unknown_op":
+                raise HotweightsError(f"the running daemon (hotweights {hello.daemon_version}, pid {hello.pid}) "
+                                      f"predates hand-off and keeps serving: stop it with `hotweights stop` (its "
+                                      f"entries are lost) and start this one") from None
+            raise
+        staging = paths.directory / f"daemon.sock.{os.getpid()}"
+        daemon.listen(staging, publish_as=paths.socket)  # from here new connections are ours
+        _take_entries(daemon, old, taken)
+        old.request(Stop())
+    daemon.take_lock(wait_s=LOCK_WAIT_S)
+    return (f"took {len(taken)} entries from pid {hello.pid} (hotweights {hello.daemon_version}) in "
+            f"{time.monotonic() - start:.2f} s")
+
+
+def _take_entries(daemon, old, taken: set[str]) -> None:
+    for index in itertools.count():
+        reply, fds = old.request(Export(index))
+        if isinstance(reply, AttachMiss):
+            close_fds(fds)
+            return
+        if not isinstance(reply, AttachOk):
+            close_fds(fds)
+            raise ProtocolError(f"unexpected reply {type(reply).__name__} to an export", code="bad_reply")
+        if reply.manifest.key.short in taken:
+            close_fds(fds)
+            continue
+        answer, _ = daemon.ops.handle(Publish(reply.manifest), fds, os.getpid())  # the fds are its now
+        if not isinstance(answer, PublishOk):
+            raise HotweightsError(f"entry {reply.manifest.key.short} of the running daemon was refused here: "
+                                  f"{getattr(answer, 'message', answer)}")
+        taken.add(reply.manifest.key.short)
