@@ -24,6 +24,7 @@ from ..protocol import (
     PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk,
 )
 from ..wire import close_fds
+from .fdstore import FdStore
 from .limits import Warnings
 from .registry import Registry
 
@@ -38,6 +39,7 @@ class Ops:
         self.warnings = warnings
         self.on_stop = on_stop
         self.started = time.monotonic()
+        self.store = FdStore()  # the service manager's fd store, when there is one
         self.handover_until = 0.0  # monotonic time: publishes are refused until then (each Export renews it)
 
     def handle(self, msg: Message, fds: list[int], peer_pid: int) -> tuple[Message, list[int]]:
@@ -71,7 +73,9 @@ class Ops:
         if isinstance(msg, Release):
             if not msg.all and not msg.key_short:
                 return Error("bad_message", "release needs a key or all=true"), []
+            pools = {e["key"]: e["num_pools"] for e in self.registry.describe()[0]}
             released = self.registry.release(None if msg.all else msg.key_short)
+            self.store.forget(released, lambda short: pools.get(short, 0))
             logger.info("released: keys=%s peer_pid=%d", ",".join(released) or "-", peer_pid)
             return ReleaseOk(released), []
         if isinstance(msg, Stop):
@@ -99,7 +103,16 @@ class Ops:
             lines.append(f"... and {len(diffs) - MAX_DIFFS} more differences")
         return AttachMismatch(manifest.key.model, manifest.key.short, lines), []
 
-    def _publish(self, manifest: Manifest, fds: list[int], peer_pid: int) -> Message:
+    def restore(self, manifest: Manifest, fds: list[int]) -> str | None:
+        """An entry the service manager kept (``fdstore.restore``): published through the same checks, not
+        stored again (the store still holds it); None, or why it was refused (then the store forgets it)."""
+        reply = self._publish(manifest, fds, os.getpid(), store=False)
+        if isinstance(reply, Error):
+            self.store.forget([manifest.key.short], lambda _: len(manifest.pools))
+            return reply.message
+        return None
+
+    def _publish(self, manifest: Manifest, fds: list[int], peer_pid: int, *, store: bool = True) -> Message:
         taken = False
         try:
             problem = pool_fds_problem(manifest.pools, fds)
@@ -114,6 +127,8 @@ class Ops:
                                    manifest.key.short, refusal[0])
                 return Error(*refusal)
             key = manifest.key
+            if store:
+                self.store.keep(manifest, fds)
             logger.info(evidence.published(len(manifest.tensors), manifest.tensor_nbytes, key.model, key.short,
                                            key.device, manifest.load_s))
             return PublishOk(key.short)

@@ -23,6 +23,7 @@ from ..paths import DaemonPaths, ensure_socket_dir
 from ..protocol import Error, Message, StopOk, decode, send_message
 from ..wire import close_fds, recv_body, recv_header, wait_for_frame
 from .limits import Connections, Limits, Phase, Warnings, short
+from .fdstore import passed_fds, restore
 from .linger import Refuser, drain_and_close, try_send
 from .ops import Ops
 from .process import trim_heap, tune_process
@@ -116,9 +117,12 @@ class Daemon:
     def serve_forever(self) -> None:
         assert self._listener is not None, "open() first"
         logger.info("keeper process: %s", tune_process())
+        for line in restore(passed_fds(), self.ops.restore):  # entries kept by a service manager (a crash)
+            logger.info("fd store: %s", line)
         self._refuser = Refuser()
         self._reserve_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         logger.info(evidence.daemon_ready(str(self.config.paths.socket), os.getpid()))
+        self.ops.store.notify(f"READY=1\nSTATUS=serving {len(self.registry.describe()[0])} entries")
         try:
             while not self._stopping.is_set():
                 if self._reserve_fd < 0:  # given up in a shortage: take it back as soon as fds free up
