@@ -96,7 +96,7 @@ def check_fits(ckpt: Checkpoint, dtype: str, device: str, index: int | None) -> 
         room, source = host_headroom()
         where = "host memory"
     else:
-        room, source = gpu_free(index or 0), f"free on {device}"
+        room, source = gpu_free(index or 0), f"free on cuda:{index or 0}"
         where = "GPU memory"
     if need > room:
         raise WontFit(f"{ckpt.directory.name} as {dtype} needs {need / GIB:.2f} GiB of {where}; only "

@@ -33,7 +33,7 @@ from ..pools.devices import Device, resolve_device
 from .attach import AttachResult, attach_tensors
 from .checkpoint import Checkpoint, checkpoint_key, open_checkpoint, target_dtype
 from .digest import DigestCache
-from .headroom import check_fits
+from .headroom import WontFit, check_fits
 from .publish import DEFAULT_POOL_BYTES, PoolWriter, publish
 from .reader import Staging, plan_segments
 
@@ -70,7 +70,13 @@ def preload(model_dir: str | os.PathLike[str], *, dtype: str = "auto", device: s
         raise ValueError(f"pool_bytes must be > 0, got {pool_bytes}")
     ckpt = open_checkpoint(model_dir)
     dtype = ckpt.resolve_dtype(dtype)
-    dev = resolve_device(device)
+    try:
+        dev = resolve_device(device)
+    except RuntimeError as exc:  # a GPU too full for a CUDA context: one line, not a CUDA traceback
+        if "out of memory" not in str(exc).lower():
+            raise
+        raise WontFit(f"cannot use {device}: no memory left there for a CUDA context ({str(exc)[:120]}); free "
+                      f"GPU memory first") from None
     cache = DigestCache()
     with connect_for(AttachConfig(socket_dir=socket_dir), start=True) as client:
         known = {s.name: d for s in ckpt.shards if (d := cache.get(s.stat))}
