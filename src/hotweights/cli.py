@@ -81,7 +81,8 @@ def cmd_daemon(args: argparse.Namespace) -> int:
             print(f"hotweights daemon: starting in the background; its log: {paths.log}", flush=True)
             return 0
     try:
-        return run(DaemonConfig(paths, max_bytes=args.max_bytes), replace=args.replace)
+        return run(DaemonConfig(paths, max_bytes=args.max_bytes, metrics_port=args.metrics_port,
+                                metrics_host=args.metrics_host), replace=args.replace)
     except DaemonAlreadyRunning as exc:
         print(f"hotweights daemon: {exc}", file=sys.stderr)
         return 3

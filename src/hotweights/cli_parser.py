@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--detach", action="store_true",
                    help="double-fork into the background (no longer a descendant of the caller, so an engine "
                         "that kills its process tree on exit does not take the daemon with it)")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve Prometheus metrics on this port (GET /metrics); 0: none")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint")
     p.add_argument("--replace", action="store_true",
                    help="take every entry (its pool fds) and then the place of the running daemon, which exits: "
                         "an upgrade or a restart without losing the cache; attaches go on meanwhile")

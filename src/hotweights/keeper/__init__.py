@@ -18,8 +18,9 @@ closed right after ``sendmsg`` (the kernel holds them in flight).
 
 Files, in import order: ``limits`` (what one peer may cost: ``Limits``, ``Connections``,
 ``Warnings``) and ``registry`` (key -> entry) < ``ops`` (one decoded request -> reply)
-and ``linger`` (closing with a reason), ``process`` (detach, fd limit, heap) < ``server`` (lock,
-socket, the accept and connection loops, ``run``).
+and ``linger`` (closing with a reason), ``process`` (detach, fd limit, heap, OOM score), ``fdstore``
+(a service manager's fd store), ``metrics`` (opt-in Prometheus) < ``server`` (lock, socket, the accept
+and connection loops, ``run``) < ``handover`` (``daemon --replace``).
 
 Not covered: remote clients (same host, same user only) and memory budgets per user
 beyond ``max_bytes``.

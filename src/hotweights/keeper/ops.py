@@ -26,6 +26,7 @@ from ..protocol import (
 from ..wire import close_fds
 from .fdstore import FdStore
 from .limits import Warnings
+from .metrics import NO_METRICS
 from .registry import Registry
 
 logger = logging.getLogger("hotweights.daemon")
@@ -40,6 +41,7 @@ class Ops:
         self.on_stop = on_stop
         self.started = time.monotonic()
         self.store = FdStore()  # the service manager's fd store, when there is one
+        self.metrics = NO_METRICS  # the server sets a metrics.Metrics with --metrics-port
         self.handover_until = 0.0  # monotonic time: publishes are refused until then (each Export renews it)
 
     def handle(self, msg: Message, fds: list[int], peer_pid: int) -> tuple[Message, list[int]]:
@@ -56,13 +58,19 @@ class Ops:
             return StatusOk(os.getpid(), __version__, time.monotonic() - self.started, entries, per_device,
                             "torch" in sys.modules, self.max_bytes), []
         if isinstance(msg, Attach):
-            return self._attach(msg, peer_pid)
+            start = time.perf_counter()
+            reply, out = self._attach(msg, peer_pid)
+            result = {AttachOk: "ok", AttachMiss: "miss", AttachMismatch: "mismatch"}.get(type(reply), "error")
+            self.metrics.attach(result, time.perf_counter() - start)
+            return reply, out
         if isinstance(msg, Publish):
             if time.monotonic() < self.handover_until:
                 close_fds(fds)
                 return Error("busy", "the daemon is handing its entries to a new one (hotweights daemon --replace); "
                                      "publish again in a moment"), []
-            return self._publish(msg.manifest, fds, peer_pid), []
+            published = self._publish(msg.manifest, fds, peer_pid)
+            self.metrics.publish("ok" if isinstance(published, PublishOk) else "refused")
+            return published, []
         if isinstance(msg, Export):
             if time.monotonic() >= self.handover_until:
                 logger.info("hand-off: exporting every entry to peer_pid=%d; publishes refused meanwhile", peer_pid)

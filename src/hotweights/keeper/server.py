@@ -38,6 +38,8 @@ class DaemonConfig:
     paths: DaemonPaths
     max_bytes: int = 0  # 0 = no budget
     limits: Limits = field(default_factory=Limits)
+    metrics_port: int = 0  # 0 = no /metrics (keeper/metrics.py)
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if self.max_bytes < 0:
@@ -119,6 +121,12 @@ class Daemon:
         logger.info("keeper process: %s", tune_process())
         for line in restore(passed_fds(), self.ops.restore):  # entries kept by a service manager (a crash)
             logger.info("fd store: %s", line)
+        if self.config.metrics_port:
+            from .metrics import Metrics
+
+            self.ops.metrics = Metrics(self._snapshot)
+            self.ops.metrics.serve(self.config.metrics_port, self.config.metrics_host)
+            logger.info("metrics: http://%s:%d/metrics", self.config.metrics_host, self.config.metrics_port)
         self._refuser = Refuser()
         self._reserve_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         logger.info(evidence.daemon_ready(str(self.config.paths.socket), os.getpid()))
@@ -187,6 +195,11 @@ class Daemon:
 
     def stop(self) -> None:
         self._stopping.set()
+
+    def _snapshot(self) -> dict:
+        entries, per_device = self.registry.describe()
+        return {"entries": entries, "bytes_by_device": per_device, "clients": len(self.connections),
+                "max_bytes": self.config.max_bytes}
 
     def close(self) -> None:
         released = self.registry.release(None)

@@ -179,16 +179,19 @@ def run(config: ServeConfig) -> int:
     loaded = process_age_s()
     name = config.served_model_name or config.model
 
+    web_module = web.module()
+    metrics = web_module.ServerMetrics()
+
     def on_start() -> None:
         ready = process_age_s()
         phases = {**started.phases, "listening": ready - loaded}
+        metrics.started({**phases, "ready": ready})
         logger.info(evidence.startup(phases, engine=started.engine, source=started.source, ready_s=ready))
 
-    web_module = web.module()
     gc.freeze()  # the model, the tokenizer and the HTTP stack live as long as the server too
     import uvicorn
 
-    app = web_module.create_app(generator, name, on_start)
+    app = web_module.create_app(generator, name, on_start, metrics)
     logger.info("serving: model=%s url=http://%s:%d", name, config.host, config.port)
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     return 0

@@ -28,11 +28,14 @@ from starlette.routing import Route
 
 from .. import __version__
 from .generate import Chunk, Generator, SamplingParams
+from .metrics import ServerMetrics
 from .schema import BadRequest, ChatRequest, CompletionRequest, Sampling
 
 
-def create_app(generator: Generator, model_name: str, on_start=None):
+def create_app(generator: Generator, model_name: str, on_start=None, metrics: ServerMetrics | None = None):
     import contextlib
+
+    metrics = metrics or ServerMetrics()
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -47,6 +50,11 @@ def create_app(generator: Generator, model_name: str, on_start=None):
     def post(body: type[BaseModel], handle: Callable[[Any], Any]):
         """A POST route: the JSON body validated as ``body``, ``handle`` run on a worker thread (it generates)."""
         async def route(request: Request) -> Response:
+            response = await answer(request)
+            metrics.requests.labels(request.url.path, str(response.status_code)).inc()
+            return response
+
+        async def answer(request: Request) -> Response:
             try:
                 req = body.model_validate_json(await request.body())
             except ValidationError as exc:
@@ -66,6 +74,11 @@ def create_app(generator: Generator, model_name: str, on_start=None):
 
     async def health(_request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
+
+    async def scrape(_request: Request) -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     async def version(_request: Request) -> JSONResponse:
         return JSONResponse({"version": __version__, "server": "hotweights"})
@@ -101,20 +114,24 @@ def create_app(generator: Generator, model_name: str, on_start=None):
                 for i, (ids, echo) in enumerate(prompts) for j in range(req.n)]
         rid, created = f"{kind}-{uuid.uuid4().hex[:24]}", int(time.time())
         prompt_tokens = sum(len(ids) for ids, _ in prompts)
+        metrics.prompt_tokens.inc(prompt_tokens)
+        clock = _Clock(metrics)
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(_sse(generator, jobs, rid, created, model_name, kind, usage, prompt_tokens),
-                                     media_type="text/event-stream")
+            return StreamingResponse(_sse(generator, jobs, rid, created, model_name, kind, usage, prompt_tokens,
+                                          clock), media_type="text/event-stream")
         choices, completion_tokens = [], 0
         for index, ids, echo, params in jobs:
             text, finish, count = echo, None, 0
             for chunk in generator.stream(ids, params):
+                clock.chunk()
                 text += chunk.text
                 finish, count = chunk.finish_reason or finish, chunk.num_tokens
             completion_tokens += count
             choices.append({"index": index, "message": {"role": "assistant", "content": text},
                             "finish_reason": finish} if kind == "chatcmpl" else
                            {"index": index, "text": text, "finish_reason": finish, "logprobs": None})
+        clock.done(completion_tokens)
         return {"id": rid, "object": "chat.completion" if kind == "chatcmpl" else "text_completion",
                 "created": created, "model": model_name, "choices": choices,
                 "usage": _usage(prompt_tokens, completion_tokens)}
@@ -136,7 +153,7 @@ def create_app(generator: Generator, model_name: str, on_start=None):
         return respond(req, [(generator.encode(prompt), "")], "chatcmpl")
 
     app = Starlette(lifespan=lifespan, routes=[
-        Route("/health", health), Route("/version", version), Route("/v1/models", models),
+        Route("/health", health), Route("/version", version), Route("/metrics", scrape), Route("/v1/models", models),
         Route("/v1/completions", post(CompletionRequest, completions), methods=["POST"]),
         Route("/v1/chat/completions", post(ChatRequest, chat), methods=["POST"])])
     return app
@@ -147,8 +164,24 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+class _Clock:
+    """One request's time to first token and end-to-end latency, from its arrival."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics, self.start, self.first = metrics, time.perf_counter(), True
+
+    def chunk(self) -> None:
+        if self.first:
+            self.metrics.ttft.observe(time.perf_counter() - self.start)
+            self.first = False
+
+    def done(self, generated: int) -> None:
+        self.metrics.e2e.observe(time.perf_counter() - self.start)
+        self.metrics.generation_tokens.inc(generated)
+
+
 def _sse(generator: Generator, jobs: list[tuple[int, list[int], str, SamplingParams]], rid: str, created: int,
-         model_name: str, kind: str, usage: bool, prompt_tokens: int) -> Iterator[str]:
+         model_name: str, kind: str, usage: bool, prompt_tokens: int, clock: _Clock) -> Iterator[str]:
     """Server-sent events: each choice's chunks in turn (its index on each), then the usage when asked."""
     obj = "chat.completion.chunk" if kind == "chatcmpl" else "text_completion"
 
@@ -160,6 +193,7 @@ def _sse(generator: Generator, jobs: list[tuple[int, list[int], str, SamplingPar
     for index, ids, echo, params in jobs:
         first = True
         for chunk in itertools.chain([Chunk(echo)] if echo else [], generator.stream(ids, params)):
+            clock.chunk()
             if kind == "chatcmpl":
                 delta = {"role": "assistant", "content": chunk.text} if first else {"content": chunk.text}
                 choice = {"index": index, "delta": delta, "finish_reason": chunk.finish_reason}
@@ -168,6 +202,7 @@ def _sse(generator: Generator, jobs: list[tuple[int, list[int], str, SamplingPar
             first = False
             completion_tokens += chunk.num_tokens if chunk.finish_reason else 0
             yield event([choice])
+    clock.done(completion_tokens)
     if usage:
         yield event([], usage=_usage(prompt_tokens, completion_tokens))
     yield "data: [DONE]\n\n"
