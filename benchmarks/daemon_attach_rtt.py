@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """The daemon's side of an attach, interleaved across daemons built from different source trees (before /
 after a change) and flags: the round trip of one attach request (reply + fds, nothing mapped) on one
-open connection, median per round, rounds interleaved.
+open connection, median per round, rounds interleaved (shuffled order in each).
 
 Run: .venv/bin/python benchmarks/daemon_attach_rtt.py --model M --daemon before=OLD/src \\
-        --daemon after=src --daemon after+metrics=src:--metrics-port=0 --rounds 7 --json
+        --daemon after=src --daemon after+metrics=src:--metrics-port=0 --rounds 11 --json
 (``--metrics-port=0`` is replaced by a free port.)
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -60,8 +61,10 @@ def main() -> int:
         daemons[label] = (proc, paths, key)
     medians: dict[str, list[float]] = {label: [] for label in daemons}
     try:
-        for _ in range(args.rounds):
-            for label, (_, paths, key) in daemons.items():
+        for rnd in range(args.rounds):
+            order = list(daemons.items())
+            random.Random(rnd).shuffle(order)  # no daemon always first in a round
+            for label, (_, paths, key) in order:
                 with connect(paths) as client:
                     times = []
                     for _ in range(args.requests):
