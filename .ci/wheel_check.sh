@@ -12,7 +12,8 @@ step() { printf '\n== %s\n' "$*"; }
 step "build the wheel"
 rm -rf dist && $PYTHON -m pip wheel -q --no-deps -w dist .
 wheel=$(ls dist/hotweights-*-py3-none-any.whl)
-$PYTHON -m zipfile -l "$wheel" | grep -q "hotweights/py.typed"
+$PYTHON -c 'import sys, zipfile; sys.exit("hotweights/py.typed" not in zipfile.ZipFile(sys.argv[1]).namelist())' \
+  "$wheel"  # typed (no pipe into grep -q: its early exit would break the lister's pipe)
 echo "$wheel"
 
 step "base: the daemon and the CLI, no torch"
