@@ -22,7 +22,7 @@ import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .config import AttachConfig
 from .errors import DaemonUnavailable, ProtocolError, TrustError
@@ -93,9 +93,15 @@ class Client:
         """Whether ``key`` is attachable, without mapping anything."""
         return self.attach(key).answer()
 
+    def entry(self, key: CacheKey) -> dict[str, Any] | None:
+        """The daemon's status row of ``key`` (``hotweights status``), None if it holds none: a look that
+        is not an attach (an entry's ``num_attaches`` counts engines)."""
+        return next((e for e in self.status().entries if e.get("key") == key.short), None)
+
     def entry_nbytes(self, key: CacheKey) -> int:
         """Bytes the daemon holds for ``key`` (what a zero_copy attach maps), 0 if none."""
-        return sum(int(e["nbytes"]) for e in self.status().entries if e.get("key") == key.short)
+        found = self.entry(key)
+        return int(found["nbytes"]) if found else 0
 
     def publish(self, manifest: Manifest, fds: list[int]) -> PublishOk:
         reply, extra = self.request(Publish(manifest), fds)

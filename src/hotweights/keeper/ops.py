@@ -31,6 +31,7 @@ from .registry import Registry
 
 logger = logging.getLogger("hotweights.daemon")
 MAX_DIFFS = 32
+_RESULTS = {AttachOk: "ok", AttachMiss: "miss", AttachMismatch: "mismatch"}  # an attach reply -> its metric label
 
 
 class Ops:
@@ -58,10 +59,11 @@ class Ops:
             return StatusOk(os.getpid(), __version__, time.monotonic() - self.started, entries, per_device,
                             "torch" in sys.modules, self.max_bytes), []
         if isinstance(msg, Attach):
+            if self.metrics is NO_METRICS:  # the attach path pays for metrics only when they are on
+                return self._attach(msg, peer_pid)
             start = time.perf_counter()
             reply, out = self._attach(msg, peer_pid)
-            result = {AttachOk: "ok", AttachMiss: "miss", AttachMismatch: "mismatch"}.get(type(reply), "error")
-            self.metrics.attach(result, time.perf_counter() - start)
+            self.metrics.attach(_RESULTS.get(type(reply), "error"), time.perf_counter() - start)
             return reply, out
         if isinstance(msg, Publish):
             if time.monotonic() < self.handover_until:
@@ -81,7 +83,7 @@ class Ops:
         if isinstance(msg, Release):
             if not msg.all and not msg.key_short:
                 return Error("bad_message", "release needs a key or all=true"), []
-            pools = {e["key"]: e["num_pools"] for e in self.registry.describe()[0]}
+            pools = {e["key"]: e["num_pools"] for e in self.registry.describe()[0]} if self.store.enabled else {}
             released = self.registry.release(None if msg.all else msg.key_short)
             self.store.forget(released, lambda short: pools.get(short, 0))
             logger.info("released: keys=%s peer_pid=%d", ",".join(released) or "-", peer_pid)

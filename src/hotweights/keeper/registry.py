@@ -73,13 +73,7 @@ class Registry:
             entry = self._entries.get(key)
             if entry is None:
                 return None
-            dups: list[int] = []
-            try:
-                for fd in entry.fds:
-                    dups.append(os.dup(fd))
-            except OSError:
-                close_fds(dups)
-                raise
+            dups = _dup_all(entry.fds)
             entry.num_attaches += 1
             return entry.manifest, dups
 
@@ -89,14 +83,7 @@ class Registry:
             entries = list(self._entries.values())
             if not 0 <= index < len(entries):
                 return None
-            dups: list[int] = []
-            try:
-                for fd in entries[index].fds:
-                    dups.append(os.dup(fd))
-            except OSError:
-                close_fds(dups)
-                raise
-            return entries[index].manifest, dups
+            return entries[index].manifest, _dup_all(entries[index].fds)
 
     def closest(self, key: CacheKey) -> tuple[Manifest, list[FieldDiff]] | None:
         """The entry with the fewest differing fields, and those fields; None if empty."""
@@ -123,6 +110,18 @@ class Registry:
         for e in entries:
             per_device[e["device"]] = per_device.get(e["device"], 0) + e["nbytes"]
         return entries, per_device
+
+
+def _dup_all(fds: list[int]) -> list[int]:
+    """Fresh dups of ``fds`` for one reply (the caller closes them); none left open on failure."""
+    dups: list[int] = []
+    try:
+        for fd in fds:
+            dups.append(os.dup(fd))
+    except OSError:
+        close_fds(dups)
+        raise
+    return dups
 
 
 def _size(nbytes: int) -> str:

@@ -12,8 +12,8 @@ keeps the weights alive: an engine keeps working when the daemon dies.
 
 from __future__ import annotations
 
-import logging
 import itertools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field

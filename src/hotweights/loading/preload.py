@@ -82,9 +82,9 @@ def preload(model_dir: str | os.PathLike[str], *, dtype: str = "auto", device: s
         known = {s.name: d for s in ckpt.shards if (d := cache.get(s.stat))}
         if len(known) == len(ckpt.shards):
             key = checkpoint_key(ckpt, dtype=dtype, device=dev, digests=known)
-            if entry := _cached(client, key):
+            if entry := client.entry(key):
                 logger.info("already cached: key=%s model=%s", key.short, key.model)
-                return PreloadResult(key, entry["num_tensors"], entry["tensor_nbytes"], 0.0, True, client.socket_path)
+                return _cached(key, entry, 0.0, client.socket_path)
         check_fits(ckpt, dtype, dev.kind, dev.index)  # before a byte is read: one line, not an OOM kill
         start = time.perf_counter()
         writer, key = fill_from_disk(ckpt, dtype, dev, pool_bytes=pool_bytes, progress=progress, cache=cache)
@@ -94,19 +94,20 @@ def preload(model_dir: str | os.PathLike[str], *, dtype: str = "auto", device: s
         except ProtocolError as exc:
             # the same bytes under the same key are already cached (a chmod or a byte-identical
             # copy only missed the digest cache): that is success, not a conflict
-            entry = _cached(client, key) if exc.code == "exists" else None
+            entry = client.entry(key) if exc.code == "exists" else None
             if entry is None:
                 raise
             logger.info("already cached: key=%s model=%s (read again: the digest cache did not know the files)",
                         key.short, key.model)
-            return PreloadResult(key, entry["num_tensors"], entry["tensor_nbytes"], seconds, True, client.socket_path)
+            return _cached(key, entry, seconds, client.socket_path)
         return PreloadResult(key, len(manifest.tensors), manifest.tensor_nbytes, seconds, False, client.socket_path)
 
 
-def _cached(client, key: CacheKey) -> dict | None:
-    """The daemon's entry of ``key``, from its status: a check that is not an attach (an entry's ATTACHES
-    count engines, not this look)."""
-    return next((e for e in client.status().entries if e["key"] == key.short and "tensor_nbytes" in e), None)
+def _cached(key: CacheKey, entry: dict, seconds: float, socket_path: Path) -> PreloadResult:
+    """The result of a preload that found ``key`` cached (``entry``: its status row; a daemon older than
+    ``tensor_nbytes`` in that row gives its pool bytes)."""
+    return PreloadResult(key, entry["num_tensors"], entry.get("tensor_nbytes", entry["nbytes"]), seconds, True,
+                         socket_path)
 
 
 def fill_from_disk(ckpt: Checkpoint, dtype: str, dev: Device, *, pool_bytes: int = DEFAULT_POOL_BYTES,
