@@ -33,6 +33,7 @@ from .generate import Generator
 from .tokenizer import read_json
 
 logger = logging.getLogger(__name__)
+SHUTDOWN_GRACE_S = 3.0  # after a signal, how long open connections may take to finish before they are cut
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +192,19 @@ def run(config: ServeConfig) -> int:
     gc.freeze()  # the model, the tokenizer and the HTTP stack live as long as the server too
     import uvicorn
 
-    app = web_module.create_app(generator, name, on_start, metrics)
+    from .engine import Engine
+
+    engine = Engine(generator)
+    app = web_module.create_app(generator, name, on_start, metrics, engine)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame) -> None:
+            # SIGINT/SIGTERM: end every generation now (within a decoding step), so that uvicorn's graceful
+            # shutdown is not held by a stream a client still reads, or by one nobody reads any more
+            logger.info("signal received: signum=%d; stopping", sig)
+            engine.stop()
+            super().handle_exit(sig, frame)
+
     logger.info("serving: model=%s url=http://%s:%d", name, config.host, config.port)
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_GRACE_S)).run(sockets=[sock])
     return 0

@@ -6,13 +6,14 @@ logits before either; ``top_k`` and ``top_p`` narrow sampling only. Text is stre
 becomes printable: a byte-level tokenizer can end a step in the middle of a UTF-8
 character, so a trailing U+FFFD is held back.
 
-Not covered: batching several requests (one generation at a time, behind a lock),
-beam search, logprobs.
+Not thread-safe: one caller at a time (the server's engine thread, ``engine.py``). ``should_stop``
+is asked before every decoding step, so a caller that gave up ends the generation within one step.
+
+Not covered: batching several requests, beam search, logprobs.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -65,19 +66,20 @@ class Generator:
         self.tokenizer = tokenizer  # serve.tokenizer.Tokenizer
         self.max_model_len = max_model_len
         self.device = next(model.parameters()).device
-        self.lock = threading.Lock()
         self.eos_ids = eos_ids
         self.vocab_size = vocab_size  # the model's (config.json): what a token id may be
 
     def encode(self, prompt: str) -> list[int]:
         return self.tokenizer.encode(prompt)
 
-    def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Chunk]:
-        """Chunks of new text; the last one carries the finish reason."""
-        with self.lock, torch.inference_mode():
-            yield from self._stream(prompt_ids, params)
+    def stream(self, prompt_ids: list[int], params: SamplingParams, *,
+               should_stop: Callable[[], bool] = lambda: False) -> Iterator[Chunk]:
+        """Chunks of new text; the last one carries the finish reason (none when ``should_stop`` ended it)."""
+        with torch.inference_mode():
+            yield from self._stream(prompt_ids, params, should_stop)
 
-    def _stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Chunk]:
+    def _stream(self, prompt_ids: list[int], params: SamplingParams,
+                should_stop: Callable[[], bool]) -> Iterator[Chunk]:
         gen = None
         if params.temperature > 0:
             gen = torch.Generator(device=self.device)
@@ -87,6 +89,8 @@ class Generator:
         out: list[int] = []
         sent = ""
         for _ in range(params.max_tokens):
+            if should_stop():
+                return
             logits, past = self.step(ids, past)
             token = self._pick(_adjusted(logits.float(), params, out), params, gen)
             if token in self.eos_ids:
