@@ -9,11 +9,16 @@ bytes. A file rewritten or replaced in place changes its identity (ctime cannot 
 by a user), so the lookup misses and the engine hashes the file: the changed bytes
 can never match the cached entry.
 
+The cache is an optimisation: one that cannot be read or written (a read-only or full file system, a
+``readOnlyRootFilesystem`` pod) costs hashing, never a start. The first failure is said once per path,
+with the path and the reason, and leaves no temporary file behind.
+
 Not covered: a change made below the file system (raw block writes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -27,6 +32,7 @@ from ..paths import digest_cache_path
 logger = logging.getLogger(__name__)
 BLOCK_BYTES = 64 << 20
 _lock = threading.Lock()
+_unwritable: set[Path] = set()  # paths already said to be unwritable (said once per process)
 
 
 def file_identity(st: os.stat_result) -> str:
@@ -72,19 +78,28 @@ class DigestCache:
                 self._data = {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
             except (FileNotFoundError, ValueError, AttributeError):
                 self._data = {}
+            except OSError as exc:  # unreadable: start empty, hash as needed
+                _say_unusable(self.path, "read", exc)
+                self._data = {}
         return self._data
 
     def get(self, st: os.stat_result) -> str | None:
         return self._load().get(file_identity(st))
 
     def put(self, st: os.stat_result, digest: str) -> None:
+        """Remember ``digest``; when the cache cannot be written, say so once and go on without it."""
         with _lock:
             data = self._load()
             data[file_identity(st)] = digest
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data))
-            os.replace(tmp, self.path)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_text(json.dumps(data))
+                os.replace(tmp, self.path)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    tmp.unlink(missing_ok=True)
+                _say_unusable(self.path, "written", exc)
 
     def digest(self, path: Path, st: os.stat_result, *, rehash: bool = False) -> str:
         """Cached digest, else hash the file now (logged: it reads every byte).
@@ -101,3 +116,12 @@ class DigestCache:
         if os.stat(path).st_mtime_ns == st.st_mtime_ns:
             self.put(st, digest)
         return digest
+
+
+def _say_unusable(path: Path, what: str, exc: OSError) -> None:
+    if path in _unwritable:
+        return
+    _unwritable.add(path)
+    logger.warning("digest cache %s cannot be %s (%s); going on without it: checkpoints are hashed on every "
+                   "start (set HOTWEIGHTS_CACHE_DIR to a writable directory)", path, what,
+                   exc.strerror or exc)
