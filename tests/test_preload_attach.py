@@ -252,3 +252,38 @@ def test_empty_digest_cache_rehashes_and_still_matches(models, daemon, caplog):
     result = attach_tensors(key_for(models["small"], "float16"), AttachConfig(socket_dir=str(daemon.paths.directory)))
     assert result.ok, result.reason
     assert any(m.startswith("digest cache miss: file=") for m in caplog.messages)
+
+
+IMPATIENT_DAEMON = """import sys
+from pathlib import Path
+from hotweights.keeper.limits import Limits
+from hotweights.keeper.server import DaemonConfig, run
+from hotweights.paths import DaemonPaths
+sys.exit(run(DaemonConfig(DaemonPaths(Path(sys.argv[1])), limits=Limits(idle_timeout_s=1.0))))
+"""
+
+
+def test_a_preload_slower_than_the_idle_timeout_still_publishes(models, socket_dir):
+    # the daemon closes connections idle for idle_timeout_s (a minute by default, one second here); a read
+    # that takes longer (a large checkpoint) must not find its connection closed when it publishes
+    proc = subprocess.Popen([sys.executable, "-c", IMPATIENT_DAEMON, str(socket_dir)])
+    try:
+        deadline = time.monotonic() + 20
+        while not (socket_dir / "daemon.sock").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the daemon did not start"
+            time.sleep(0.02)
+        slept = []
+
+        def slow_read(done: int, total: int) -> None:
+            if len(slept) < 2:  # 2.6 s of reading in all (progress comes per shard: two here)
+                slept.append(done)
+                time.sleep(1.3)
+
+        result = preload(models["small"], socket_dir=str(socket_dir), progress=slow_read)
+        assert not result.already_cached and result.seconds >= 2.5 and len(slept) == 2
+        attached = attach_tensors(result.key, AttachConfig(socket_dir=str(socket_dir), fallback=False))
+        assert attached.ok, attached.reason
+        assert sorted(attached.tensors) == sorted(disk_tensors(models["small"], "bfloat16"))
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -78,17 +78,21 @@ def preload(model_dir: str | os.PathLike[str], *, dtype: str = "auto", device: s
         raise WontFit(f"cannot use {device}: no memory left there for a CUDA context ({str(exc)[:120]}); free "
                       f"GPU memory first") from None
     cache = DigestCache()
-    with connect_for(AttachConfig(socket_dir=socket_dir), start=True) as client:
+    config = AttachConfig(socket_dir=socket_dir)
+    with connect_for(config, start=True) as client:  # the cached check, on a connection closed before the read
         known = {s.name: d for s in ckpt.shards if (d := cache.get(s.stat))}
         if len(known) == len(ckpt.shards):
             key = checkpoint_key(ckpt, dtype=dtype, device=dev, digests=known)
             if entry := client.entry(key):
                 logger.info("already cached: key=%s model=%s", key.short, key.model)
                 return _cached(key, entry, 0.0, client.socket_path)
-        check_fits(ckpt, dtype, dev.kind, dev.index)  # before a byte is read: one line, not an OOM kill
-        start = time.perf_counter()
-        writer, key = fill_from_disk(ckpt, dtype, dev, pool_bytes=pool_bytes, progress=progress, cache=cache)
-        seconds = time.perf_counter() - start
+    check_fits(ckpt, dtype, dev.kind, dev.index)  # before a byte is read: one line, not an OOM kill
+    start = time.perf_counter()
+    writer, key = fill_from_disk(ckpt, dtype, dev, pool_bytes=pool_bytes, progress=progress, cache=cache)
+    seconds = time.perf_counter() - start
+    # a new connection to publish: the daemon closes one idle for longer than its idle timeout (a minute),
+    # and reading a large checkpoint takes longer than that
+    with connect_for(config, start=True) as client:
         try:
             manifest = publish(client, writer, key, load_s=seconds)
         except ProtocolError as exc:
