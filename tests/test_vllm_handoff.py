@@ -25,7 +25,8 @@ from hotweights.engines.vllm.launcher import socket_dir
 
 PROBE = '''
 import os, signal, sys, time
-print("argv", sys.argv[1:], "cwd", os.getcwd(), "knob", os.environ.get("PROBE_KNOB"), flush=True)
+print("argv", sys.argv[1:], "cwd", os.getcwd(), "knob", os.environ.get("PROBE_KNOB"), "nice", os.nice(0),
+      flush=True)
 def stopped(signum, frame):
     open("stopped", "w").write(str(signum))
     sys.exit(0)
@@ -138,3 +139,41 @@ def test_a_standby_made_under_another_environment_is_refused_and_retired(socket_
     out, _ = launcher.communicate(timeout=60)
     assert launcher.returncode == 2 and "unusable: stale standby (env VLLM_PROBE_KNOB differs)" in out
     assert standby.wait(30) == 0
+
+
+@pytest.mark.slow
+def test_a_prepared_standby_waits_for_the_start_and_its_server_keeps_the_launchers_priority(socket_dir, work):
+    import http.server
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if ready.is_set() else 503)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    ready = threading.Event()
+    http_server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=http_server.serve_forever, daemon=True).start()
+    start = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # the start in progress
+    try:
+        url = f"http://127.0.0.1:{http_server.server_address[1]}/health"
+        assert handoff.prepare(socket_dir, dict(os.environ), after=(start.pid, url))
+        time.sleep(2.0)
+        assert not handoff.status(socket_dir)["ready"]  # it has not imported anything yet: the start goes first
+        ready.set()
+        deadline = time.monotonic() + 120
+        while not handoff.status(socket_dir).get("ready"):
+            assert time.monotonic() < deadline, "the standby did not become ready once the start was"
+            time.sleep(0.2)
+        launcher = launch(socket_dir, work, "--flag")
+        out, err = launcher.communicate(timeout=60)
+        assert launcher.returncode == 7, (out, err)
+        assert f"nice {os.nice(0)}" in out  # the server runs at the priority its user gave it
+        log = handoff.standby_paths(socket_dir).log.read_text()
+        assert f"waiting for the start in progress (pid {start.pid}) to be ready: ready" in log
+    finally:
+        start.kill()
+        http_server.shutdown()

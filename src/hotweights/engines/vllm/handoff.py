@@ -178,7 +178,8 @@ def _hello(directory: Path, connect_timeout_s: float, reply_timeout_s: float) ->
         try:
             sock.connect(str(paths.socket))
         except (FileNotFoundError, ConnectionRefusedError):
-            raise StandbyUnusable("no standby ready (none was prepared, or it is still importing vLLM)") from None
+            raise StandbyUnusable("no standby ready (none was prepared, or it is still importing vLLM or "
+                                      "waiting for the start before it to be ready)") from None
         pid, uid = peer_uid(sock)
         if uid != os.getuid():
             raise StandbyUnusable(f"the standby at {paths.socket} (pid {pid}) runs as uid {uid}, not {os.getuid()}")
@@ -224,9 +225,14 @@ def hand_over(directory: Path, module: str, args: list[str], env: dict[str, str]
         raise StandbyUnusable(f"standby failed the hand-off: {exc}") from None
 
 
-def prepare(directory: Path, environ: dict[str, str]) -> bool:
+def prepare(directory: Path, environ: dict[str, str], *, after: tuple[int, str] | None = None) -> bool:
     """Start a standby for the next start, detached (vLLM ends its own process tree on exit), unless one
-    holds the lock already. True if one was started."""
+    holds the lock already. True if one was started.
+
+    ``after``: the start in progress (its pid, its health URL). The standby imports vLLM only once that
+    start is ready (or gone), so that the two do not compete for the CPU. It is not niced for that: a
+    server forked from it would inherit the priority, which an unprivileged process cannot raise again.
+    """
     paths = standby_paths(directory)
     try:
         fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -239,6 +245,8 @@ def prepare(directory: Path, environ: dict[str, str]) -> bool:
     finally:
         os.close(fd)  # the lock goes with it: the standby takes it itself
     cmd = [sys.executable, "-m", "hotweights.engines.vllm.standby", "--socket-dir", str(directory)]
+    if after is not None:
+        cmd += ["--after-pid", str(after[0]), "--after-url", after[1]]
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -251,7 +259,6 @@ def prepare(directory: Path, environ: dict[str, str]) -> bool:
                 os.dup2(null, 0)
                 os.dup2(log, 1)
                 os.dup2(log, 2)
-                os.nice(10)  # it imports while this start runs: let the start go first
                 os.execve(cmd[0], cmd, environ)
         finally:
             os._exit(0)

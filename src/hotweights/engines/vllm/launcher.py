@@ -5,7 +5,8 @@ Runs in the hotweights CLI process, before vLLM is imported: the strict check
 standby of this interpreter (``handoff.hand_over``; the standby has vLLM imported already), stays
 in the foreground relaying SIGINT, SIGTERM and SIGHUP, and exits with the server's code, as
 ``vllm serve`` would; when no standby fits, it says why in one line and becomes vLLM (exec). Either
-way it prepares a standby for the next start. ``HOTWEIGHTS_VLLM_STANDBY=off`` turns both off.
+way it prepares a standby for the next start, which imports vLLM once this start is ready.
+``HOTWEIGHTS_VLLM_STANDBY=off`` turns both off.
 
 The engine core: vLLM's CLI sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` unless it is set, so its
 EngineCore (and each TP worker) starts as a fresh interpreter that imports vLLM again. The launcher
@@ -24,6 +25,7 @@ import sys
 from pathlib import Path
 
 from ... import evidence
+from ...observe import health_url_for
 from ...paths import resolve_socket_dir
 from . import handoff, preflight
 
@@ -38,15 +40,16 @@ def run(argv: list[str]) -> int:
     standby = argv[:1] == ["serve"] and environ.get(handoff.DISABLE_ENV, "").lower() not in ("off", "0", "false")
     if standby:
         directory = socket_dir(argv)
+        health = health_url_for(argv)
         try:
             server = handoff.hand_over(directory, cmd[2], cmd[3:], env)
         except handoff.StandbyUnusable as exc:
             logger.info(evidence.standby_unused(str(exc)))
         else:
             logger.info(evidence.standby_used(server.pid, server.imports_s))
-            handoff.prepare(directory, environ)
+            handoff.prepare(directory, environ, after=(server.pid, health))
             return server.wait()
-        handoff.prepare(directory, environ)
+        handoff.prepare(directory, environ, after=(os.getpid(), health))  # this pid becomes vLLM (exec)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(cmd[0], cmd, env)

@@ -62,11 +62,14 @@ logger = logging.getLogger("hotweights.standby")
 PREIMPORTS = ("torch", "transformers", "vllm", "vllm.entrypoints.cli.main", "vllm.entrypoints.cli.serve",
               "vllm.entrypoints.openai.api_server", "vllm.v1.engine.async_llm", "hotweights.engines.vllm.loader")
 GRACE_S = 30.0  # from SIGTERM to SIGKILL when the launcher is gone
+AFTER_MAX_S = 600.0  # the longest the standby waits for the start it follows before it imports
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hotweights.engines.vllm.standby")
     parser.add_argument("--socket-dir", required=True)
+    parser.add_argument("--after-pid", type=int, default=0, help="import only once this start is ready or gone")
+    parser.add_argument("--after-url", default="", help="that start's health URL")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     directory = Path(args.socket_dir)
@@ -80,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     os.ftruncate(lock, 0)
     os.write(lock, str(os.getpid()).encode())  # who to stop while the socket is not up yet
+    if args.after_pid:
+        logger.info("waiting for the start in progress (pid %d) to be ready: %s", args.after_pid,
+                    _wait_for(args.after_pid, args.after_url))
     stamp = fingerprint()  # before the imports: what they were made from
     start = time.perf_counter()
     missing = _preimport()
@@ -115,6 +121,22 @@ def main(argv: list[str] | None = None) -> int:
         if not state.get("handed_over"):
             with contextlib.suppress(FileNotFoundError):
                 paths.socket.unlink()
+
+
+def _wait_for(pid: int, url: str) -> str:
+    """Until the start of ``pid`` answers ``url`` with 200, or exits, or ``AFTER_MAX_S`` pass; what happened."""
+    import urllib.request
+
+    deadline = time.monotonic() + AFTER_MAX_S
+    while time.monotonic() < deadline:
+        if not Path(f"/proc/{pid}").exists():
+            return "it exited"
+        with contextlib.suppress(OSError, ValueError):
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return "ready"
+        time.sleep(0.5)
+    return f"not ready after {AFTER_MAX_S:.0f} s; importing anyway"
 
 
 def _preimport() -> list[str]:
