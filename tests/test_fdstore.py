@@ -133,3 +133,38 @@ def test_the_unit_files_pass_systemd_analyze_verify(tmp_path):
                            capture_output=True, text=True, timeout=60,
                            env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)})
         assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), r.stdout + r.stderr
+
+
+def test_replace_under_a_service_manager_restarts_the_unit_with_its_entries(models, socket_dir, tmp_path):
+    # a --replace run from a shell must not start a daemon outside the unit (and its fd store): it asks the
+    # running daemon to exit for a restart, and the manager (Restart=on-failure / RestartForceExitStatus=75)
+    # starts the installed hotweights with the stored entries
+    manager = ServiceManager(tmp_path)
+    log = tmp_path / "daemon.log"
+    sock = str(socket_dir)
+    try:
+        manager.start(socket_dir, log)
+        key = preload(models["small"], socket_dir=sock).key
+        before = attach_tensors(key, AttachConfig(socket_dir=sock, fallback=False)).tensors
+        old_pid = manager.proc.pid
+        replacer = subprocess.Popen([sys.executable, "-m", "hotweights", "daemon", "--replace", "--socket-dir", sock],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert manager.proc.wait(20) == 75  # EX_TEMPFAIL: to be restarted, entries left in the store
+        manager.start(socket_dir, log)  # what systemd does on that exit status
+        out, err = replacer.communicate(timeout=60)
+        assert replacer.returncode == 0, err
+        assert f"the service manager restarted the daemon (pid {old_pid} -> {manager.proc.pid}" in out
+        assert "with 1 of 1 entries from its fd store" in out
+        after = attach_tensors(key, AttachConfig(socket_dir=sock, fallback=False)).tensors
+        assert all(torch.equal(after[n], t) for n, t in before.items())
+    finally:
+        manager.close()
+
+
+def test_a_restart_request_without_a_service_manager_is_refused(models, daemon):
+    from hotweights.client import connect
+    from hotweights.errors import ProtocolError
+
+    with connect(daemon.paths) as client, pytest.raises(ProtocolError, match="only under a service manager"):
+        client.stop(restart=True)
+    assert daemon.proc.poll() is None

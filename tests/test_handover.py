@@ -85,3 +85,49 @@ def test_replace_with_no_daemon_running_just_starts_one(socket_dir, tmp_path):
         finally:
             new.terminate()
             new.wait(10)
+
+
+def test_replace_keeps_the_running_daemons_settings_unless_told(socket_dir):
+    from hotweights.observe import free_port
+
+    sock = str(socket_dir)
+    port, port2 = free_port(), free_port()
+    started = run_cli("daemon", "--detach", "--socket-dir", sock, "--max-bytes", "100M", "--metrics-port", str(port))
+    assert started.returncode == 0, started.stderr
+    try:
+        wait_running(sock)
+        first = status(sock)["pid"]
+        assert run_cli("daemon", "--replace", "--detach", "--socket-dir", sock).returncode == 0
+        second = wait_running(sock, other_than=first)
+        st = status(sock)
+        assert st["max_bytes"] == 100 << 20
+        assert scrape(port).startswith("# HELP") and "hotweights_budget_bytes 1.048576e+08" in scrape(port)
+        log = (socket_dir / "daemon.log").read_text()
+        assert (f"kept the running daemon's settings (--max-bytes 104857600, --metrics-port {port}, --metrics-host "
+                f"127.0.0.1); changed: none") in log
+        # what the command line gives wins, and is named
+        assert run_cli("daemon", "--replace", "--detach", "--socket-dir", sock, "--max-bytes", "0",
+                       "--metrics-port", str(port2)).returncode == 0
+        wait_running(sock, other_than=second)
+        assert status(sock)["max_bytes"] == 0 and "hotweights_budget_bytes 0.0" in scrape(port2)
+        assert (f"changed: --max-bytes 104857600 -> 0, --metrics-port {port} -> {port2}"
+                in (socket_dir / "daemon.log").read_text())
+    finally:
+        run_cli("stop", "--socket-dir", sock)
+
+
+def wait_running(sock: str, other_than: int = 0) -> int:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        st = status(sock)
+        if st.get("running") and st["pid"] != other_than:
+            return st["pid"]
+        time.sleep(0.05)
+    raise AssertionError(f"no daemon other than pid {other_than} answered: {status(sock)}")
+
+
+def scrape(port: int) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()

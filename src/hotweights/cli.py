@@ -75,14 +75,23 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     from .paths import daemon_paths, ensure_socket_dir
 
     paths = daemon_paths(args.socket_dir)
+    if args.replace:  # a daemon under a service manager is restarted by it (its fd store), not replaced from here
+        from .keeper.handover import restart_managed, running_status
+
+        old = running_status(paths)
+        if old is not None and old.service_manager:
+            print(f"hotweights daemon: {restart_managed(paths, old)}", flush=True)
+            return 0
     if args.detach:
         ensure_socket_dir(paths.directory)
         if detach(paths.log):
             print(f"hotweights daemon: starting in the background; its log: {paths.log}", flush=True)
             return 0
+    given = frozenset(name for name in ("max_bytes", "metrics_port", "metrics_host") if getattr(args, name) is not None)
+    config = DaemonConfig(paths, max_bytes=args.max_bytes or 0, metrics_port=args.metrics_port or 0,
+                          metrics_host=args.metrics_host or "127.0.0.1")
     try:
-        return run(DaemonConfig(paths, max_bytes=args.max_bytes, metrics_port=args.metrics_port,
-                                metrics_host=args.metrics_host), replace=args.replace)
+        return run(config, replace=args.replace, given=given)
     except DaemonAlreadyRunning as exc:
         print(f"hotweights daemon: {exc}", file=sys.stderr)
         return 3

@@ -70,17 +70,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("daemon", help="run the keeper daemon in the foreground")
     _socket_dir(p)
-    p.add_argument("--max-bytes", type=byte_size, default=0,
-                   help="refuse publishes beyond this size: bytes, or with K, M, G, T (binary: 8G = 8 GiB); 0: no cap")
+    p.add_argument("--max-bytes", type=byte_size, default=None,
+                   help="refuse publishes beyond this size: bytes, or with K, M, G, T (binary: 8G = 8 GiB); 0: no cap "
+                        "(default: 0; with --replace: the running daemon's)")
     p.add_argument("--detach", action="store_true",
                    help="double-fork into the background (no longer a descendant of the caller, so an engine "
                         "that kills its process tree on exit does not take the daemon with it)")
-    p.add_argument("--metrics-port", type=int, default=0,
-                   help="serve Prometheus metrics on this port (GET /metrics); 0: none")
-    p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics on this port (GET /metrics); 0: none "
+                        "(default: 0; with --replace: the running daemon's)")
+    p.add_argument("--metrics-host", default=None,
+                   help="address of the metrics endpoint (default: 127.0.0.1; with --replace: the running daemon's)")
     p.add_argument("--replace", action="store_true",
-                   help="take every entry (its pool fds) and then the place of the running daemon, which exits: "
-                        "an upgrade or a restart without losing the cache; attaches go on meanwhile")
+                   help="take every entry (its pool fds), the settings not given here and then the place of the "
+                        "running daemon, which exits: an upgrade or a restart without losing the cache; attaches go "
+                        "on meanwhile. Under systemd: the unit restarts with its fd store instead")
 
     p = sub.add_parser("preload", help="load a checkpoint into the cache (starts the daemon if needed)")
     _model(p)

@@ -113,8 +113,9 @@ class Client:
     def release(self, key_short: str | None) -> ReleaseOk:
         return self._expect(Release(key_short or "", key_short is None), ReleaseOk)
 
-    def stop(self) -> None:
-        self._expect(Stop(), StopOk)
+    def stop(self, *, restart: bool = False) -> None:
+        """``restart``: under a service manager, exit to be started again with the entries (``Stop``)."""
+        self._expect(Stop(restart=restart), StopOk)
 
 
 def connect(paths: DaemonPaths, *, socket_path: str | os.PathLike[str] | None = None,

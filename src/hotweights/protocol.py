@@ -23,6 +23,7 @@ from .manifest import Manifest
 from .wire import close_fds, recv_frame, send_frame
 
 PROTOCOL_VERSION = 2  # 2: attach carries the key only
+RESTART_EXIT = 75  # EX_TEMPFAIL: the exit status of a daemon asked to restart under its service manager
 
 
 # -- requests ---------------------------------------------------------------------------
@@ -60,7 +61,10 @@ class Release:
 
 @dataclass(frozen=True, slots=True)
 class Stop:
-    pass
+    """``restart``: a daemon under a service manager exits with ``RESTART_EXIT`` and leaves its entries in the
+    manager's fd store, which starts the (upgraded) daemon again with them."""
+
+    restart: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,8 @@ class StatusOk:
     bytes_by_device: dict[str, int]
     torch_imported: bool
     max_bytes: int = 0  # the daemon's budget (0: none); a field with a default may be absent (older daemons)
+    metrics: str = ""  # host:port of its /metrics ("": none)
+    service_manager: bool = False  # it keeps its entries in a service manager's fd store (systemd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,14 +153,19 @@ _HINTS = {cls: {name: typing.get_origin(hint) or hint for name, hint in typing.g
           for cls in MESSAGES.values()}
 
 
-# fields added later, with a default: a peer of the same protocol version that predates them omits them
-_OPTIONAL = {cls: {f.name for f in fields(cls) if f.default is not MISSING} for cls in MESSAGES.values()}
+# fields added later, with a default: a peer of the same protocol version that predates them omits them,
+# and they are sent only when they differ from it (a peer that predates them reads the message as before)
+_DEFAULTS = {cls: {f.name: f.default for f in fields(cls) if f.default is not MISSING} for cls in MESSAGES.values()}
+_OPTIONAL = {cls: set(defaults) for cls, defaults in _DEFAULTS.items()}
 
 
 def encode(msg: Message) -> bytes:
     body: dict[str, Any] = {"op": _OPS[type(msg)]}
+    defaults = _DEFAULTS[type(msg)]
     for f in fields(msg):
         value = getattr(msg, f.name)
+        if f.name in defaults and value == defaults[f.name]:
+            continue
         if isinstance(value, Manifest):
             value = _manifest_wire(value)
         elif isinstance(value, CacheKey):

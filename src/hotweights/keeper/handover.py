@@ -15,19 +15,31 @@ Attaches never miss during the hand-off: before the rename the old daemon serves
 new one; a connection left in the old listener's backlog when it closes is reset, and the client
 asks again (``client.is_transient``). The pool memory is the same throughout: fds are passed, not
 bytes copied.
+
+Settings: the new daemon keeps the running one's ``--max-bytes`` and metrics address unless its own
+command line gives them (``inherit``; the log says which it kept and which changed). Under a service
+manager (the running daemon keeps its entries in systemd's fd store) the new daemon must be the unit's:
+``--replace`` then asks the running daemon to exit for a restart and waits for the manager to start
+the installed hotweights with the stored entries (``restart_managed``), rather than start one outside
+the unit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import time
+from typing import TYPE_CHECKING
 
 from ..client import connect, is_daemon_starting
 from ..errors import DaemonUnavailable, HotweightsError, ProtocolError
-from ..paths import ensure_socket_dir
-from ..protocol import AttachMiss, AttachOk, Export, Publish, PublishOk, Stop
+from ..paths import DaemonPaths, ensure_socket_dir
+from ..protocol import AttachMiss, AttachOk, Export, Publish, PublishOk, StatusOk, Stop
 from ..wire import close_fds
+
+if TYPE_CHECKING:
+    from .server import DaemonConfig
 
 LOCK_WAIT_S = 30.0  # the old daemon's exit, after Stop
 
@@ -81,3 +93,45 @@ def _take_entries(daemon, old, taken: set[str]) -> None:
             raise HotweightsError(f"entry {reply.manifest.key.short} of the running daemon was refused here: "
                                   f"{getattr(answer, 'message', answer)}")
         taken.add(reply.manifest.key.short)
+
+
+def running_status(paths: DaemonPaths) -> StatusOk | None:
+    """What the running daemon says of itself (its settings), or None when none answers."""
+    try:
+        with connect(paths, timeout_s=5.0) as old:
+            return old.status()
+    except DaemonUnavailable:
+        return None
+
+
+def inherit(config: DaemonConfig, old: StatusOk, given: frozenset[str]) -> tuple[DaemonConfig, str]:
+    """``config`` with the running daemon's budget and metrics address where the user gave none (a
+    ``--replace`` keeps them), and a line naming what was kept and what changed."""
+    host, _, port = old.metrics.rpartition(":")
+    theirs = {"max_bytes": old.max_bytes, "metrics_port": int(port or 0), "metrics_host": host or "127.0.0.1"}
+    flags = {"max_bytes": "--max-bytes", "metrics_port": "--metrics-port", "metrics_host": "--metrics-host"}
+    kept = {name: value for name, value in theirs.items() if name not in given}
+    changed = [f"{flags[n]} {theirs[n]} -> {getattr(config, n)}" for n in theirs
+               if n in given and getattr(config, n) != theirs[n]]
+    shown = [f"{flags[n]} {v}" for n, v in kept.items() if v or n == "max_bytes"]
+    return (dataclasses.replace(config, **kept),
+            f"kept the running daemon's settings ({', '.join(shown)}); changed: {', '.join(changed) or 'none'}")
+
+
+def restart_managed(paths: DaemonPaths, old: StatusOk, *, timeout_s: float = 60.0) -> str:
+    """The running daemon is a service manager's (its entries in the manager's fd store): ask it to exit for
+    a restart (``Stop(restart=True)``) and wait for the manager to start its successor (the installed
+    hotweights) with the entries. A daemon started from here would run outside the unit and its fd store."""
+    with connect(paths, timeout_s=5.0) as client:
+        client.stop(restart=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = running_status(paths)
+        if status is not None and status.pid != old.pid:
+            return (f"the service manager restarted the daemon (pid {old.pid} -> {status.pid}, hotweights "
+                    f"{old.daemon_version} -> {status.daemon_version}) with {len(status.entries)} of "
+                    f"{len(old.entries)} entries from its fd store")
+        time.sleep(0.1)
+    raise HotweightsError(f"the daemon (pid {old.pid}) exited to be restarted by its service manager, but none "
+                          f"answered within {timeout_s:.0f} s: see `systemctl --user status hotweights` (or the "
+                          f"system unit's); its entries stay in the fd store until the unit stops")

@@ -61,10 +61,12 @@ class Metrics(NoMetrics):
     def publish(self, result: str) -> None:
         self._publish.labels(result).inc()
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+    def serve(self, port: int, host: str = "127.0.0.1"):
+        """Serve /metrics on a thread; the HTTP server (``shutdown()`` ends it)."""
         from prometheus_client import start_http_server
 
-        start_http_server(port, addr=host, registry=self.registry)
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return server
 
 
 class _Snapshot:

@@ -44,6 +44,7 @@ class Ops:
         self.store = FdStore()  # the service manager's fd store, when there is one
         self.metrics = NO_METRICS  # the server sets a metrics.Metrics with --metrics-port
         self.handover_until = 0.0  # monotonic time: publishes are refused until then (each Export renews it)
+        self.metrics_address = ""  # host:port of /metrics, for status
 
     def handle(self, msg: Message, fds: list[int], peer_pid: int) -> tuple[Message, list[int]]:
         if not isinstance(msg, Publish) and fds:
@@ -57,7 +58,7 @@ class Ops:
         if isinstance(msg, Status):
             entries, per_device = self.registry.describe()
             return StatusOk(os.getpid(), __version__, time.monotonic() - self.started, entries, per_device,
-                            "torch" in sys.modules, self.max_bytes), []
+                            "torch" in sys.modules, self.max_bytes, self.metrics_address, self.store.enabled), []
         if isinstance(msg, Attach):
             if self.metrics is NO_METRICS:  # the attach path pays for metrics only when they are on
                 return self._attach(msg, peer_pid)
@@ -89,8 +90,12 @@ class Ops:
             logger.info("released: keys=%s peer_pid=%d", ",".join(released) or "-", peer_pid)
             return ReleaseOk(released), []
         if isinstance(msg, Stop):
-            logger.info("stop requested: peer_pid=%d", peer_pid)
-            self.on_stop()
+            if msg.restart and not self.store.enabled:
+                return Error("bad_message", "a restart keeps the entries only under a service manager (its fd "
+                                            "store); without one, use hotweights daemon --replace"), []
+            logger.info("%s requested: peer_pid=%d", "restart (entries left in the fd store)" if msg.restart else
+                        "stop", peer_pid)
+            self.on_stop(restart=msg.restart)
             return StopOk(), []
         return Error("bad_message", f"{type(msg).__name__} is a reply, not a request"), []
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from .. import evidence
 from ..errors import DaemonAlreadyRunning, ProtocolError
 from ..paths import DaemonPaths, ensure_socket_dir
-from ..protocol import Error, Message, StopOk, decode, send_message
+from ..protocol import RESTART_EXIT, Error, Message, StopOk, decode, send_message
 from ..wire import close_fds, recv_body, recv_header, wait_for_frame
 from .limits import Connections, Limits, Phase, Warnings, short
 from .fdstore import passed_fds, restore
@@ -62,6 +62,8 @@ class Daemon:
         self._reserve_fd = -1  # given up when the fd table is full, to accept and shed a connection
         self._listener: socket.socket | None = None
         self._socket_ino = 0
+        self._metrics_server = None
+        self.restart = False  # stopped to be restarted by the service manager (``Stop.restart``)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -125,8 +127,9 @@ class Daemon:
             from .metrics import Metrics
 
             self.ops.metrics = Metrics(self._snapshot)
-            self.ops.metrics.serve(self.config.metrics_port, self.config.metrics_host)
-            logger.info("metrics: http://%s:%d/metrics", self.config.metrics_host, self.config.metrics_port)
+            self._metrics_server = self.ops.metrics.serve(self.config.metrics_port, self.config.metrics_host)
+            self.ops.metrics_address = f"{self.config.metrics_host}:{self.config.metrics_port}"
+            logger.info("metrics: http://%s/metrics", self.ops.metrics_address)
         self._refuser = Refuser()
         self._reserve_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         logger.info(evidence.daemon_ready(str(self.config.paths.socket), os.getpid()))
@@ -193,7 +196,8 @@ class Daemon:
                            "(connections=%d)", shed, len(self.connections))
         time.sleep(0.01)
 
-    def stop(self) -> None:
+    def stop(self, *, restart: bool = False) -> None:
+        self.restart = restart
         self._stopping.set()
 
     def _snapshot(self) -> dict:
@@ -202,6 +206,10 @@ class Daemon:
                 "max_bytes": self.config.max_bytes}
 
     def close(self) -> None:
+        if self._metrics_server is not None:  # its port is free before the lock: a successor may take both
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+            self._metrics_server = None
         released = self.registry.release(None)
         if self._listener is not None:
             self._listener.close()
@@ -288,13 +296,19 @@ class Daemon:
             raise
 
 
-def run(config: DaemonConfig, *, replace: bool = False) -> int:
-    """Entry point of ``hotweights daemon``: serve until stop, SIGINT or SIGTERM. ``replace``: take every
-    entry and the place of the running daemon first (``handover.take_over``)."""
+def run(config: DaemonConfig, *, replace: bool = False, given: frozenset[str] = frozenset()) -> int:
+    """Entry point of ``hotweights daemon``: serve until stop, SIGINT or SIGTERM; the exit status
+    (``RESTART_EXIT`` when a service manager is to start it again). ``replace``: take every entry and the
+    place of the running daemon first (``handover.take_over``), and its settings that are not ``given``."""
+    if replace:
+        from .handover import inherit, running_status, take_over
+
+        old = running_status(config.paths)
+        if old is not None:
+            config, line = inherit(config, old, given)
+            logger.info("hand-off: %s", line)
     daemon = Daemon(config)
     if replace:
-        from .handover import take_over
-
         logger.info("hand-off: %s", take_over(daemon))
     else:
         daemon.open()
@@ -306,4 +320,4 @@ def run(config: DaemonConfig, *, replace: bool = False) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
     daemon.serve_forever()
-    return 0
+    return RESTART_EXIT if daemon.restart else 0
