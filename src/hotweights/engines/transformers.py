@@ -54,16 +54,20 @@ def load_model(model_dir: str | os.PathLike[str], *, dtype: str = "auto", device
     t0 = time.perf_counter()
     ckpt = open_checkpoint(model_dir, validate=False)  # the key needs the headers only
     dtype = ckpt.resolve_dtype(dtype)
-    model, engine = build_on_meta(model_dir, getattr(torch, dtype), impl=impl)
-    t1 = time.perf_counter()
+    # the weights before the model: a strict start the cache cannot serve fails before it pays for
+    # building the model (and, for transformers, importing its modeling code)
     weights: LoadedWeights = load_tensors(ckpt, dtype=dtype, device=device, config=config,
                                           use_cache=load_format == "hotweights")
+    t1 = time.perf_counter()
+    model, engine = build_on_meta(model_dir, getattr(torch, dtype), impl=impl)
+    t2 = time.perf_counter()
     attach_module(model, weights.tensors)
     target = next(iter(weights.tensors.values())).device if weights.tensors else torch.device("cpu")
     model.to(target)  # moves only the real buffers; parameters are already there
     model.eval()
-    t2 = time.perf_counter()
-    return model, LoadReport(weights.source, t1 - t0, t2 - t1, weights.reason, weights.key.short, engine)
+    t3 = time.perf_counter()
+    return model, LoadReport(weights.source, t2 - t1, (t1 - t0) + (t3 - t2), weights.reason, weights.key.short,
+                             engine)
 
 
 def build_on_meta(model_dir: str | os.PathLike[str], dtype: torch.dtype, *, impl: str) -> tuple[torch.nn.Module, str]:
@@ -98,10 +102,9 @@ def generate(model_dir: str | os.PathLike[str], prompt: str, *, max_tokens: int 
              device: str = "cpu", config: AttachConfig | dict | None = None,
              load_format: str = "hotweights") -> Generated:
     """Load ``model_dir`` (cache or disk) and complete ``prompt`` greedily."""
-    from transformers import AutoTokenizer
-
     start = time.perf_counter()
     model, report = load_model(model_dir, dtype=dtype, device=device, config=config, load_format=load_format)
+    from transformers import AutoTokenizer  # after the weights: a strict miss fails without this import
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     ids = tokenizer(prompt, return_tensors="pt").input_ids.to(model.device)
     with torch.inference_mode():
