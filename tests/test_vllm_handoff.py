@@ -1,4 +1,4 @@
-"""The warm standby's hand-off (``handoff.py`` <-> ``standby.py``), without vLLM: a real standby process
+"""The warm standby's hand-off (``standby/handoff.py`` <-> ``standby/zygote.py``), without vLLM: a real standby process
 of this interpreter (its vLLM imports are simply missing here) runs a probe module instead of vLLM's
 server. Properties: the server gets the launcher's argv, environment, working directory and stdio; its
 exit code is the launcher's; signals reach it; a killed launcher takes it down; a standby made under
@@ -20,8 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from hotweights.engines.vllm import handoff
 from hotweights.engines.vllm.launcher import socket_dir
+from hotweights.engines.vllm.standby import SPEC
+from hotweights.standby import handoff
+from hotweights.standby.zygote import TRANSITIONS, Standby, State
 
 PROBE = '''
 import os, signal, sys, time
@@ -40,9 +42,10 @@ sys.exit(7)
 LAUNCH = '''
 import os, sys
 from pathlib import Path
-from hotweights.engines.vllm.handoff import hand_over, StandbyUnusable
+from hotweights.engines.vllm.standby import SPEC
+from hotweights.standby.handoff import hand_over, StandbyUnusable
 try:
-    server = hand_over(Path(sys.argv[1]), "probe_server", sys.argv[2:], dict(os.environ, PROBE_KNOB="on"))
+    server = hand_over(SPEC, Path(sys.argv[1]), "probe_server", sys.argv[2:], dict(os.environ, PROBE_KNOB="on"))
 except StandbyUnusable as exc:
     print("unusable:", exc, flush=True)
     sys.exit(2)
@@ -58,10 +61,11 @@ def work(tmp_path):
 
 
 def start_standby(socket_dir: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "hotweights.engines.vllm.standby", "--socket-dir", str(socket_dir)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    proc = subprocess.Popen([sys.executable, "-m", "hotweights.standby.zygote", "--engine", "vllm", "--socket-dir",
+                             str(socket_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, **(env or {})})
     deadline = time.monotonic() + 120
-    while not handoff.status(socket_dir).get("ready"):
+    while not handoff.status(SPEC, socket_dir).get("ready"):
         assert proc.poll() is None and time.monotonic() < deadline, "the standby did not become ready"
         time.sleep(0.2)
     return proc
@@ -74,20 +78,31 @@ def launch(socket_dir: Path, work: Path, *args: str) -> subprocess.Popen:
 
 def test_no_standby_and_an_untrusted_directory_are_plain_starts(socket_dir, tmp_path):
     with pytest.raises(handoff.StandbyUnusable, match="no standby ready"):
-        handoff.hand_over(socket_dir, "probe_server", [], {})
+        handoff.hand_over(SPEC, socket_dir, "probe_server", [], {})
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o770)
     os.chmod(shared, 0o770)
     with pytest.raises(handoff.StandbyUnusable, match="untrusted socket dir"):
-        handoff.hand_over(shared, "probe_server", [], {})
+        handoff.hand_over(SPEC, shared, "probe_server", [], {})
 
 
 def test_the_fingerprint_names_what_changed():
-    base = handoff.fingerprint({"VLLM_X": "1", "PATH": "/bin", handoff.DISABLE_ENV: "off"})
-    assert "env PATH" not in base and f"env {handoff.DISABLE_ENV}" not in base and base["env VLLM_X"] == "1"
-    assert {"python", "package vllm", "package torch", "package hotweights"} <= set(base)
-    changed = handoff.fingerprint({"VLLM_X": "2", "CUDA_VISIBLE_DEVICES": "1"})
-    assert handoff.differences(base, changed) == ["env CUDA_VISIBLE_DEVICES", "env VLLM_X"]
+    base = SPEC.fingerprint({"VLLM_X": "1", "PATH": "/bin", handoff.DISABLE_ENV: "off"})
+    fields = base.to_wire()
+    assert "env PATH" not in fields and f"env {handoff.DISABLE_ENV}" not in fields and fields["env VLLM_X"] == "1"
+    assert {"python", "package vllm", "package torch", "package hotweights"} <= set(fields)
+    changed = SPEC.fingerprint({"VLLM_X": "2", "CUDA_VISIBLE_DEVICES": "1"})
+    assert [str(d) for d in changed.diff(base)] == ["env CUDA_VISIBLE_DEVICES: cached=(unset) requested=1",
+                                                    "env VLLM_X: cached=1 requested=2"]
+
+
+def test_the_standby_moves_only_by_its_transition_table(tmp_path):
+    standby = Standby(SPEC, tmp_path)
+    with pytest.raises(RuntimeError, match="'start' is not allowed in state importing"):
+        standby.move("start")
+    standby.move("imported")
+    standby.move("start")
+    assert standby.state is State.HANDED_OVER and (State.HANDED_OVER, "stop") not in TRANSITIONS
 
 
 def test_the_standby_lives_in_the_socket_dir_the_start_names(tmp_path, monkeypatch):
@@ -96,7 +111,7 @@ def test_the_standby_lives_in_the_socket_dir_the_start_names(tmp_path, monkeypat
     assert socket_dir(["serve", "/m", "--model-loader-extra-config", extra]) == tmp_path / "mine"
     assert socket_dir(["serve", "/m", f"--model-loader-extra-config={extra}"]) == tmp_path / "mine"
     assert socket_dir(["serve", "/m", "--load-format", "auto"]) == tmp_path / "env"
-    assert handoff.standby_paths(tmp_path, "/usr/bin/python3").socket != handoff.standby_paths(tmp_path).socket
+    assert handoff.standby_paths(tmp_path, "vllm", "/usr/bin/python3").socket != handoff.standby_paths(tmp_path).socket
 
 
 @pytest.mark.slow
@@ -137,7 +152,8 @@ def test_a_standby_made_under_another_environment_is_refused_and_retired(socket_
     standby = start_standby(socket_dir, {"VLLM_PROBE_KNOB": "1"})
     launcher = launch(socket_dir, work)
     out, _ = launcher.communicate(timeout=60)
-    assert launcher.returncode == 2 and "unusable: stale standby (env VLLM_PROBE_KNOB differs)" in out
+    assert launcher.returncode == 2, out
+    assert "unusable: stale standby (env VLLM_PROBE_KNOB: cached=1 requested=(unset))" in out
     assert standby.wait(30) == 0
 
 
@@ -160,12 +176,12 @@ def test_a_prepared_standby_waits_for_the_start_and_its_server_keeps_the_launche
     start = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # the start in progress
     try:
         url = f"http://127.0.0.1:{http_server.server_address[1]}/health"
-        assert handoff.prepare(socket_dir, dict(os.environ), after=(start.pid, url))
+        assert handoff.prepare(SPEC, socket_dir, dict(os.environ), after=(start.pid, url))
         time.sleep(2.0)
-        assert not handoff.status(socket_dir)["ready"]  # it has not imported anything yet: the start goes first
+        assert not handoff.status(SPEC, socket_dir)["ready"]  # it has not imported anything yet: the start goes first
         ready.set()
         deadline = time.monotonic() + 120
-        while not handoff.status(socket_dir).get("ready"):
+        while not handoff.status(SPEC, socket_dir).get("ready"):
             assert time.monotonic() < deadline, "the standby did not become ready once the start was"
             time.sleep(0.2)
         launcher = launch(socket_dir, work, "--flag")

@@ -299,15 +299,16 @@ def cmd_vllm(args: argparse.Namespace) -> int:
 
 
 def cmd_standby(args: argparse.Namespace) -> int:
-    from .engines.vllm import handoff
+    from .engines.vllm.standby import SPEC
     from .paths import resolve_socket_dir
+    from .standby import handoff
 
     directory = resolve_socket_dir(args.socket_dir)
     if args.stop:
-        pid = handoff.stop(directory)
+        pid = handoff.stop(SPEC, directory)
         _emit(args, {"stopped": pid}, f"stopped the standby (pid {pid})" if pid else "no standby to stop")
         return 0
-    state = handoff.status(directory)
+    state = handoff.status(SPEC, directory)
     text = (f"standby pid {state['pid']} ready (vLLM imported in {state['imports_s']} s); "
             + ("fits this environment" if state["fits"] else f"stale: {', '.join(state['differs'])} differ")
             if state["ready"] else f"no standby ready at {state['socket']} ({state.get('reason', '')})")

@@ -13,12 +13,10 @@ pool importers do). An ``error`` reply is raised as ``ProtocolError`` carrying i
 
 from __future__ import annotations
 
-import fcntl
 import itertools
 import os
 import random
 import socket
-import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +32,7 @@ from .protocol import (
     Stop, StopOk, recv_message, send_message,
 )
 from .replies import Answer, AttachReply, Outcome
+from .unix import is_locked, peer_credentials
 from .wire import close_fds, recv_frame
 
 R = TypeVar("R")  # the reply type a request expects
@@ -139,7 +138,7 @@ def connect(paths: DaemonPaths, *, socket_path: str | os.PathLike[str] | None = 
         sock.settimeout(timeout_s)
         try:
             _connect_patiently(sock, str(path), deadline)
-            pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            pid, uid = peer_credentials(sock)
             if uid != os.getuid():
                 raise TrustError(f"the daemon at {path} (pid {pid}) runs as uid {uid}, not as you (uid "
                                  f"{os.getuid()}): refusing to send it anything; stop it, or use a daemon of your "
@@ -207,17 +206,7 @@ def connect_for(config: AttachConfig, *, start: bool = False) -> Client:
 
 def is_daemon_starting(paths: DaemonPaths) -> bool:
     """True while some process holds the daemon lock (a daemon is up or coming up)."""
-    try:
-        fd = os.open(paths.lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+    return is_locked(paths.lock)
 
 
 def _retry(attempt: Callable[[], Client], deadline: float, keep_trying: Callable[[], bool],

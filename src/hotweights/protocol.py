@@ -147,31 +147,66 @@ MESSAGES: dict[str, type] = {
     "attach_miss": AttachMiss, "attach_mismatch": AttachMismatch, "publish_ok": PublishOk,
     "release_ok": ReleaseOk, "stop_ok": StopOk, "error": Error,
 }
-_OPS = {cls: op for op, cls in MESSAGES.items()}
-# field -> the type its wire value must have (``list[str]`` is checked as a list; its items by the reader)
-_HINTS = {cls: {name: typing.get_origin(hint) or hint for name, hint in typing.get_type_hints(cls).items()}
-          for cls in MESSAGES.values()}
 
 
-# fields added later, with a default: a peer of the same protocol version that predates them omits them,
-# and they are sent only when they differ from it (a peer that predates them reads the message as before)
-_DEFAULTS = {cls: {f.name: f.default for f in fields(cls) if f.default is not MISSING} for cls in MESSAGES.values()}
-_OPTIONAL = {cls: set(defaults) for cls, defaults in _DEFAULTS.items()}
+class Codec:
+    """One message table, and messages encoded and decoded by it: ``op`` tags, strict fields, wire types.
+
+    Fields added later carry a default: a peer of the same protocol version that predates them omits
+    them, and they are sent only when they differ from it, so a peer that predates them reads the
+    message as before. The keeper's table is ``MESSAGES``; the standby has its own (``standby/messages.py``).
+    """
+
+    def __init__(self, messages: dict[str, type]) -> None:
+        self.messages = messages
+        self.ops = {cls: op for op, cls in messages.items()}
+        # field -> the type its wire value must have (``list[str]`` is checked as a list; its items by the reader)
+        self.hints = {cls: {name: typing.get_origin(hint) or hint for name, hint in typing.get_type_hints(cls).items()}
+                      for cls in messages.values()}
+        self.defaults = {cls: {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+                         for cls in messages.values()}
+
+    def encode(self, msg: Any) -> bytes:
+        body: dict[str, Any] = {"op": self.ops[type(msg)]}
+        defaults = self.defaults[type(msg)]
+        for f in fields(msg):
+            value = getattr(msg, f.name)
+            if f.name in defaults and value == defaults[f.name]:
+                continue
+            if isinstance(value, Manifest):
+                value = _manifest_wire(value)
+            elif isinstance(value, CacheKey):
+                value = value.to_wire()
+            body[f.name] = value
+        return msgpack.packb(body, use_bin_type=True)
+
+    def decode(self, data: bytes) -> Any:
+        """Bytes -> message; ProtocolError names the op and field on any violation."""
+        return self.decode_body(unpack(data))
+
+    def decode_body(self, body: Any) -> Any:
+        """An unpacked frame -> message (``body`` is consumed)."""
+        if not isinstance(body, dict):
+            raise ProtocolError("frame is not a msgpack map", code="bad_frame")
+        if not all(isinstance(k, str) for k in body):
+            raise ProtocolError("frame field names must be strings", code="bad_message")
+        op = body.pop("op", None)
+        cls = self.messages.get(op) if isinstance(op, str) else None
+        if cls is None:
+            raise ProtocolError(f"unknown op {op!r}; known ops: {sorted(self.messages)}", code="unknown_op")
+        hints = self.hints[cls]
+        extra = sorted(set(body) - set(hints))
+        missing = sorted(set(hints) - set(body) - set(self.defaults[cls]))
+        if extra or missing:
+            raise ProtocolError(f"op {op!r}: unexpected fields {extra}, missing fields {missing}", code="bad_message")
+        return cls(**{name: _convert(op, name, body[name], hint) for name, hint in hints.items() if name in body})
+
+
+CODEC = Codec(MESSAGES)
 
 
 def encode(msg: Message) -> bytes:
-    body: dict[str, Any] = {"op": _OPS[type(msg)]}
-    defaults = _DEFAULTS[type(msg)]
-    for f in fields(msg):
-        value = getattr(msg, f.name)
-        if f.name in defaults and value == defaults[f.name]:
-            continue
-        if isinstance(value, Manifest):
-            value = _manifest_wire(value)
-        elif isinstance(value, CacheKey):
-            value = value.to_wire()
-        body[f.name] = value
-    return msgpack.packb(body, use_bin_type=True)
+    return CODEC.encode(msg)
 
 
 # The daemon sends the same manifest on every attach; manifests are immutable, so their
@@ -201,25 +236,12 @@ def unpack(data: bytes) -> Any:
 
 def decode(data: bytes) -> Message:
     """Bytes -> message; ProtocolError names the op and field on any violation."""
-    return decode_body(unpack(data))
+    return CODEC.decode(data)  # type: ignore[no-any-return]  # one of MESSAGES
 
 
 def decode_body(body: Any) -> Message:
     """An unpacked frame -> message (``body`` is consumed)."""
-    if not isinstance(body, dict):
-        raise ProtocolError("frame is not a msgpack map", code="bad_frame")
-    if not all(isinstance(k, str) for k in body):
-        raise ProtocolError("frame field names must be strings", code="bad_message")
-    op = body.pop("op", None)
-    cls = MESSAGES.get(op) if isinstance(op, str) else None
-    if cls is None:
-        raise ProtocolError(f"unknown op {op!r}; known ops: {sorted(MESSAGES)}", code="unknown_op")
-    hints = _HINTS[cls]
-    extra, missing = sorted(set(body) - set(hints)), sorted(set(hints) - set(body) - _OPTIONAL[cls])
-    if extra or missing:
-        raise ProtocolError(f"op {op!r}: unexpected fields {extra}, missing fields {missing}", code="bad_message")
-    kwargs = {name: _convert(op, name, body[name], hint) for name, hint in hints.items() if name in body}
-    return cls(**kwargs)  # type: ignore[no-any-return]  # cls is one of MESSAGES
+    return CODEC.decode_body(body)  # type: ignore[no-any-return]  # one of MESSAGES
 
 
 def _convert(op: str, name: str, value: Any, hint: Any) -> Any:

@@ -4,33 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 import resource
-import sys
 from pathlib import Path
 
 from ..paths import rotate_log
+from ..unix import detach as unix_detach
 
 
 def detach(log: Path) -> bool:
-    """Double-fork into the background: the daemon is then no descendant of the caller, so an engine that
-    kills its process tree on exit (vLLM does) leaves it running. True in the caller, False in the daemon,
-    whose stdin is /dev/null and whose output goes to ``log``: a caller read through a pipe or ``$(...)``
-    is not held open by it."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if os.fork() > 0:
-        return True
-    os.setsid()
-    if os.fork() > 0:
-        os._exit(0)
+    """``unix.detach`` for the daemon (an engine that kills its process tree on exit, as vLLM does, leaves
+    it running), its log rotated first: True in the caller, False in the daemon."""
     rotate_log(log)
-    null, out = os.open(os.devnull, os.O_RDONLY), os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    for fd, target in ((null, 0), (out, 1), (out, 2)):
-        os.dup2(fd, target)
-    os.close(null)
-    os.close(out)
-    return False
+    return unix_detach(log)
 
 
 KEEPER_OOM_SCORE_ADJ = -900

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import logging
 import os
 import signal
 import socket
-import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,6 +18,7 @@ from dataclasses import dataclass, field
 from .. import evidence
 from ..errors import DaemonAlreadyRunning, ProtocolError
 from ..paths import DaemonPaths, ensure_socket_dir
+from ..unix import lock_holder, peer_credentials, take_pid_lock
 from ..protocol import RESTART_EXIT, Error, Message, StopOk, decode, send_message
 from ..wire import close_fds, recv_body, recv_header, wait_for_frame
 from .limits import Connections, Limits, Phase, Warnings, short
@@ -80,25 +79,13 @@ class Daemon:
     def take_lock(self, wait_s: float = 0.0) -> None:
         """The daemon lock (one daemon per directory), waiting up to ``wait_s`` for its holder to exit."""
         paths = self.config.paths
-        fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() < deadline:
-                    time.sleep(0.02)
-                    continue
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-                os.close(fd)
-                raise DaemonAlreadyRunning(
-                    f"another weight cache daemon (pid {holder}) already serves {paths.directory}; "
-                    f"use it, stop it with `hotweights stop`, or take its place with `hotweights daemon --replace`"
-                ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
+        try:
+            self._lock_fd = take_pid_lock(paths.lock, wait_s=wait_s)
+        except BlockingIOError:
+            raise DaemonAlreadyRunning(
+                f"another weight cache daemon (pid {lock_holder(paths.lock) or '?'}) already serves "
+                f"{paths.directory}; use it, stop it with `hotweights stop`, or take its place with "
+                f"`hotweights daemon --replace`") from None
 
     def listen(self, path, *, publish_as=None) -> None:
         """Bind and listen at ``path`` (owner-only); ``publish_as``: then rename it over that path, so that
@@ -158,7 +145,7 @@ class Daemon:
             self.close()
 
     def _admit(self, conn: socket.socket) -> None:
-        pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        pid, uid = peer_credentials(conn)
         if uid != os.getuid():
             self.warnings.warn("connection", "connection rejected: peer_uid=%d peer_pid=%d reason=uid-mismatch",
                                uid, pid)

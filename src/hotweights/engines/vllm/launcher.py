@@ -2,7 +2,7 @@
 
 Runs in the hotweights CLI process, before vLLM is imported: the strict check
 (``preflight.check``) comes first. For ``serve``, ``run`` then hands the start to the warm
-standby of this interpreter (``handoff.hand_over``; the standby has vLLM imported already), stays
+standby of this interpreter (``standby.handoff.hand_over``; the standby has vLLM imported already), stays
 in the foreground relaying SIGINT, SIGTERM and SIGHUP, and exits with the server's code, as
 ``vllm serve`` would; when no standby fits, it says why in one line and becomes vLLM (exec). Either
 way it prepares a standby for the next start, which imports vLLM once this start is ready.
@@ -27,7 +27,9 @@ from pathlib import Path
 from ... import evidence
 from ...observe import health_url_for
 from ...paths import resolve_socket_dir
-from . import handoff, preflight
+from ...standby import handoff
+from . import preflight
+from .standby import SPEC
 
 logger = logging.getLogger(__name__)
 
@@ -42,14 +44,14 @@ def run(argv: list[str]) -> int:
         directory = socket_dir(argv)
         health = health_url_for(argv)
         try:
-            server = handoff.hand_over(directory, cmd[2], cmd[3:], env)
+            server = handoff.hand_over(SPEC, directory, cmd[2], cmd[3:], env)
         except handoff.StandbyUnusable as exc:
             logger.info(evidence.standby_unused(str(exc)))
         else:
             logger.info(evidence.standby_used(server.pid, server.imports_s))
-            handoff.prepare(directory, environ, after=(server.pid, health))
+            handoff.prepare(SPEC, directory, environ, after=(server.pid, health))
             return server.wait()
-        handoff.prepare(directory, environ, after=(os.getpid(), health))  # this pid becomes vLLM (exec)
+        handoff.prepare(SPEC, directory, environ, after=(os.getpid(), health))  # this pid becomes vLLM (exec)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(cmd[0], cmd, env)

@@ -1,0 +1,209 @@
+"""The launcher's side of a warm standby: find one that fits this start, hand the start over, stay in front.
+
+Runs in the hotweights CLI process (``hotweights vllm serve ...``), before the engine is imported, and
+imports nothing of it or of torch. The standby (``zygote.py``) is a process of the same Python with the
+engine already imported; it answers on ``<socket dir>/<engine>-standby-<tag>.sock``, one per engine
+and interpreter (``tag``: a digest of the interpreter's path). The socket directory is the daemon's:
+the same trust rules hold (a private directory of this user; the peer's uid is checked both ways).
+
+A standby is used only when its fingerprint equals this launcher's (``fingerprint.py``); otherwise,
+or when none answers in time, the start is a plain one and says why in one line, naming the fields
+that differ. A standby that crashed, hung or was killed costs at most that plain start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import HotweightsError, ProtocolError, TrustError
+from ..paths import check_socket_dir
+from ..unix import is_locked, lock_holder, peer_credentials, spawn_detached
+from ..wire import close_fds
+from .engine import EngineSpec
+from .fingerprint import Fingerprint
+from .messages import Exited, Hello, Ready, Start, Started, Stop, receive, send
+
+logger = logging.getLogger(__name__)
+DISABLE_ENV = "HOTWEIGHTS_VLLM_STANDBY"  # "off": never use or prepare a standby
+
+
+class StandbyUnusable(HotweightsError):
+    """No standby can take this start; the message says why (one line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StandbyPaths:
+    socket: Path
+    lock: Path
+    log: Path
+
+
+def standby_paths(directory: Path, engine: str = "vllm", python: str | None = None) -> StandbyPaths:
+    tag = hashlib.blake2b(os.path.realpath(python or sys.executable).encode(), digest_size=4).hexdigest()
+    return StandbyPaths(*(directory / f"{engine}-standby-{tag}.{ext}" for ext in ("sock", "lock", "log")))
+
+
+@dataclass(slots=True)
+class Server:
+    """A server a standby started for this launcher."""
+
+    conn: Any  # the connection to its standby, which reports the exit code
+    pid: int
+    imports_s: float
+
+    def wait(self) -> int:
+        """Relay SIGINT, SIGTERM and SIGHUP to the server's process group until it exits; its exit code."""
+
+        def relay(signum: int, _frame: object) -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signum)
+
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, relay)
+        self.conn.settimeout(None)
+        try:
+            msg, _ = receive(self.conn, Exited)
+            assert isinstance(msg, Exited)
+            return msg.code
+        except (EOFError, OSError, ProtocolError) as exc:
+            # the standby died: the server got SIGTERM with it (PR_SET_PDEATHSIG); wait until it is gone
+            logger.error("the standby supervising pid %d went away (%s); waiting for the server to end", self.pid, exc)
+            while Path(f"/proc/{self.pid}").exists():
+                time.sleep(0.2)
+            return 1
+        finally:
+            self.conn.close()
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def _hello(engine: EngineSpec, directory: Path, connect_timeout_s: float,
+           reply_timeout_s: float) -> tuple[Any, Ready, list[str]]:
+    """A trusted connection to the standby of this engine and interpreter, its ``Ready`` and the fields where
+    its fingerprint differs from this launcher's; StandbyUnusable says why there is none."""
+    import socket
+
+    paths = standby_paths(directory, engine.name)
+    try:
+        check_socket_dir(directory)
+    except FileNotFoundError:
+        raise StandbyUnusable(f"no standby prepared yet (no {directory})") from None
+    except TrustError as exc:
+        raise StandbyUnusable(f"untrusted socket dir: {exc}") from None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.settimeout(connect_timeout_s)
+    try:
+        try:
+            sock.connect(str(paths.socket))
+        except (FileNotFoundError, ConnectionRefusedError):
+            raise StandbyUnusable("no standby ready (none was prepared, or it is still importing or waiting "
+                                  "for the start before it to be ready)") from None
+        pid, uid = peer_credentials(sock)
+        if uid != os.getuid():
+            raise StandbyUnusable(f"the standby at {paths.socket} (pid {pid}) runs as uid {uid}, not {os.getuid()}")
+        sock.settimeout(reply_timeout_s)
+        send(sock, Hello())
+        ready, _ = receive(sock, Ready)
+        assert isinstance(ready, Ready)
+        diffs = engine.fingerprint().diff(Fingerprint.from_wire(ready.fingerprint))
+        return sock, ready, [str(d) for d in diffs]
+    except StandbyUnusable:
+        sock.close()
+        raise
+    except (OSError, EOFError, ProtocolError) as exc:
+        sock.close()
+        raise StandbyUnusable(f"standby unreachable: {exc}") from None
+
+
+def hand_over(engine: EngineSpec, directory: Path, module: str, args: list[str], env: dict[str, str], *,
+              connect_timeout_s: float = 1.0, reply_timeout_s: float = 10.0) -> Server:
+    """Give the start (``python -m MODULE ARGS`` with ``env``, this cwd and stdio) to the standby of this
+    engine and interpreter; StandbyUnusable says why not. Nothing has started when it raises."""
+    sock, ready, changed = _hello(engine, directory, connect_timeout_s, reply_timeout_s)
+    try:
+        unsafe = ("CUDA is initialized in it" if ready.cuda_initialized else
+                  f"it runs {ready.threads} Python threads" if ready.threads != 1 else "")
+        if changed or unsafe:
+            send(sock, Stop())  # retire it, and wait until it has let go of its lock: the launcher prepares one
+            with contextlib.suppress(OSError):
+                while sock.recv(4096):
+                    pass
+            raise StandbyUnusable(f"stale standby ({'; '.join(changed[:4])})" if changed else
+                                  f"unsafe standby ({unsafe})")
+        stdio = [fd if _is_open(fd) else os.open(os.devnull, os.O_RDWR) for fd in (0, 1, 2)]
+        try:
+            send(sock, Start(module, args, env, os.getcwd()), stdio)
+        finally:
+            close_fds([fd for fd in stdio if fd > 2])
+        started, _ = receive(sock, Started)
+        assert isinstance(started, Started)
+        return Server(sock, started.pid, ready.imports_s)
+    except StandbyUnusable:
+        sock.close()
+        raise
+    except (OSError, EOFError, ProtocolError) as exc:
+        sock.close()
+        raise StandbyUnusable(f"standby failed the hand-off: {exc}") from None
+
+
+def prepare(engine: EngineSpec, directory: Path, environ: dict[str, str], *,
+            after: tuple[int, str] | None = None) -> bool:
+    """Start a standby for the next start, detached (engines may end their own process tree on exit),
+    unless one holds the lock already. True if one was started.
+
+    ``after``: the start in progress (its pid, its health URL). The standby imports only once that start
+    is ready (or gone), so that the two do not compete for the CPU. It is not niced for that: a server
+    forked from it would inherit the priority, which an unprivileged process cannot raise again.
+    """
+    paths = standby_paths(directory, engine.name)
+    if is_locked(paths.lock):
+        return False  # one is alive (or importing, or waiting)
+    cmd = [sys.executable, "-m", "hotweights.standby.zygote", "--engine", engine.name, "--socket-dir", str(directory)]
+    if after is not None:
+        cmd += ["--after-pid", str(after[0]), "--after-url", after[1]]
+    spawn_detached(cmd, environ, paths.log)
+    return True
+
+
+def stop(engine: EngineSpec, directory: Path) -> int | None:
+    """Retire the standby of this engine and interpreter, also one still importing (SIGTERM to the lock
+    holder's pid, which it writes into the lock file); its pid, or None if there is none."""
+    try:
+        check_socket_dir(directory)
+    except (OSError, TrustError):
+        return None
+    pid = lock_holder(standby_paths(directory, engine.name).lock)
+    if pid:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    return pid or None
+
+
+def status(engine: EngineSpec, directory: Path, *, timeout_s: float = 2.0) -> dict[str, Any]:
+    """What the standby of this engine and interpreter says of itself, and whether it fits this environment."""
+    paths = standby_paths(directory, engine.name)
+    out: dict[str, Any] = {"socket": str(paths.socket), "log": str(paths.log), "ready": False}
+    try:
+        sock, ready, changed = _hello(engine, directory, timeout_s, timeout_s)
+    except StandbyUnusable as exc:
+        out["reason"] = str(exc)
+        return out
+    sock.close()
+    out.update(ready=True, pid=ready.pid, imports_s=ready.imports_s, fits=not changed, differs=changed,
+               cuda_initialized=ready.cuda_initialized, threads=ready.threads)
+    return out

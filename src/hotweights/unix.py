@@ -1,0 +1,98 @@
+"""Process plumbing that the keeper and the standby share: who is at the other end of a Unix socket, a
+process detached from its caller, and a pid lock file.
+
+Linux only (``SO_PEERCRED``, ``flock``). Stdlib only: the keeper imports it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import struct
+import sys
+import time
+from pathlib import Path
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int]:
+    """``(pid, uid)`` of the process at the other end of a connected Unix socket: the kernel's word."""
+    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return pid, uid
+
+
+def detach(log: Path) -> bool:
+    """Double-fork into the background: the child is then no descendant of the caller, in a session of its
+    own, so a caller that kills its process tree on exit (vLLM does) leaves it running. True in the caller
+    (once the intermediate process is gone: no zombie), False in the child, whose stdin is /dev/null and
+    whose output goes to ``log``: a caller read through a pipe or ``$(...)`` is not held open by it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    middle = os.fork()
+    if middle > 0:
+        os.waitpid(middle, 0)
+        return True
+    try:
+        os.setsid()
+        if os.fork() > 0:
+            os._exit(0)
+        null, out = os.open(os.devnull, os.O_RDONLY), os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        for fd, target in ((null, 0), (out, 1), (out, 2)):
+            os.dup2(fd, target)
+        os.close(null)
+        os.close(out)
+    except BaseException:
+        os._exit(1)
+    return False
+
+
+def spawn_detached(cmd: list[str], env: dict[str, str], log: Path) -> None:
+    """Run ``cmd`` with ``env`` as a detached process (``detach``); returns at once in the caller."""
+    if detach(log):
+        return
+    try:
+        os.execve(cmd[0], cmd, env)
+    finally:
+        os._exit(127)
+
+
+def take_pid_lock(path: Path, *, wait_s: float = 0.0) -> int:
+    """Hold ``path``'s flock (the file created 0600, no symlink followed), waiting up to ``wait_s`` for its
+    holder to let go, and write this pid into it; the fd, held as long as the lock. BlockingIOError when
+    another process holds it (``lock_holder`` says which)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.02)
+                continue
+            os.close(fd)
+            raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def lock_holder(path: Path) -> int | None:
+    """The pid written in ``path`` while a process holds its lock; None when nobody holds it (or no file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        return int(text) if text.isdigit() else 0
+    finally:
+        os.close(fd)
+
+
+def is_locked(path: Path) -> bool:
+    """Whether a process holds ``path``'s lock (it exists and cannot be taken now)."""
+    return lock_holder(path) is not None
