@@ -17,7 +17,8 @@ from hotweights.errors import ProtocolError
 from hotweights.key import CacheKey, ShardId
 from hotweights.manifest import Manifest, pack
 from hotweights.protocol import (
-    Attach, AttachMismatch, Error, Hello, Publish, Release, StatusOk, decode, encode, recv_message, send_message,
+    Attach, AttachMismatch, EntryRow, Error, ExportEnd, ExportOk, Hello, Publish, Release, StatusOk, Stop, decode,
+    encode, recv_message, send_message,
 )
 from hotweights.wire import MAX_FDS_PER_FRAME, MAX_FRAME_BYTES, recv_frame, send_frame
 
@@ -130,3 +131,35 @@ def test_sender_refuses_too_many_fds_and_oversized_frames(pair):
         send_frame(a, b"x", [0] * (MAX_FDS_PER_FRAME + 1))
     with pytest.raises(ProtocolError, match="exceeds MAX_FRAME_BYTES"):
         send_frame(a, b"x" * (MAX_FRAME_BYTES + 1))
+
+
+ROW = {"key": "k", "model": "m", "dtype": "bfloat16", "arch": "A", "layout": "checkpoint", "device": "cpu",
+       "tp": "0/1", "nbytes": 4096, "tensor_nbytes": 4000, "num_tensors": 3, "num_pools": 1, "num_attaches": 2,
+       "published_at": 1.5}
+
+
+def test_a_status_row_is_typed_and_an_older_daemons_row_still_decodes():
+    row = EntryRow.from_wire(ROW)
+    assert row.to_wire() == ROW and row.tensor_nbytes == 4000
+    older = {k: v for k, v in ROW.items() if k not in ("tensor_nbytes", "arch", "num_pools", "published_at")}
+    old = EntryRow.from_wire(older)
+    assert old.tensor_nbytes == 4096 and old.num_pools == 0  # its pool bytes stand in
+    assert StatusOk(1, "0.1", 2.5, [ROW], {"cpu": 4096}, False).rows() == [row]
+
+
+@pytest.mark.parametrize("field, value", [("nbytes", "4096"), ("key", 1), ("num_tensors", True), ("model", None)])
+def test_a_mistyped_status_row_is_refused_naming_the_field(field, value):
+    with pytest.raises(ProtocolError, match=f"status row field '{field}'"):
+        EntryRow.from_wire({**ROW, field: value})
+
+
+def test_export_replies_have_their_own_messages():
+    pools, specs = pack([("w", "float16", (4,))], pool_bytes=1024, device="cpu")
+    msg = ExportOk(Manifest(KEY, pools, specs))
+    assert decode(encode(msg)) == msg and decode(encode(ExportEnd())) == ExportEnd()
+
+
+def test_a_field_at_its_default_is_not_sent():
+    # an older peer of the same protocol version reads the message as before (it rejects fields it lacks)
+    assert encode(Stop()) == msgpack.packb({"op": "stop"}) and b"restart" in encode(Stop(restart=True))
+    assert b"service_manager" not in encode(StatusOk(1, "0.1", 2.5, [], {}, False))

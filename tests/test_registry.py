@@ -32,7 +32,7 @@ def test_add_lookup_release_own_exactly_one_fd_per_pool():
     assert manifest.key == KEY and len(dups) == 1
     os.close(dups[0])
     assert reg.lookup(OTHER) is None
-    assert reg.release(KEY.short) == [KEY.short] and reg.lookup(KEY) is None
+    assert [m.key for m in reg.release(KEY.short)] == [KEY] and reg.lookup(KEY) is None
     assert open_fds() == before
 
 
@@ -55,5 +55,5 @@ def test_closest_lists_the_differing_fields_and_describe_counts_bytes():
     manifest, diffs = reg.closest(KEY)
     assert manifest.key == OTHER and [str(d) for d in diffs] == ["dtype: cached=bfloat16 requested=float16"]
     entries, per_device = reg.describe()
-    assert per_device == {"cpu": 1024} and entries[0]["key"] == OTHER.short and entries[0]["num_attaches"] == 0
+    assert per_device == {"cpu": 1024} and entries[0].key == OTHER.short and entries[0].num_attaches == 0
     reg.release(None)

@@ -169,7 +169,7 @@ def cmd_release(args: argparse.Namespace) -> int:
     with connect(daemon_paths(args.socket_dir)) as client:
         key = None
         if not args.all:  # a unique prefix of a key names it, as in `hotweights status`
-            keys = [e["key"] for e in client.status().entries if str(e.get("key", "")).startswith(args.key)]
+            keys = [e.key for e in client.status().rows() if e.key.startswith(args.key)]
             if len(keys) != 1:
                 _emit(args, {"released": [], "matches": keys},
                       f"no entry with key {args.key} (hotweights status lists them)" if not keys else

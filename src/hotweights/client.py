@@ -20,7 +20,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from .config import AttachConfig
 from .errors import DaemonUnavailable, ProtocolError, TrustError
@@ -28,8 +28,8 @@ from .key import CacheKey
 from .manifest import Manifest
 from .paths import DaemonPaths, check_socket_dir, daemon_paths
 from .protocol import (
-    PROTOCOL_VERSION, Attach, Error, Hello, HelloOk, Message, Publish, PublishOk, Release, ReleaseOk, Status, StatusOk,
-    Stop, StopOk, recv_message, send_message,
+    PROTOCOL_VERSION, Attach, EntryRow, Error, Hello, HelloOk, Message, Publish, PublishOk, Release, ReleaseOk, Status,
+    StatusOk, Stop, StopOk, recv_message, send_message,
 )
 from .replies import Answer, AttachReply, Outcome
 from .unix import is_locked, peer_credentials
@@ -92,15 +92,15 @@ class Client:
         """Whether ``key`` is attachable, without mapping anything."""
         return self.attach(key).answer()
 
-    def entry(self, key: CacheKey) -> dict[str, Any] | None:
+    def entry(self, key: CacheKey) -> EntryRow | None:
         """The daemon's status row of ``key`` (``hotweights status``), None if it holds none: a look that
         is not an attach (an entry's ``num_attaches`` counts engines)."""
-        return next((e for e in self.status().entries if e.get("key") == key.short), None)
+        return next((e for e in self.status().rows() if e.key == key.short), None)
 
     def entry_nbytes(self, key: CacheKey) -> int:
         """Bytes the daemon holds for ``key`` (what a zero_copy attach maps), 0 if none."""
         found = self.entry(key)
-        return int(found["nbytes"]) if found else 0
+        return found.nbytes if found else 0
 
     def publish(self, manifest: Manifest, fds: list[int]) -> PublishOk:
         reply, extra = self.request(Publish(manifest), fds)

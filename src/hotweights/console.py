@@ -50,18 +50,19 @@ def status_table(status: Any, socket_path: Path) -> str:
                  else "  budget: none (--max-bytes not set)")
     lines.append(f"{'KEY':<14}{'MODEL':<20}{'LAYOUT':<14}{'TP':<5}{'DTYPE':<10}{'DEVICE':<16}{'GiB':>8}"
                  f"{'TENSORS':>9}{'ATTACHES':>10}")
-    for e in status.entries:
-        lines.append(f"{e['key']:<14}{e['model'][:19]:<20}{e['layout'][:13]:<14}{e['tp']:<5}{e['dtype']:<10}"
-                     f"{e['device'][:15]:<16}{e['nbytes'] / GIB:>8.2f}{e['num_tensors']:>9}{e['num_attaches']:>10}")
-    if not status.entries:
+    rows = status.rows()
+    for e in rows:
+        lines.append(f"{e.key:<14}{e.model[:19]:<20}{e.layout[:13]:<14}{e.tp:<5}{e.dtype:<10}"
+                     f"{e.device[:15]:<16}{e.nbytes / GIB:>8.2f}{e.num_tensors:>9}{e.num_attaches:>10}")
+    if not rows:
         lines.append("(no entries)")
-    by_model: dict[str, list[dict]] = {}
-    for e in status.entries:
-        by_model.setdefault(e["model"], []).append(e)
+    by_model: dict[str, list] = {}
+    for e in rows:
+        by_model.setdefault(e.model, []).append(e)
     for model, entries in sorted(by_model.items()):
         if len(entries) > 1:  # a second dtype or layout is a second copy of the weights
-            kinds = ", ".join(f"{e['dtype']} {e['layout']} on {e['device'][:12]}" for e in entries)
+            kinds = ", ".join(f"{e.dtype} {e.layout} on {e.device[:12]}" for e in entries)
             lines.append(f"note: {model} is cached {len(entries)} times ({kinds}): "
-                         f"{sum(e['nbytes'] for e in entries) / GIB:.2f} GiB in all; release what no engine uses "
+                         f"{sum(e.nbytes for e in entries) / GIB:.2f} GiB in all; release what no engine uses "
                          f"(hotweights release KEY)")
     return "\n".join(lines)

@@ -14,6 +14,7 @@ each is a line someone greps, so it lives beside the others. vLLM's own lines ar
 from __future__ import annotations
 
 import re
+from typing import Any
 
 GIB = 1 << 30
 
@@ -94,7 +95,7 @@ def startup(phases: dict[str, float], *, engine: str, source: str, ready_s: floa
             f"listening={p['listening']:.2f}s ready={ready_s:.2f}s (from process start)")
 
 
-def parse_startup(text: str) -> dict | None:
+def parse_startup(text: str) -> dict[str, Any] | None:
     """``{"phases": {phase: s}, "engine", "source", "ready_s"}`` of the last startup line in ``text``."""
     found = list(STARTUP_RE.finditer(text))
     if not found:

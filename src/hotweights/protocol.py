@@ -69,8 +69,8 @@ class Stop:
 
 @dataclass(frozen=True, slots=True)
 class Export:
-    """Hand-off (``daemon --replace``): the ``index``-th entry, as an ``AttachOk`` with its fds, or
-    ``AttachMiss`` past the last. From the first export on, the daemon refuses publishes."""
+    """Hand-off (``daemon --replace``): the ``index``-th entry, as an ``ExportOk`` with its fds, or
+    ``ExportEnd`` past the last. From the first export on, the daemon refuses publishes."""
 
     index: int
 
@@ -85,17 +85,63 @@ class HelloOk:
     pid: int
 
 
+_ROW_TYPES: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "float": (int, float)}
+
+
+@dataclass(frozen=True, slots=True)
+class EntryRow:
+    """One entry as ``status`` shows it; a map on the wire (``StatusOk.entries``), typed here."""
+
+    key: str  # the key's short form
+    model: str
+    dtype: str
+    arch: str
+    layout: str
+    device: str
+    tp: str  # "rank/size"
+    nbytes: int  # pool bytes
+    tensor_nbytes: int  # bytes of tensors (what an engine maps as weights)
+    num_tensors: int
+    num_pools: int
+    num_attaches: int
+    published_at: float
+
+    def to_wire(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_wire(cls, row: Any) -> EntryRow:
+        """A status row; fields an older daemon's row lacks take stand-ins (``tensor_nbytes``: its pool
+        bytes). ProtocolError names a missing or mistyped field."""
+        if not isinstance(row, dict):
+            raise ProtocolError(f"status row is not a map: {str(row)[:80]}", code="bad_reply")
+        stand_ins = {"arch": "", "tp": "0/1", "tensor_nbytes": row.get("nbytes"), "num_pools": 0, "num_attaches": 0,
+                     "published_at": 0.0}
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            value: Any = row.get(f.name, stand_ins.get(f.name))
+            want = _ROW_TYPES[str(f.type)]
+            if not isinstance(value, want) or isinstance(value, bool):
+                raise ProtocolError(f"status row field {f.name!r} must be {f.type}, got {type(value).__name__}",
+                                    code="bad_reply")
+            values[f.name] = float(typing.cast(float, value)) if f.type == "float" else value
+        return cls(**values)
+
+
 @dataclass(frozen=True, slots=True)
 class StatusOk:
     pid: int
     daemon_version: str
     uptime_s: float
-    entries: list[dict[str, Any]]
+    entries: list[dict[str, Any]]  # ``EntryRow.to_wire()`` each; ``rows()`` reads them
     bytes_by_device: dict[str, int]
     torch_imported: bool
     max_bytes: int = 0  # the daemon's budget (0: none); a field with a default may be absent (older daemons)
     metrics: str = ""  # host:port of its /metrics ("": none)
     service_manager: bool = False  # it keeps its entries in a service manager's fd store (systemd)
+
+    def rows(self) -> list[EntryRow]:
+        return [EntryRow.from_wire(e) for e in self.entries]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +161,18 @@ class AttachMismatch:
     model: str
     key_short: str
     diffs: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class ExportOk:
+    """Carries one fd per pool, dup'd for the new daemon."""
+
+    manifest: Manifest
+
+
+@dataclass(frozen=True, slots=True)
+class ExportEnd:
+    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,12 +197,13 @@ class Error:
 
 
 Message = (Hello | Status | Attach | Publish | Release | Stop | Export | HelloOk | StatusOk | AttachOk
-           | AttachMiss | AttachMismatch | PublishOk | ReleaseOk | StopOk | Error)
+           | AttachMiss | AttachMismatch | ExportOk | ExportEnd | PublishOk | ReleaseOk | StopOk | Error)
 
 MESSAGES: dict[str, type] = {
     "hello": Hello, "status": Status, "attach": Attach, "publish": Publish, "release": Release,
     "stop": Stop, "export": Export, "hello_ok": HelloOk, "status_ok": StatusOk, "attach_ok": AttachOk,
-    "attach_miss": AttachMiss, "attach_mismatch": AttachMismatch, "publish_ok": PublishOk,
+    "attach_miss": AttachMiss, "attach_mismatch": AttachMismatch, "export_ok": ExportOk, "export_end": ExportEnd,
+    "publish_ok": PublishOk,
     "release_ok": ReleaseOk, "stop_ok": StopOk, "error": Error,
 }
 

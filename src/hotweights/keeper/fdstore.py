@@ -71,10 +71,13 @@ class FdStore:
         finally:
             os.close(memfd)
 
-    def forget(self, shorts: list[str], num_pools: Callable[[str], int]) -> None:
-        for short in shorts:
-            for part in [MANIFEST, *map(str, range(num_pools(short)))]:
-                self.notify(f"FDSTOREREMOVE=1\nFDNAME={PREFIX}{short}.{part}")
+    def forget(self, manifests: list[Manifest]) -> None:
+        """Take the entries of ``manifests`` out of the store (released, or refused on restore)."""
+        if not self.enabled:
+            return
+        for manifest in manifests:
+            for part in [MANIFEST, *map(str, range(len(manifest.pools)))]:
+                self.notify(f"FDSTOREREMOVE=1\nFDNAME={PREFIX}{manifest.key.short}.{part}")
 
 
 def passed_fds(environ: dict[str, str] | None = None) -> dict[str, int]:

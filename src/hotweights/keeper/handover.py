@@ -30,21 +30,22 @@ import dataclasses
 import itertools
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..client import connect, is_daemon_starting
 from ..errors import DaemonUnavailable, HotweightsError, ProtocolError
 from ..paths import DaemonPaths, ensure_socket_dir
-from ..protocol import AttachMiss, AttachOk, Export, Publish, PublishOk, StatusOk, Stop
+from ..protocol import AttachMiss, AttachOk, Export, ExportEnd, ExportOk, Publish, PublishOk, StatusOk, Stop
 from ..wire import close_fds
 
 if TYPE_CHECKING:
-    from .server import DaemonConfig
+    from ..client import Client
+    from .server import Daemon, DaemonConfig
 
 LOCK_WAIT_S = 30.0  # the old daemon's exit, after Stop
 
 
-def take_over(daemon) -> str:
+def take_over(daemon: Daemon) -> str:
     """Run steps 1-4 for ``daemon`` (a ``server.Daemon`` not yet opened); a line saying what happened."""
     paths = daemon.config.paths
     ensure_socket_dir(paths.directory)
@@ -76,13 +77,13 @@ def take_over(daemon) -> str:
             f"{time.monotonic() - start:.2f} s")
 
 
-def _take_entries(daemon, old, taken: set[str]) -> None:
+def _take_entries(daemon: Daemon, old: Client, taken: set[str]) -> None:
     for index in itertools.count():
         reply, fds = old.request(Export(index))
-        if isinstance(reply, AttachMiss):
+        if isinstance(reply, (ExportEnd, AttachMiss)):  # AttachMiss/AttachOk: a daemon from before ExportOk
             close_fds(fds)
             return
-        if not isinstance(reply, AttachOk):
+        if not isinstance(reply, (ExportOk, AttachOk)):
             close_fds(fds)
             raise ProtocolError(f"unexpected reply {type(reply).__name__} to an export", code="bad_reply")
         if reply.manifest.key.short in taken:
@@ -108,7 +109,8 @@ def inherit(config: DaemonConfig, old: StatusOk, given: frozenset[str]) -> tuple
     """``config`` with the running daemon's budget and metrics address where the user gave none (a
     ``--replace`` keeps them), and a line naming what was kept and what changed."""
     host, _, port = old.metrics.rpartition(":")
-    theirs = {"max_bytes": old.max_bytes, "metrics_port": int(port or 0), "metrics_host": host or "127.0.0.1"}
+    theirs: dict[str, Any] = {"max_bytes": old.max_bytes, "metrics_port": int(port or 0),
+                              "metrics_host": host or "127.0.0.1"}
     flags = {"max_bytes": "--max-bytes", "metrics_port": "--metrics-port", "metrics_host": "--metrics-host"}
     kept = {name: value for name, value in theirs.items() if name not in given}
     changed = [f"{flags[n]} {theirs[n]} -> {getattr(config, n)}" for n in theirs

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
 
 from .. import __version__
 
@@ -36,7 +39,7 @@ class Metrics(NoMetrics):
     def __init__(self, snapshot: Callable[[], dict[str, Any]], *, backend: str = "memfd+cuda-vmm") -> None:
         from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 
-        disable_created_metrics()  # no *_created series: a process of its own, restarted rarely
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created series: a process of its own, restarted rarely
         self.registry = CollectorRegistry(auto_describe=True)
         self._attach = Counter("hotweights_attach", "Attach requests served, by result",
                                ["result"], registry=self.registry)
@@ -61,7 +64,7 @@ class Metrics(NoMetrics):
     def publish(self, result: str) -> None:
         self._publish.labels(result).inc()
 
-    def serve(self, port: int, host: str = "127.0.0.1"):
+    def serve(self, port: int, host: str = "127.0.0.1") -> WSGIServer:
         """Serve /metrics on a thread; the HTTP server (``shutdown()`` ends it)."""
         from prometheus_client import start_http_server
 
@@ -75,10 +78,10 @@ class _Snapshot:
     def __init__(self, snapshot: Callable[[], dict[str, Any]], metrics: Metrics, backend: str) -> None:
         self.snapshot, self.metrics, self.backend = snapshot, metrics, backend
 
-    def describe(self) -> list:
+    def describe(self) -> list[Any]:
         return []  # collected at scrape time only
 
-    def collect(self):
+    def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 
         s = self.snapshot()
@@ -86,7 +89,7 @@ class _Snapshot:
         info = InfoMetricFamily("hotweights_entry", "One series per cached entry", labels=["key", "model", "dtype",
                                                                                             "layout", "device"])
         for e in s["entries"]:
-            info.add_metric([e["key"], e["model"], e["dtype"], e["layout"], e["device"]], {})
+            info.add_metric([e.key, e.model, e.dtype, e.layout, e.device], {})
         yield info
         yield GaugeMetricFamily("hotweights_entries", "Entries held", value=len(s["entries"]))
         resident = GaugeMetricFamily("hotweights_resident_bytes", "Bytes of pools held, by device and tier",

@@ -15,13 +15,15 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from .. import __version__, evidence
 from ..manifest import Manifest
 from ..pools.fds import pool_fds_problem
 from ..protocol import (
-    PROTOCOL_VERSION, Attach, AttachMismatch, AttachMiss, AttachOk, Error, Export, Hello, HelloOk, Message, Publish,
-    PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk,
+    PROTOCOL_VERSION, Attach, AttachMismatch, AttachMiss, AttachOk, Error, Export, ExportEnd, ExportOk, Hello, HelloOk,
+    Message, Publish, PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk,
 )
 from ..wire import close_fds
 from .fdstore import FdStore
@@ -32,10 +34,11 @@ from .registry import Registry
 logger = logging.getLogger("hotweights.daemon")
 MAX_DIFFS = 32
 _RESULTS = {AttachOk: "ok", AttachMiss: "miss", AttachMismatch: "mismatch"}  # an attach reply -> its metric label
+Reply = tuple[Message, list[int]]  # a reply and the fds it carries
 
 
 class Ops:
-    def __init__(self, *, max_bytes: int, warnings: Warnings, on_stop) -> None:
+    def __init__(self, *, max_bytes: int, warnings: Warnings, on_stop: Callable[..., None]) -> None:
         self.registry = Registry()
         self.max_bytes = max_bytes
         self.warnings = warnings
@@ -45,59 +48,74 @@ class Ops:
         self.metrics = NO_METRICS  # the server sets a metrics.Metrics with --metrics-port
         self.handover_until = 0.0  # monotonic time: publishes are refused until then (each Export renews it)
         self.metrics_address = ""  # host:port of /metrics, for status
+        self._handlers: dict[type, Callable[[Any, list[int], int], Reply]] = {
+            Hello: self._hello, Status: self._status, Attach: self._attach_op, Publish: self._publish_op,
+            Export: self._export, Release: self._release, Stop: self._stop}
 
     def handle(self, msg: Message, fds: list[int], peer_pid: int) -> tuple[Message, list[int]]:
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            close_fds(fds)
+            return Error("bad_message", f"{type(msg).__name__} is a reply, not a request"), []
         if not isinstance(msg, Publish) and fds:
             close_fds(fds)
             return Error("bad_message", f"op {type(msg).__name__} takes no fds, got {len(fds)}"), []
-        if isinstance(msg, Hello):
-            if msg.version != PROTOCOL_VERSION:
-                return Error("version", f"client speaks protocol {msg.version}, daemon {PROTOCOL_VERSION}; "
-                                        f"use matching hotweights versions"), []
-            return HelloOk(PROTOCOL_VERSION, __version__, os.getpid()), []
-        if isinstance(msg, Status):
-            entries, per_device = self.registry.describe()
-            return StatusOk(os.getpid(), __version__, time.monotonic() - self.started, entries, per_device,
-                            "torch" in sys.modules, self.max_bytes, self.metrics_address, self.store.enabled), []
-        if isinstance(msg, Attach):
-            if self.metrics is NO_METRICS:  # the attach path pays for metrics only when they are on
-                return self._attach(msg, peer_pid)
-            start = time.perf_counter()
-            reply, out = self._attach(msg, peer_pid)
-            self.metrics.attach(_RESULTS.get(type(reply), "error"), time.perf_counter() - start)
-            return reply, out
-        if isinstance(msg, Publish):
-            if time.monotonic() < self.handover_until:
-                close_fds(fds)
-                return Error("busy", "the daemon is handing its entries to a new one (hotweights daemon --replace); "
-                                     "publish again in a moment"), []
-            published = self._publish(msg.manifest, fds, peer_pid)
-            self.metrics.publish("ok" if isinstance(published, PublishOk) else "refused")
-            return published, []
-        if isinstance(msg, Export):
-            if time.monotonic() >= self.handover_until:
-                logger.info("hand-off: exporting every entry to peer_pid=%d; publishes refused meanwhile", peer_pid)
-            # a hand-off that fails half-way (the new daemon died) lets publishes in again a minute later
-            self.handover_until = time.monotonic() + 60.0
-            found = self.registry.nth(msg.index)
-            return (AttachOk(found[0]), found[1]) if found else (AttachMiss("no more entries"), [])
-        if isinstance(msg, Release):
-            if not msg.all and not msg.key_short:
-                return Error("bad_message", "release needs a key or all=true"), []
-            pools = {e["key"]: e["num_pools"] for e in self.registry.describe()[0]} if self.store.enabled else {}
-            released = self.registry.release(None if msg.all else msg.key_short)
-            self.store.forget(released, lambda short: pools.get(short, 0))
-            logger.info("released: keys=%s peer_pid=%d", ",".join(released) or "-", peer_pid)
-            return ReleaseOk(released), []
-        if isinstance(msg, Stop):
-            if msg.restart and not self.store.enabled:
-                return Error("bad_message", "a restart keeps the entries only under a service manager (its fd "
-                                            "store); without one, use hotweights daemon --replace"), []
-            logger.info("%s requested: peer_pid=%d", "restart (entries left in the fd store)" if msg.restart else
-                        "stop", peer_pid)
-            self.on_stop(restart=msg.restart)
-            return StopOk(), []
-        return Error("bad_message", f"{type(msg).__name__} is a reply, not a request"), []
+        return handler(msg, fds, peer_pid)
+
+    def _hello(self, msg: Hello, _fds: list[int], _peer: int) -> Reply:
+        if msg.version != PROTOCOL_VERSION:
+            return Error("version", f"client speaks protocol {msg.version}, daemon {PROTOCOL_VERSION}; "
+                                    f"use matching hotweights versions"), []
+        return HelloOk(PROTOCOL_VERSION, __version__, os.getpid()), []
+
+    def _status(self, _msg: Status, _fds: list[int], _peer: int) -> Reply:
+        rows, per_device = self.registry.describe()
+        return StatusOk(os.getpid(), __version__, time.monotonic() - self.started, [r.to_wire() for r in rows],
+                        per_device, "torch" in sys.modules, self.max_bytes, self.metrics_address,
+                        self.store.enabled), []
+
+    def _attach_op(self, msg: Attach, _fds: list[int], peer_pid: int) -> Reply:
+        if self.metrics is NO_METRICS:  # the attach path pays for metrics only when they are on
+            return self._attach(msg, peer_pid)
+        start = time.perf_counter()
+        reply, out = self._attach(msg, peer_pid)
+        self.metrics.attach(_RESULTS.get(type(reply), "error"), time.perf_counter() - start)
+        return reply, out
+
+    def _publish_op(self, msg: Publish, fds: list[int], peer_pid: int) -> Reply:
+        if time.monotonic() < self.handover_until:
+            close_fds(fds)
+            return Error("busy", "the daemon is handing its entries to a new one (hotweights daemon --replace); "
+                                 "publish again in a moment"), []
+        published = self._publish(msg.manifest, fds, peer_pid)
+        self.metrics.publish("ok" if isinstance(published, PublishOk) else "refused")
+        return published, []
+
+    def _export(self, msg: Export, _fds: list[int], peer_pid: int) -> Reply:
+        if time.monotonic() >= self.handover_until:
+            logger.info("hand-off: exporting every entry to peer_pid=%d; publishes refused meanwhile", peer_pid)
+        # a hand-off that fails half-way (the new daemon died) lets publishes in again a minute later
+        self.handover_until = time.monotonic() + 60.0
+        found = self.registry.nth(msg.index)
+        return (ExportOk(found[0]), found[1]) if found else (ExportEnd(), [])
+
+    def _release(self, msg: Release, _fds: list[int], peer_pid: int) -> Reply:
+        if not msg.all and not msg.key_short:
+            return Error("bad_message", "release needs a key or all=true"), []
+        released = self.registry.release(None if msg.all else msg.key_short)
+        self.store.forget(released)
+        shorts = [m.key.short for m in released]
+        logger.info("released: keys=%s peer_pid=%d", ",".join(shorts) or "-", peer_pid)
+        return ReleaseOk(shorts), []
+
+    def _stop(self, msg: Stop, _fds: list[int], peer_pid: int) -> Reply:
+        if msg.restart and not self.store.enabled:
+            return Error("bad_message", "a restart keeps the entries only under a service manager (its fd "
+                                        "store); without one, use hotweights daemon --replace"), []
+        logger.info("%s requested: peer_pid=%d", "restart (entries left in the fd store)" if msg.restart else "stop",
+                    peer_pid)
+        self.on_stop(restart=msg.restart)
+        return StopOk(), []
 
     def _attach(self, msg: Attach, peer_pid: int) -> tuple[Message, list[int]]:
         found = self.registry.lookup(msg.key)
@@ -123,7 +141,7 @@ class Ops:
         stored again (the store still holds it); None, or why it was refused (then the store forgets it)."""
         reply = self._publish(manifest, fds, os.getpid(), store=False)
         if isinstance(reply, Error):
-            self.store.forget([manifest.key.short], lambda _: len(manifest.pools))
+            self.store.forget([manifest])
             return reply.message
         return None
 

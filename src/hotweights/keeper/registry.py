@@ -15,10 +15,9 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
 from ..key import CacheKey, FieldDiff
 from ..manifest import Manifest
+from ..protocol import EntryRow
 from ..wire import close_fds
 
 
@@ -29,16 +28,11 @@ class Entry:
     published_at: float = field(default_factory=time.time)
     num_attaches: int = 0
 
-    def describe(self) -> dict[str, Any]:
-        key = self.manifest.key
-        return {
-            "key": key.short, "model": key.model, "dtype": key.dtype, "arch": key.arch,
-            "layout": key.layout, "device": key.device, "tp": f"{key.tp_rank}/{key.tp_size}",
-            "nbytes": self.manifest.nbytes, "tensor_nbytes": self.manifest.tensor_nbytes,
-            "num_tensors": len(self.manifest.tensors),
-            "num_pools": len(self.manifest.pools), "num_attaches": self.num_attaches,
-            "published_at": self.published_at,
-        }
+    def row(self) -> EntryRow:
+        key, m = self.manifest.key, self.manifest
+        return EntryRow(key.short, key.model, key.dtype, key.arch, key.layout, key.device,
+                        f"{key.tp_rank}/{key.tp_size}", m.nbytes, m.tensor_nbytes, len(m.tensors), len(m.pools),
+                        self.num_attaches, self.published_at)
 
 
 class Registry:
@@ -95,20 +89,21 @@ class Registry:
                     best = (entry.manifest, diffs)
             return best
 
-    def release(self, key_short: str | None) -> list[str]:
-        """Release one entry by short key (or all with None); returns the released keys."""
+    def release(self, key_short: str | None) -> list[Manifest]:
+        """Release one entry by short key (or all with None); returns what it released."""
         with self._lock:
             keys = [k for k in self._entries if key_short is None or k.short == key_short]
-            for k in keys:
-                close_fds(self._entries.pop(k).fds)
-            return [k.short for k in keys]
+            released = [self._entries.pop(k) for k in keys]
+        for entry in released:
+            close_fds(entry.fds)
+        return [entry.manifest for entry in released]
 
-    def describe(self) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    def describe(self) -> tuple[list[EntryRow], dict[str, int]]:
         with self._lock:
-            entries = [e.describe() for e in self._entries.values()]
+            entries = [e.row() for e in self._entries.values()]
         per_device: dict[str, int] = {}
         for e in entries:
-            per_device[e["device"]] = per_device.get(e["device"], 0) + e["nbytes"]
+            per_device[e.device] = per_device.get(e.device, 0) + e.nbytes
         return entries, per_device
 
 

@@ -14,18 +14,23 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .. import evidence
 from ..errors import DaemonAlreadyRunning, ProtocolError
 from ..paths import DaemonPaths, ensure_socket_dir
-from ..unix import lock_holder, peer_credentials, take_pid_lock
 from ..protocol import RESTART_EXIT, Error, Message, StopOk, decode, send_message
+from ..unix import lock_holder, peer_credentials, take_pid_lock
 from ..wire import close_fds, recv_body, recv_header, wait_for_frame
 from .limits import Connections, Limits, Phase, Warnings, short
 from .fdstore import passed_fds, restore
 from .linger import Refuser, drain_and_close, try_send
 from .ops import Ops
 from .process import trim_heap, tune_process
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
 
 logger = logging.getLogger("hotweights.daemon")  # the name in the daemon log users read
 
@@ -61,7 +66,7 @@ class Daemon:
         self._reserve_fd = -1  # given up when the fd table is full, to accept and shed a connection
         self._listener: socket.socket | None = None
         self._socket_ino = 0
-        self._metrics_server = None
+        self._metrics_server: WSGIServer | None = None
         self.restart = False  # stopped to be restarted by the service manager (``Stop.restart``)
 
     # -- lifecycle ------------------------------------------------------------------
@@ -87,7 +92,7 @@ class Daemon:
                 f"{paths.directory}; use it, stop it with `hotweights stop`, or take its place with "
                 f"`hotweights daemon --replace`") from None
 
-    def listen(self, path, *, publish_as=None) -> None:
+    def listen(self, path: Path, *, publish_as: Path | None = None) -> None:
         """Bind and listen at ``path`` (owner-only); ``publish_as``: then rename it over that path, so that
         new connections reach this daemon at once (a hand-off)."""
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -145,6 +150,7 @@ class Daemon:
             self.close()
 
     def _admit(self, conn: socket.socket) -> None:
+        assert self._refuser is not None, "serve_forever() sets it up"
         pid, uid = peer_credentials(conn)
         if uid != os.getuid():
             self.warnings.warn("connection", "connection rejected: peer_uid=%d peer_pid=%d reason=uid-mismatch",
@@ -166,6 +172,7 @@ class Daemon:
     def _shed_for_fds(self) -> None:
         """The fd table is full: drop stalled connections (they may hold fds in flight),
         then accept and close one pending connection with the reserve fd."""
+        assert self._listener is not None
         shed = self.connections.shed_stalled()
         if self._reserve_fd >= 0:
             os.close(self._reserve_fd)
@@ -187,7 +194,7 @@ class Daemon:
         self.restart = restart
         self._stopping.set()
 
-    def _snapshot(self) -> dict:
+    def _snapshot(self) -> dict[str, Any]:
         entries, per_device = self.registry.describe()
         return {"entries": entries, "bytes_by_device": per_device, "clients": len(self.connections),
                 "max_bytes": self.config.max_bytes}

@@ -29,6 +29,7 @@ from ..client import Outcome, connect_for
 from ..config import AttachConfig
 from ..errors import CheckpointError, DaemonUnavailable, ProtocolError, TrustError
 from ..key import CacheKey
+from ..protocol import EntryRow
 from ..pools.devices import Device, resolve_device
 from .attach import AttachResult, attach_tensors
 from .checkpoint import Checkpoint, checkpoint_key, open_checkpoint, target_dtype
@@ -107,11 +108,9 @@ def preload(model_dir: str | os.PathLike[str], *, dtype: str = "auto", device: s
         return PreloadResult(key, len(manifest.tensors), manifest.tensor_nbytes, seconds, False, client.socket_path)
 
 
-def _cached(key: CacheKey, entry: dict, seconds: float, socket_path: Path) -> PreloadResult:
-    """The result of a preload that found ``key`` cached (``entry``: its status row; a daemon older than
-    ``tensor_nbytes`` in that row gives its pool bytes)."""
-    return PreloadResult(key, entry["num_tensors"], entry.get("tensor_nbytes", entry["nbytes"]), seconds, True,
-                         socket_path)
+def _cached(key: CacheKey, entry: EntryRow, seconds: float, socket_path: Path) -> PreloadResult:
+    """The result of a preload that found ``key`` cached (``entry``: its status row)."""
+    return PreloadResult(key, entry.num_tensors, entry.tensor_nbytes, seconds, True, socket_path)
 
 
 def fill_from_disk(ckpt: Checkpoint, dtype: str, dev: Device, *, pool_bytes: int = DEFAULT_POOL_BYTES,

@@ -62,7 +62,7 @@ def tensor_views(manifest: Manifest, pools: list[torch.Tensor]) -> dict[str, tor
             pool, dtype = pools[spec.pool], torch_dtype(spec.dtype)
             usable = pool.numel() - pool.numel() % dtype.itemsize
             view = pool[:usable].view(dtype)
-            base = typed[(spec.pool, spec.dtype)] = (view, view.storage_offset())
+            base = typed[(spec.pool, spec.dtype)] = (view, int(view.storage_offset()))
         view, first = base
         out[spec.name] = view.as_strided(spec.shape, spec.stride, first + spec.offset // view.itemsize)
     for alias, target in manifest.aliases.items():

@@ -22,6 +22,7 @@ import functools
 import logging
 import os
 import threading
+from typing import Any
 
 import torch
 
@@ -38,7 +39,7 @@ except ImportError:  # pragma: no cover - depends on the machine
 _FD = None if _drv is None else _drv.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 
 
-def _check(result: tuple, name: str):
+def _check(result: tuple[Any, ...], name: str) -> Any:
     err = result[0]
     if err != _drv.CUresult.CUDA_SUCCESS:
         _, text = _drv.cuGetErrorName(err)
@@ -70,7 +71,7 @@ def _ensure_context(index: int) -> None:
 def _ensure_context_on_thread(index: int, _thread: int) -> None:
     # torch owns the primary context; make it current on this thread for driver calls
     torch.cuda.set_device(index)
-    torch.cuda.init()
+    torch.cuda.init()  # type: ignore[no-untyped-call]
     torch.empty(1, device=f"cuda:{index}")
     _check(_drv.cuInit(0), "cuInit")
     ctx = _check(_drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
@@ -80,7 +81,7 @@ def _ensure_context_on_thread(index: int, _thread: int) -> None:
         _check(_drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
-def _prop(index: int):
+def _prop(index: int) -> Any:
     prop = _drv.CUmemAllocationProp()
     prop.type = _drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
     prop.location.type = _drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
@@ -95,7 +96,7 @@ def granularity(index: int) -> int:
     return int(_check(_drv.cuMemGetAllocationGranularity(_prop(index), flag), "cuMemGetAllocationGranularity"))
 
 
-def _access(index: int, *, read_only: bool):
+def _access(index: int, *, read_only: bool) -> Any:
     desc = _drv.CUmemAccessDesc()
     desc.location.type = _drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
     desc.location.id = index
@@ -107,7 +108,7 @@ def _access(index: int, *, read_only: bool):
 class _Mapping:
     """A mapped VA range; exposes ``__cuda_array_interface__`` and unmaps when collected."""
 
-    def __init__(self, handle, nbytes: int, mapped_bytes: int, index: int, *, read_only: bool) -> None:
+    def __init__(self, handle: Any, nbytes: int, mapped_bytes: int, index: int, *, read_only: bool) -> None:
         self.index = index
         self.nbytes = nbytes
         self.mapped_bytes = mapped_bytes

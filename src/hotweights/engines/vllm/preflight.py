@@ -68,7 +68,7 @@ def check(argv: list[str] | None = None) -> None:
     try:
         _, config = split_extra_config(extra)
         with connect_for(config) as client:
-            entries = client.status().entries
+            entries = client.status().rows()
     except ValueError:
         return  # the loader reports a bad extra config, named
     except DaemonUnavailable as exc:
@@ -76,7 +76,7 @@ def check(argv: list[str] | None = None) -> None:
     except TrustError as exc:
         _fail(f"untrusted daemon: {exc}")
     name = Path(model).name
-    held = sorted({str(e.get("dtype")) for e in entries if e.get("model") == name})
+    held = sorted({e.dtype for e in entries if e.model == name})
     if not held:
         _fail(f"cache miss for {name}: the daemon holds no entry of this model ({len(entries)} entries)",
               advice_for(Outcome.MISS))
