@@ -20,7 +20,7 @@ from hotweights.config import AttachConfig
 from hotweights.errors import DaemonUnavailable, ProtocolError, WrongEntry
 from hotweights.key import CacheKey, ShardId
 from hotweights.manifest import Manifest, pack
-from hotweights.protocol import AttachMiss, AttachOk, encode
+from hotweights.protocol import AttachMiss, AttachOk, Error, encode
 from hotweights.wire import recv_frame, send_frame
 
 KEY = CacheKey(shards=(ShardId("m", 1, "h", "c"),), arch="A", dtype="float16", model="m")
@@ -126,3 +126,31 @@ def test_connect_for_honours_socket_path_even_for_publishers(daemon, tmp_path):
     with pytest.raises(DaemonUnavailable, match="no daemon socket at"):
         connect_for(AttachConfig(socket_path=str(tmp_path / "none.sock"), state_timeout_s=0.1), start=True)
     assert not (tmp_path / "elsewhere").exists()  # no daemon was started at the default path
+
+
+def test_a_lookup_takes_no_fds_and_counts_no_attach(models, daemon):
+    from conftest import run_cli
+
+    from hotweights.loading.checkpoint import checkpoint_key, open_checkpoint
+
+    sock = str(daemon.paths.directory)
+    assert run_cli("preload", "--model", str(models["tiny"]), "--socket-dir", sock).returncode == 0
+    ckpt = open_checkpoint(models["tiny"])
+    held, other = checkpoint_key(ckpt, dtype="float32"), checkpoint_key(ckpt, dtype="float16")
+    before = open_fds()
+    with connect_for(AttachConfig(socket_dir=sock)) as client:
+        found, mismatch = client.lookup(held), client.lookup(other)
+        row = client.entry(held)
+    assert found.outcome is Outcome.OK and found.nbytes == row.nbytes > 0 and found.manifest is None
+    assert mismatch.outcome is Outcome.MISMATCH and "dtype: cached=float32 requested=float16" in mismatch.reason
+    assert row.num_attaches == 0 and open_fds() == before
+
+
+def test_a_lookup_of_a_daemon_from_before_lookups_asks_with_an_attach(pair):
+    a, b = pair
+    before = open_fds()
+    send_frame(b, encode(Error("unknown_op", "unknown op 'lookup'")))  # an older daemon
+    _send_attach_ok(b)  # ... then answers the attach that the client asks instead
+    answer = Client(a, Path("x")).lookup(KEY)
+    assert answer.outcome is Outcome.OK and answer.nbytes == sum(p.nbytes for p in answer.manifest.pools)
+    assert open_fds() == before

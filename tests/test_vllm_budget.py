@@ -58,19 +58,6 @@ def test_the_budget_reproduces_what_vllm_measured_on_an_h200():
     assert abs((warm / GIB - 0.0 - activations) - 112.29) < 0.01  # the warm start's own KV cache, as vLLM logged it
 
 
-class _Worker:
-    """What ``_why_unmapped`` reads of a hotweights loader: its config and its candidate entries."""
-
-    def __init__(self, candidates: list, **config) -> None:
-        from hotweights.config import AttachConfig
-
-        self.config = AttachConfig(**config)
-        self._candidates = candidates
-
-    def candidates(self, vllm_config) -> tuple[list, list[str]]:
-        return self._candidates, []
-
-
 def test_a_start_that_maps_nothing_is_told_why_by_the_real_daemon(models, daemon):
     from hotweights.client import connect_for
     from hotweights.config import AttachConfig
@@ -84,12 +71,15 @@ def test_a_start_that_maps_nothing_is_told_why_by_the_real_daemon(models, daemon
     ckpt = open_checkpoint(models["tiny"])
     held = Candidate(checkpoint_key(ckpt, dtype="float32"), "checkpoint layout", evidence_mode="stream")
     wrong = Candidate(checkpoint_key(ckpt, dtype="float16"), "engine layout")
-    with connect_for(AttachConfig(socket_dir=sock)) as client:
-        streamed, refusal = _why_unmapped(_Worker([held], socket_dir=sock), None, client)
+    lenient_config, strict_config = AttachConfig(socket_dir=sock), AttachConfig(socket_dir=sock, fallback=False)
+    with connect_for(lenient_config) as client:
+        streamed, refusal = _why_unmapped([held], [], lenient_config, client)
         assert refusal == "" and "the checkpoint layout entry is streamed into vLLM's loaders, a copy" in streamed
-        lenient, refusal = _why_unmapped(_Worker([wrong], socket_dir=sock), None, client)
+        lenient, refusal = _why_unmapped([wrong], [], lenient_config, client)
         assert refusal == "" and "dtype: cached=float32 requested=float16" in lenient and "load from disk" in lenient
         # strict, and no entry can serve it: the strict message with the diff and what to do, not a budget line
-        _, refusal = _why_unmapped(_Worker([wrong], socket_dir=sock, fallback=False), None, client)
+        _, refusal = _why_unmapped([wrong], [], strict_config, client)
+        rows = client.status().rows()
+    assert [r.num_attaches for r in rows] == [0]  # lookups: nothing mapped, no attach counted
     assert refusal.startswith("Weight cache unusable (cached entry tiny [") and "and fallback is disabled" in refusal
     assert "dtype: cached=float32 requested=float16" in refusal and "start with --dtype float32" in refusal

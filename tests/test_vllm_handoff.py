@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hotweights.engines.vllm.launcher import socket_dir
+from hotweights.engines.vllm.start import VllmStart
 from hotweights.engines.vllm.standby import SPEC
 from hotweights.standby import handoff
 from hotweights.standby.zygote import TRANSITIONS, Standby, State
@@ -108,6 +108,10 @@ def test_the_standby_moves_only_by_its_transition_table(tmp_path):
 def test_the_standby_lives_in_the_socket_dir_the_start_names(tmp_path, monkeypatch):
     monkeypatch.setenv("HOTWEIGHTS_SOCKET_DIR", str(tmp_path / "env"))
     extra = json.dumps({"socket_dir": str(tmp_path / "mine"), "fallback": False})
+
+    def socket_dir(argv: list[str]):
+        return VllmStart.parse(argv).socket_dir
+
     assert socket_dir(["serve", "/m", "--model-loader-extra-config", extra]) == tmp_path / "mine"
     assert socket_dir(["serve", "/m", f"--model-loader-extra-config={extra}"]) == tmp_path / "mine"
     assert socket_dir(["serve", "/m", "--load-format", "auto"]) == tmp_path / "env"

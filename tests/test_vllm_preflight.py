@@ -10,7 +10,13 @@ import json
 
 import pytest
 
-from hotweights.engines.vllm.preflight import check, strict_target
+from hotweights.engines.vllm.preflight import check as check_start
+from hotweights.engines.vllm.preflight import strict_target
+from hotweights.engines.vllm.start import VllmStart
+
+
+def check(argv: list[str]) -> None:
+    check_start(VllmStart.parse(argv))
 
 
 @pytest.mark.parametrize("argv, target", [

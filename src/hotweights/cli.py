@@ -293,9 +293,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_vllm(args: argparse.Namespace) -> int:
     from .engines.vllm import launcher, preflight
+    from .engines.vllm.start import VllmStart
 
-    preflight.check(args.vllm_args)  # a strict start the daemon cannot serve exits 1 here, with the strict message
-    return launcher.run(args.vllm_args)
+    start = VllmStart.parse(args.vllm_args)  # once, for the preflight, the launcher and the standby
+    preflight.check(start)  # a strict start the daemon cannot serve exits 1 here, with the strict message
+    return launcher.run(start)
 
 
 def cmd_standby(args: argparse.Namespace) -> int:

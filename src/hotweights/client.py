@@ -28,10 +28,10 @@ from .key import CacheKey
 from .manifest import Manifest
 from .paths import DaemonPaths, check_socket_dir, daemon_paths
 from .protocol import (
-    PROTOCOL_VERSION, Attach, EntryRow, Error, Hello, HelloOk, Message, Publish, PublishOk, Release, ReleaseOk, Status,
-    StatusOk, Stop, StopOk, recv_message, send_message,
+    PROTOCOL_VERSION, Attach, EntryRow, Error, Hello, HelloOk, Lookup, LookupOk, Message, Publish, PublishOk, Release,
+    ReleaseOk, Status, StatusOk, Stop, StopOk, recv_message, send_message,
 )
-from .replies import Answer, AttachReply, Outcome
+from .replies import Answer, AttachReply, Outcome, answer_of
 from .unix import is_locked, peer_credentials
 from .wire import close_fds, recv_frame
 
@@ -89,8 +89,21 @@ class Client:
         return AttachReply(key, payload, fds)
 
     def lookup(self, key: CacheKey) -> Answer:
-        """Whether ``key`` is attachable, without mapping anything."""
-        return self.attach(key).answer()
+        """Whether ``key`` is served (and its size), without fds and without counting as an attach; a daemon
+        from before ``Lookup`` is asked with an attach whose fds are closed unmapped."""
+        try:
+            reply, fds = self.request(Lookup(key))
+        except ProtocolError as exc:
+            if exc.code != "unknown_op":
+                raise
+            return self.attach(key).answer()
+        close_fds(fds)
+        if isinstance(reply, LookupOk) and reply.key_short == key.short:
+            return Answer(Outcome.OK, nbytes=reply.nbytes)
+        not_served = answer_of(key, reply)
+        if not_served is None:
+            raise ProtocolError(f"unexpected reply {type(reply).__name__} to a lookup of {key.short}", code="bad_reply")
+        return not_served
 
     def entry(self, key: CacheKey) -> EntryRow | None:
         """The daemon's status row of ``key`` (``hotweights status``), None if it holds none: a look that
@@ -99,8 +112,7 @@ class Client:
 
     def entry_nbytes(self, key: CacheKey) -> int:
         """Bytes the daemon holds for ``key`` (what a zero_copy attach maps), 0 if none."""
-        found = self.entry(key)
-        return found.nbytes if found else 0
+        return self.lookup(key).nbytes
 
     def publish(self, manifest: Manifest, fds: list[int]) -> PublishOk:
         reply, extra = self.request(Publish(manifest), fds)

@@ -45,6 +45,14 @@ class Attach:
 
 
 @dataclass(frozen=True, slots=True)
+class Lookup:
+    """Whether ``key`` is served, answered as an attach is (``LookupOk`` for ``AttachOk``) but without fds:
+    nothing is mapped, and it does not count as an attach."""
+
+    key: CacheKey
+
+
+@dataclass(frozen=True, slots=True)
 class Publish:
     """Carries one fd per ``manifest.pools`` entry, in order."""
 
@@ -152,6 +160,13 @@ class AttachOk:
 
 
 @dataclass(frozen=True, slots=True)
+class LookupOk:
+    key_short: str
+    nbytes: int  # pool bytes: what a zero-copy attach maps
+    tensor_nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class AttachMiss:
     reason: str
 
@@ -196,11 +211,12 @@ class Error:
     message: str
 
 
-Message = (Hello | Status | Attach | Publish | Release | Stop | Export | HelloOk | StatusOk | AttachOk
-           | AttachMiss | AttachMismatch | ExportOk | ExportEnd | PublishOk | ReleaseOk | StopOk | Error)
+Message = (Hello | Status | Attach | Lookup | Publish | Release | Stop | Export | HelloOk | StatusOk | AttachOk
+           | LookupOk | AttachMiss | AttachMismatch | ExportOk | ExportEnd | PublishOk | ReleaseOk | StopOk | Error)
 
 MESSAGES: dict[str, type] = {
-    "hello": Hello, "status": Status, "attach": Attach, "publish": Publish, "release": Release,
+    "hello": Hello, "status": Status, "attach": Attach, "lookup": Lookup, "lookup_ok": LookupOk,
+    "publish": Publish, "release": Release,
     "stop": Stop, "export": Export, "hello_ok": HelloOk, "status_ok": StatusOk, "attach_ok": AttachOk,
     "attach_miss": AttachMiss, "attach_mismatch": AttachMismatch, "export_ok": ExportOk, "export_end": ExportEnd,
     "publish_ok": PublishOk,

@@ -33,12 +33,23 @@ class Outcome(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """A validated attach reply: ok with its manifest, or why not."""
+    """A validated attach (or lookup) reply: ok with its manifest (a lookup: its size only), or why not."""
 
     outcome: Outcome
     manifest: Manifest | None = None
     reason: str = ""
     diffs: tuple[FieldDiff, ...] = ()
+    nbytes: int = 0  # pool bytes of the entry, when ok
+
+
+def answer_of(key: CacheKey, reply: object) -> Answer | None:
+    """The miss or mismatch ``reply`` means for ``key``; None for any other reply."""
+    if isinstance(reply, AttachMiss):
+        return Answer(Outcome.MISS, reason=f"cache miss for {key.model} [{key.short}]: {reply.reason}")
+    if isinstance(reply, AttachMismatch):
+        return Answer(Outcome.MISMATCH, diffs=tuple(FieldDiff.from_wire(line) for line in reply.diffs),
+                      reason=f"cached entry {reply.model} [{reply.key_short}] differs: " + "; ".join(reply.diffs))
+    return None
 
 
 class AttachReply:
@@ -78,20 +89,15 @@ class AttachReply:
             reply = decode_body(self._body)
             if isinstance(reply, Error):
                 raise ProtocolError(f"daemon refused attach: {reply.message}", code=reply.code)
-            if isinstance(reply, AttachMiss) and not self._nfds:
-                return Answer(Outcome.MISS, reason=f"cache miss for {self.key.model} [{self.key.short}]: "
-                                                   f"{reply.reason}")
-            if isinstance(reply, AttachMismatch) and not self._nfds:
-                return Answer(Outcome.MISMATCH, diffs=tuple(FieldDiff.from_wire(line) for line in reply.diffs),
-                              reason=f"cached entry {reply.model} [{reply.key_short}] differs: "
-                                     + "; ".join(reply.diffs))
+            if not self._nfds and (not_served := answer_of(self.key, reply)) is not None:
+                return not_served
             if not isinstance(reply, AttachOk) or self._nfds != len(reply.manifest.pools):
                 raise ProtocolError(f"bad attach reply {type(reply).__name__} with {self._nfds} fds",
                                     code="bad_reply")
             # the daemon must never serve another key, nor other pools than those handed out
             if reply.manifest.key != self.key or (self._given and list(reply.manifest.pools) != self._given):
                 raise WrongEntry(f"daemon answered key {reply.manifest.key.short} for {self.key.short}")
-            return Answer(Outcome.OK, reply.manifest)
+            return Answer(Outcome.OK, reply.manifest, nbytes=reply.manifest.nbytes)
         finally:
             self.close()
 

@@ -19,11 +19,12 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import __version__, evidence
+from ..key import CacheKey
 from ..manifest import Manifest
 from ..pools.fds import pool_fds_problem
 from ..protocol import (
     PROTOCOL_VERSION, Attach, AttachMismatch, AttachMiss, AttachOk, Error, Export, ExportEnd, ExportOk, Hello, HelloOk,
-    Message, Publish, PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk,
+    Lookup, LookupOk, Message, Publish, PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk,
 )
 from ..wire import close_fds
 from .fdstore import FdStore
@@ -49,7 +50,8 @@ class Ops:
         self.handover_until = 0.0  # monotonic time: publishes are refused until then (each Export renews it)
         self.metrics_address = ""  # host:port of /metrics, for status
         self._handlers: dict[type, Callable[[Any, list[int], int], Reply]] = {
-            Hello: self._hello, Status: self._status, Attach: self._attach_op, Publish: self._publish_op,
+            Hello: self._hello, Status: self._status, Attach: self._attach_op, Lookup: self._lookup,
+            Publish: self._publish_op,
             Export: self._export, Release: self._release, Stop: self._stop}
 
     def handle(self, msg: Message, fds: list[int], peer_pid: int) -> tuple[Message, list[int]]:
@@ -81,6 +83,12 @@ class Ops:
         reply, out = self._attach(msg, peer_pid)
         self.metrics.attach(_RESULTS.get(type(reply), "error"), time.perf_counter() - start)
         return reply, out
+
+    def _lookup(self, msg: Lookup, _fds: list[int], peer_pid: int) -> Reply:
+        manifest = self.registry.find(msg.key)
+        if manifest is not None:
+            return LookupOk(msg.key.short, manifest.nbytes, manifest.tensor_nbytes), []
+        return self._not_served(msg.key, peer_pid, "lookup"), []
 
     def _publish_op(self, msg: Publish, fds: list[int], peer_pid: int) -> Reply:
         if time.monotonic() < self.handover_until:
@@ -124,17 +132,21 @@ class Ops:
             logger.info("attach served: key=%s peer_pid=%d tensors=%d pools=%d", msg.key.short, peer_pid,
                         len(manifest.tensors), len(manifest.pools))
             return AttachOk(manifest), dups
-        closest = self.registry.closest(msg.key)
+        return self._not_served(msg.key, peer_pid, "attach"), []
+
+    def _not_served(self, key: CacheKey, peer_pid: int, op: str) -> Message:
+        """The miss, or the mismatch with the closest entry, for ``key``."""
+        closest = self.registry.closest(key)
         if closest is None:
-            logger.info("attach miss: key=%s peer_pid=%d reason=empty", msg.key.short, peer_pid)
-            return AttachMiss(f"the daemon holds no entries (requested {msg.key.short})"), []
+            logger.info("%s miss: key=%s peer_pid=%d reason=empty", op, key.short, peer_pid)
+            return AttachMiss(f"the daemon holds no entries (requested {key.short})")
         manifest, diffs = closest
-        logger.info("attach mismatch: key=%s peer_pid=%d closest=%s diffs=%d", msg.key.short, peer_pid,
+        logger.info("%s mismatch: key=%s peer_pid=%d closest=%s diffs=%d", op, key.short, peer_pid,
                     manifest.key.short, len(diffs))
         lines = [str(d) for d in diffs[:MAX_DIFFS]]
         if len(diffs) > MAX_DIFFS:
             lines.append(f"... and {len(diffs) - MAX_DIFFS} more differences")
-        return AttachMismatch(manifest.key.model, manifest.key.short, lines), []
+        return AttachMismatch(manifest.key.model, manifest.key.short, lines)
 
     def restore(self, manifest: Manifest, fds: list[int]) -> str | None:
         """An entry the service manager kept (``fdstore.restore``): published through the same checks, not

@@ -71,6 +71,12 @@ class Registry:
             entry.num_attaches += 1
             return entry.manifest, dups
 
+    def find(self, key: CacheKey) -> Manifest | None:
+        """The manifest of ``key``'s entry, without fds and without counting an attach (a lookup)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            return None if entry is None else entry.manifest
+
     def nth(self, index: int) -> tuple[Manifest, list[int]] | None:
         """The ``index``-th entry in publish order and fresh dups of its fds (a hand-off: not an attach)."""
         with self._lock:

@@ -102,50 +102,63 @@ class CacheView:
 
 
 def _cache_view(vllm_config: Any) -> CacheView:
+    """One connection to the daemon: what it holds on this GPU, the size of the entry this worker maps (a
+    lookup: no fds, not an attach), and, when it maps none, why."""
     if vllm_config is None:
         return CacheView()
     from ...client import connect_for
     from ...config import AttachConfig
     from ...errors import HotweightsError
     from ...pools.devices import resolve_device
-    from .options import LOAD_FORMAT
+    from .options import LOAD_FORMAT, split_extra_config
 
     load_config = vllm_config.load_config
     try:
-        mapped, config, loader = 0, AttachConfig(), None
-        unmapped = "this start reads the checkpoint from disk"
-        if load_config.load_format == LOAD_FORMAT:
-            from .loader import HotweightsModelLoader
+        hotweights = load_config.load_format == LOAD_FORMAT
+        layout, config = split_extra_config(load_config.model_loader_extra_config) if hotweights else \
+            ("auto", AttachConfig())
+        keys = None
+        if hotweights:
+            from .keys import keys_for
 
-            loader = HotweightsModelLoader(load_config)
-            config = loader.config
-            mapped = loader.get_external_weight_memory(vllm_config)
+            keys = keys_for(vllm_config, config)
         with connect_for(config) as client:
             held = int(client.status().bytes_by_device.get(resolve_device("cuda").pool_device, 0))
-            refusal = ""
-            if loader is not None and held and not mapped:
+            mapped = _mapped_bytes(client, keys.engine, config, layout) if keys is not None and held else 0
+            unmapped, refusal = "this start reads the checkpoint from disk", ""
+            if keys is not None and held and not mapped:
                 try:
-                    unmapped, refusal = _why_unmapped(loader, vllm_config, client)
+                    from . import capabilities
+                    from .keys import candidates
+
+                    found, skipped = candidates(keys, layout, capabilities.detect(),
+                                                getattr(vllm_config.model_config, "quantization", None))
+                    unmapped, refusal = _why_unmapped(found, skipped, config, client)
                 except Exception as exc:  # never block a start on explaining it; the loader decides
                     logger.warning("cannot tell why this start maps no cached weights: %s", exc)
                     unmapped = "this start maps none of it"
-            return CacheView(mapped, held, unmapped, refusal, loader is not None)
+            return CacheView(mapped, held, unmapped, refusal, hotweights)
     except (HotweightsError, OSError, ValueError):
         return CacheView()
 
 
-def _why_unmapped(loader: Any, vllm_config: Any, client: Any) -> tuple[str, str]:
+def _mapped_bytes(client: Any, key: Any, config: Any, layout: str) -> int:
+    from .keys import maps_zero_copy
+
+    return client.lookup(key).nbytes if maps_zero_copy(config, layout) else 0
+
+
+def _why_unmapped(candidates: list[Any], skipped: list[str], config: Any, client: Any) -> tuple[str, str]:
     """``(why a --load-format hotweights start maps nothing of what the cache holds, the strict message
-    if it is a strict start that no entry can serve)``."""
+    if it is a strict start that no entry can serve)``: its ``candidates`` asked by lookups."""
     from ...loading.diagnosis import diagnose
 
-    candidates, skipped = loader.candidates(vllm_config)
     found = diagnose(candidates, lambda cand, _: client.lookup(cand.key), skipped=skipped)
     if found.served is not None:
         entry = f"the {found.served.label} entry"
-        if loader.config.mode != "zero_copy":
-            return f"this start maps none of it (mode={loader.config.mode} copies {entry})", ""
+        if config.mode != "zero_copy":
+            return f"this start maps none of it (mode={config.mode} copies {entry})", ""
         return f"this start maps none of it ({entry} is streamed into vLLM's loaders, a copy)", ""
-    if not loader.config.fallback:
+    if not config.fallback:
         return "", found.strict_message()
     return f"this start maps none of it ({found.reason}; it will load from disk)", ""

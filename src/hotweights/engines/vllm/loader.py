@@ -32,38 +32,26 @@ import logging
 import time
 
 import torch
-import vllm
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
 from ... import evidence
 from ...client import connect_for
 from ...errors import DaemonUnavailable, HotweightsError, ManifestError
-from ...key import CacheKey
 from ...loading.attach import AttachResult, attach_tensors
-from ...loading.checkpoint import Checkpoint, checkpoint_key, open_checkpoint
+from ...loading.checkpoint import open_checkpoint
 from ...loading.diagnosis import Candidate
-from ...loading.digest import DigestCache
 from ...loading.policy import attach_first
 from ...loading.preload import publish_from_disk
 from ...loading.publish import publish_tensors
-from ...pools.devices import Device, resolve_device
 from ..modules import Slot, attach_module, module_tensors
 from . import capabilities
+from .keys import Keys, candidates, keys_for, maps_zero_copy
 from .options import sleep_mode_refusal, split_extra_config
 from .patches import keep_cpu_packed_weights
 from .writes import WriteGuard, ZeroCopyWrite, own_buffers, storages
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Keys:
-    ckpt: Checkpoint
-    device: Device
-    dtype: str
-    engine: CacheKey
-    checkpoint: CacheKey
 
 
 class HotweightsModelLoader(BaseModelLoader):
@@ -83,39 +71,6 @@ class HotweightsModelLoader(BaseModelLoader):
         if (line := capabilities.missing_line(self.caps)) and not _said_once(line):
             logger.info(line)
 
-    # -- keys ------------------------------------------------------------------------------
-
-    def _keys(self, vllm_config, model_config) -> Keys:
-        # per process, not per loader: vLLM (and the budget shim) build several loaders per worker
-        memo = (model_config.model, str(model_config.dtype), id(vllm_config), self.config.rehash)
-        if memo not in _KEYS:
-            _KEYS[memo] = self._compute_keys(vllm_config, model_config)
-        return _KEYS[memo]
-
-    def _compute_keys(self, vllm_config, model_config) -> Keys:
-        from vllm.distributed import get_pp_group, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
-
-        device = torch.device(vllm_config.device_config.device)
-        dev = resolve_device(str(device) if device.type == "cuda" else "cpu")  # "cuda": the current device
-        dtype = str(model_config.dtype).removeprefix("torch.")
-        ckpt = open_checkpoint(model_config.model, validate=False)  # headers only: the key needs no more
-        layout = f"vllm/{getattr(vllm, '__version__', 'unknown')}"
-        if quant := getattr(model_config, "quantization", None):
-            layout += f"/quant={quant}"
-        cache_dtype = getattr(vllm_config.cache_config, "cache_dtype", "auto")
-        if cache_dtype and cache_dtype != "auto":
-            layout += f"/kv={cache_dtype}"
-        pp = get_pp_group()
-        digests = DigestCache()  # read digests.json once for both keys
-        fresh = ({s.name: digests.digest(s.path, s.stat, rehash=True) for s in ckpt.shards}  # once, for both keys
-                 if self.config.rehash else None)
-        engine = checkpoint_key(ckpt, dtype=dtype, device=dev, cache=digests, digests=fresh,
-                                tp_size=get_tensor_model_parallel_world_size(),
-                                tp_rank=get_tensor_model_parallel_rank(), pp_size=pp.world_size,
-                                pp_rank=pp.rank_in_group, layout=layout)
-        checkpoint = checkpoint_key(ckpt, dtype=dtype, device=dev, cache=digests, digests=fresh)
-        return Keys(ckpt, dev, dtype, engine, checkpoint)
-
     # -- vLLM API --------------------------------------------------------------------------
 
     def download_model(self, model_config) -> None:
@@ -123,24 +78,15 @@ class HotweightsModelLoader(BaseModelLoader):
 
     def candidates(self, vllm_config) -> tuple[list[Candidate], list[str]]:
         """The entries this worker may attach, in order, and why others are left out."""
-        model_config = vllm_config.model_config
-        keys = self._keys(vllm_config, model_config)
-        candidates, skipped = [], []
-        refusal = capabilities.engine_layout_refusal(self.caps, getattr(model_config, "quantization", None))
-        if self.layout in ("auto", "engine") and refusal:
-            skipped.append(f"engine layout: {refusal}" if self.layout == "auto" else refusal)
-        elif self.layout in ("auto", "engine"):
-            candidates.append(Candidate(keys.engine, "engine layout"))
-        if self.layout in ("auto", "checkpoint"):
-            candidates.append(Candidate(keys.checkpoint, "checkpoint layout", evidence_mode="stream"))
-        return candidates, skipped
+        return candidates(keys_for(vllm_config, self.config), self.layout, self.caps,
+                          getattr(vllm_config.model_config, "quantization", None))
 
     def get_external_weight_memory(self, vllm_config) -> int:
         """Bytes of an engine-layout entry this worker will map zero-copy (0 otherwise)."""
-        if self.config.mode != "zero_copy" or self.layout == "checkpoint":
+        if not maps_zero_copy(self.config, self.layout):
             return 0
         try:
-            key = self._keys(vllm_config, vllm_config.model_config).engine
+            key = keys_for(vllm_config, self.config).engine
             with connect_for(self.config) as client:
                 return client.entry_nbytes(key)
         except DaemonUnavailable:
@@ -154,7 +100,7 @@ class HotweightsModelLoader(BaseModelLoader):
                                      self.config.mode, self.layout)
         if refusal:
             raise ValueError(refusal)
-        keys = self._keys(vllm_config, model_config)
+        keys = keys_for(vllm_config, self.config)
         candidates, skipped = self.candidates(vllm_config)
 
         def use(cand: Candidate, attached: AttachResult):
@@ -267,7 +213,6 @@ class HotweightsModelLoader(BaseModelLoader):
             logger.warning("%s: %s; serving from the disk load", evidence.WT_PUBLISH_FAILED, exc)
 
 
-_KEYS: dict[tuple, Keys] = {}  # get_external_weight_memory and load_model share keys
 _SAID: set[str] = set()
 
 

@@ -3,10 +3,12 @@
 Runs stock vLLM (``python -m vllm.entrypoints.openai.api_server``) with
 ``--load-format hotweights`` and ``{"publish": true, "layout": "engine"}``: every worker
 (one per TP rank) loads the checkpoint with vLLM's ``DefaultModelLoader``, post-processes
-it and publishes its tensors. Once every rank has published (or found its entry cached),
-vLLM is left to finish its start-up, so that what it compiles lands in its compile cache
-(the cache's key does not hold the load format: the next ``--load-format hotweights`` start
-with the same flags loads it instead of compiling), then it is stopped. The daemon is started
+it and publishes its tensors. The daemon says when every rank is done: a new engine-layout row of
+this model for each rank (``tp`` = ``rank/size``), or an existing one that its attach count shows
+vLLM mapped; vLLM's log is read only to say why it failed. Then vLLM is left to finish its start-up,
+so that what it compiles lands in its compile cache (the cache's key does not hold the load format:
+the next ``--load-format hotweights`` start with the same flags loads it instead of compiling), then
+it is stopped. The daemon is started
 detached beforehand, because vLLM kills its whole process tree on exit.
 
 Which Python runs vLLM: ``--vllm-python``, else ``$HOTWEIGHTS_VLLM_PYTHON``, else this one.
@@ -23,11 +25,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...client import ensure_daemon
+from ...client import connect, ensure_daemon
 from ...errors import HotweightsError
-from ...evidence import MAPPED_RE, PUBLISHED_RE, WRITE_THROUGH_FAILED
+from ...evidence import GIB, WRITE_THROUGH_FAILED
 from ...observe import Observed, free_port
-from ...paths import daemon_paths
+from ...paths import DaemonPaths, daemon_paths
+from ...protocol import EntryRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,15 +61,17 @@ def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_di
     log_dir = log_path.parent if log_path else paths.directory
     label = log_path.stem if log_path else "vllm-preload"
     start = time.monotonic()
+    before = {row.key: row.num_attaches for row in _engine_rows(paths, Path(model).name, tp_size)}
     obs = Observed(label, cmd, out_dir=log_dir, health_url=f"http://127.0.0.1:{port}/health")
     said = 0
     try:
         while True:
-            text = obs.log_text()
-            published = [m.groups() for m in PUBLISHED_RE.finditer(text)]
-            mapped = sum(m.group(4) == "zero_copy" for m in MAPPED_RE.finditer(text))
-            if len(published) + mapped >= tp_size:
+            rows = _engine_rows(paths, Path(model).name, tp_size)
+            published = [r for r in rows if r.key not in before]
+            mapped = [r for r in rows if r.key in before and r.num_attaches > before[r.key]]
+            if {r.tp for r in published + mapped} >= {f"{rank}/{tp_size}" for rank in range(tp_size)}:
                 break
+            text = obs.log_text()
             failure = next((line for line in text.splitlines() if any(f in line for f in WRITE_THROUGH_FAILED)), None)
             if failure:
                 raise HotweightsError(f"vLLM loaded the model but did not publish it: {failure.strip()}\n"
@@ -87,5 +92,14 @@ def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_di
         started_up = obs.wait_ready(timeout_s=timeout_s).ready  # the compile cache is written on the way
     finally:
         obs.stop(grace_s=20)
-    rows = [{"num_tensors": int(n), "gib": float(g), "model": m, "key": k, "device": d} for n, g, m, k, d in published]
-    return VllmPreloadResult(rows, mapped, time.monotonic() - start, str(obs.log_path), started_up)
+    out = [{"num_tensors": r.num_tensors, "gib": r.tensor_nbytes / GIB, "model": r.model, "key": r.key,
+            "device": r.device} for r in sorted(published, key=lambda r: r.tp)]
+    return VllmPreloadResult(out, len({r.tp for r in mapped} - {r.tp for r in published}), time.monotonic() - start,
+                             str(obs.log_path), started_up)
+
+
+def _engine_rows(paths: DaemonPaths, model: str, tp_size: int) -> list[EntryRow]:
+    """The daemon's engine-layout rows of ``model`` for a ``tp_size``-way start (one per rank when done)."""
+    with connect(paths) as client:
+        return [r for r in client.status().rows() if r.model == model and r.layout.startswith("vllm/")
+                and r.tp.endswith(f"/{tp_size}")]

