@@ -17,9 +17,9 @@ elif mode == "wrong_answer" and cached:
 
     original = generate.Generator.stream
 
-    def stream(self, prompt_ids, params):
+    def stream(self, prompt_ids, params, **kwargs):
         yield generate.Chunk("PLANTED ", None, 0)
-        yield from original(self, prompt_ids, params)
+        yield from original(self, prompt_ids, params, **kwargs)
 
     generate.Generator.stream = stream
 

@@ -257,7 +257,8 @@ def test_empty_digest_cache_rehashes_and_still_matches(models, daemon, caplog):
 IMPATIENT_DAEMON = """import sys
 from pathlib import Path
 from hotweights.keeper.limits import Limits
-from hotweights.keeper.server import DaemonConfig, run
+from hotweights.keeper.main import run
+from hotweights.keeper.server import DaemonConfig
 from hotweights.paths import DaemonPaths
 sys.exit(run(DaemonConfig(DaemonPaths(Path(sys.argv[1])), limits=Limits(idle_timeout_s=1.0))))
 """

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import free_port, run_cli
 
-from hotweights.verify.verify import ENGINE_CMDS, PRELOAD_CMD, VerifyConfig, verify
+from hotweights.verify.config import ENGINE_CMDS, PRELOAD_CMD, VerifyConfig
+from hotweights.verify.verify import verify
 
 pytestmark = pytest.mark.slow  # real server processes; `make test-fast` skips them
 

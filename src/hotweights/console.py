@@ -1,7 +1,8 @@
-"""Terminal presentation for the CLI: the preload progress bar and the status table."""
+"""Terminal presentation for the CLI: the preload progress bar, the status table, a command's result (text or JSON)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -66,3 +67,8 @@ def status_table(status: Any, socket_path: Path) -> str:
                          f"{sum(e.nbytes for e in entries) / GIB:.2f} GiB in all; release what no engine uses "
                          f"(hotweights release KEY)")
     return "\n".join(lines)
+
+
+def emit(args: Any, data: dict[str, Any], text: str) -> None:
+    """A command's result: ``data`` as one JSON line with ``--json``, else ``text``."""
+    print(json.dumps(data, sort_keys=True) if getattr(args, "json", False) else text, flush=True)

@@ -17,7 +17,8 @@ from .errors import ManifestError, ProtocolError, WrongEntry
 from .key import CacheKey, FieldDiff
 from .manifest import Manifest, PoolSpec
 from .pools.fds import pool_fds_problem
-from .protocol import AttachMismatch, AttachMiss, AttachOk, Error, decode_body, unpack
+from .codec import unpack
+from .protocol import AttachMismatch, AttachMiss, AttachOk, Error, decode_body
 from .wire import close_fds
 
 

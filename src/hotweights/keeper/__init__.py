@@ -20,7 +20,8 @@ Files, in import order: ``limits`` (what one peer may cost: ``Limits``, ``Connec
 ``Warnings``) and ``registry`` (key -> entry) < ``ops`` (one decoded request -> reply)
 and ``linger`` (closing with a reason), ``process`` (detach, fd limit, heap, OOM score), ``fdstore``
 (a service manager's fd store), ``metrics`` (opt-in Prometheus) < ``server`` (lock, socket, the accept
-and connection loops, ``run``) < ``handover`` (``daemon --replace``).
+and connection loops) < ``handover`` (``daemon --replace``, settings, a restart through the service
+manager) < ``main`` (``hotweights daemon``: ``run``).
 
 Not covered: remote clients (same host, same user only) and memory budgets per user
 beyond ``max_bytes``.

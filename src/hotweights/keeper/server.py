@@ -9,7 +9,6 @@ import contextlib
 import errno
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .. import evidence
 from ..errors import DaemonAlreadyRunning, ProtocolError
 from ..paths import DaemonPaths, ensure_socket_dir
-from ..protocol import RESTART_EXIT, Error, Message, StopOk, decode, send_message
+from ..protocol import Error, Message, StopOk, decode, send_message
 from ..unix import lock_holder, peer_credentials, take_pid_lock
 from ..wire import close_fds, recv_body, recv_header, wait_for_frame
 from .limits import Connections, Limits, Phase, Warnings, short
@@ -288,30 +287,3 @@ class Daemon:
         except BaseException:
             close_fds(fds)
             raise
-
-
-def run(config: DaemonConfig, *, replace: bool = False, given: frozenset[str] = frozenset()) -> int:
-    """Entry point of ``hotweights daemon``: serve until stop, SIGINT or SIGTERM; the exit status
-    (``RESTART_EXIT`` when a service manager is to start it again). ``replace``: take every entry and the
-    place of the running daemon first (``handover.take_over``), and its settings that are not ``given``."""
-    if replace:
-        from .handover import inherit, running_status, take_over
-
-        old = running_status(config.paths)
-        if old is not None:
-            config, line = inherit(config, old, given)
-            logger.info("hand-off: %s", line)
-    daemon = Daemon(config)
-    if replace:
-        logger.info("hand-off: %s", take_over(daemon))
-    else:
-        daemon.open()
-
-    def _on_signal(signum: int, _frame: object) -> None:
-        logger.info("signal received: signum=%d; shutting down", signum)
-        daemon.stop()
-
-    signal.signal(signal.SIGINT, _on_signal)
-    signal.signal(signal.SIGTERM, _on_signal)
-    daemon.serve_forever()
-    return RESTART_EXIT if daemon.restart else 0

@@ -11,7 +11,7 @@ import socket
 from dataclasses import dataclass
 
 from ..errors import ProtocolError
-from ..protocol import Codec
+from ..codec import Codec
 from ..wire import close_fds, recv_frame, send_frame
 
 

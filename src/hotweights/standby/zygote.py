@@ -1,24 +1,23 @@
 """The standby process: an engine's Python with the engine imported, no CUDA, waiting for one start.
 
-Runs as ``python -m hotweights.standby.zygote --engine NAME --socket-dir D``, started detached by the
-launcher (``handoff.prepare``) so that the next start finds one. It takes the lock
-``<engine>-standby-<tag>.lock`` (one standby per engine, interpreter and socket directory), waits
-until the start it follows is ready (``--after-pid``/``--after-url``: the two must not compete for
-the CPU, and niceness would be inherited by the server it forks), imports what the engine's
-``EngineSpec`` names, then answers on its socket: the peer's uid must be its own.
+``python -m hotweights.standby.zygote --engine NAME --socket-dir D``, started detached by the launcher
+(``handoff.prepare``). It takes the lock ``<engine>-standby-<tag>.lock`` (one standby per engine,
+interpreter and socket directory), waits until the start it follows is ready (``--after-pid``,
+``--after-url``: the two must not compete for the CPU, and a niceness would be inherited by the server
+it forks), imports what the engine's ``EngineSpec`` names, then answers on its socket (the peer's uid
+must be its own).
 
-States (``TRANSITIONS``): importing -> ready -> handed_over (it forked the server; it gives up its
-socket and lock before the fork, so the launcher can prepare the next standby, and stays as the
-server's supervisor) or retired (asked to stop, or its socket was removed). As supervisor it reports
-the exit code, and ends the server's process group when the launcher goes away (a killed launcher
-leaves no GPU-holding server behind); the server dies with it too (``PR_SET_PDEATHSIG``).
+States (``TRANSITIONS``): importing -> ready -> handed_over (it forked the server, having given up its
+socket and lock so the launcher can prepare the next standby; it stays as the server's supervisor,
+reports the exit code and ends the server's process group when the launcher goes away; the server
+dies with it too, ``PR_SET_PDEATHSIG``) or retired (asked to stop, or its socket was removed).
 
-Fork safety, checked before every fork and reported in ``Ready``: no CUDA context (torch's
-``is_initialized``); one Python thread (no Python lock, the import lock or a logging handler's, is held
-by a thread the child does not get; the accept loop is single-threaded by design); no event loop.
-Native threads may exist: OpenBLAS's pool shuts itself down around ``fork`` (``pthread_atfork``). The
-child sets the launcher's environment, working directory and stdio before the engine's code runs, as
-``python -m MODULE ARGS`` would. What the engine read at import time is what the fingerprint pins.
+Fork safety, checked before every fork and reported in ``Ready``: no CUDA context; one Python thread
+(no Python lock is held by a thread the child does not get; the accept loop is single-threaded by
+design); no event loop. Native threads may exist: OpenBLAS's pool shuts itself down around ``fork``
+(``pthread_atfork``). The child takes the launcher's environment, working directory and stdio before
+the engine's code runs, as ``python -m MODULE ARGS`` would; what the engine read at import time is
+what the fingerprint pins.
 """
 
 from __future__ import annotations
@@ -149,7 +148,6 @@ def main(argv: list[str] | None = None) -> int:
 def _wait_for(pid: int, url: str) -> str:
     """Until the start of ``pid`` answers ``url`` with 200, or exits, or ``AFTER_MAX_S`` pass; what happened."""
     import urllib.request
-
     deadline = time.monotonic() + AFTER_MAX_S
     while time.monotonic() < deadline:
         if not Path(f"/proc/{pid}").exists():
@@ -186,10 +184,10 @@ def _serve(conn: socket.socket, standby: Standby) -> int | None:
         logger.warning("connection rejected: peer_pid=%d peer_uid=%d reason=uid-mismatch", pid, uid)
         return None
     conn.settimeout(10.0)
-    assert standby.ready is not None
     try:
         while True:
             msg, fds = receive(conn, Hello, Start, Stop)
+            assert standby.ready is not None
             if isinstance(msg, Hello):
                 send(conn, _fork_safety(standby.ready))
             elif isinstance(msg, Stop):
@@ -205,9 +203,7 @@ def _serve(conn: socket.socket, standby: Standby) -> int | None:
                     logger.error("start refused: cuda_initialized=%s threads=%d fds=%d", safety.cuda_initialized,
                                  safety.threads, len(fds))
                     return None
-                # the next start goes to the next standby: the lock is free before the fork, so that the
-                # child never holds it (the launcher prepares the next standby as soon as it hears "started")
-                standby.give_up_place()
+                standby.give_up_place()  # before the fork: the child never holds the lock, the next standby may
                 standby.move("start")
                 server = _fork_server(msg, fds, conn)
                 send(conn, Started(server))

@@ -1,0 +1,101 @@
+"""The keeper's subcommands of ``hotweights``: ``daemon``, ``status``, ``release``, ``stop``. Thin, as ``cli``
+is, and torch-free: they start fast."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .console import emit as _emit
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    from .errors import DaemonAlreadyRunning
+    from .keeper.process import detach
+    from .keeper.main import run
+    from .keeper.server import DaemonConfig
+    from .paths import daemon_paths, ensure_socket_dir
+
+    paths = daemon_paths(args.socket_dir)
+    if args.replace:  # a daemon under a service manager is restarted by it (its fd store), not replaced from here
+        from .keeper.handover import restart_managed, running_status
+
+        old = running_status(paths)
+        if old is not None and old.service_manager:
+            print(f"hotweights daemon: {restart_managed(paths, old)}", flush=True)
+            return 0
+    if args.detach:
+        ensure_socket_dir(paths.directory)
+        if detach(paths.log):
+            print(f"hotweights daemon: starting in the background; its log: {paths.log}", flush=True)
+            return 0
+    given = frozenset(name for name in ("max_bytes", "metrics_port", "metrics_host") if getattr(args, name) is not None)
+    config = DaemonConfig(paths, max_bytes=args.max_bytes or 0, metrics_port=args.metrics_port or 0,
+                          metrics_host=args.metrics_host or "127.0.0.1")
+    try:
+        return run(config, replace=args.replace, given=given)
+    except DaemonAlreadyRunning as exc:
+        print(f"hotweights daemon: {exc}", file=sys.stderr)
+        return 3
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .client import connect
+    from .console import status_table
+    from .errors import DaemonUnavailable, TrustError
+    from .paths import daemon_paths
+
+    try:
+        with connect(daemon_paths(args.socket_dir)) as client:
+            status = client.status()
+    except (DaemonUnavailable, TrustError) as exc:
+        start = "" if isinstance(exc, TrustError) else "; `hotweights preload --model DIR` starts one and fills it"
+        if not args.json:
+            raise type(exc)(f"{exc}{start}") from None
+        _emit(args, {"running": False, "reason": str(exc)}, "")
+        return 1
+    data = {"running": True, "pid": status.pid, "version": status.daemon_version, "uptime_s": round(status.uptime_s, 1),
+            "entries": status.entries, "bytes_by_device": status.bytes_by_device, "max_bytes": status.max_bytes,
+            "torch_imported": status.torch_imported, "socket": str(client.socket_path)}
+    _emit(args, data, status_table(status, client.socket_path))
+    return 0
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    from .client import connect
+    from .paths import daemon_paths
+
+    with connect(daemon_paths(args.socket_dir)) as client:
+        key = None
+        if not args.all:  # a unique prefix of a key names it, as in `hotweights status`
+            keys = [e.key for e in client.status().rows() if e.key.startswith(args.key)]
+            if len(keys) != 1:
+                _emit(args, {"released": [], "matches": keys},
+                      f"no entry with key {args.key} (hotweights status lists them)" if not keys else
+                      f"{args.key} names {len(keys)} entries ({' '.join(keys)}); give more of the key")
+                return 1
+            key = keys[0]
+        released = client.release(key).released
+    _emit(args, {"released": released}, f"released {len(released)} entries: {' '.join(released) or '-'}")
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    import time
+
+    from .client import connect
+    from .errors import DaemonUnavailable
+    from .paths import daemon_paths
+
+    paths = daemon_paths(args.socket_dir)
+    try:
+        with connect(paths) as client:
+            client.stop()
+    except DaemonUnavailable as exc:  # stopping what is not running is done, as with a service manager
+        print(f"no daemon running ({exc})")
+        return 0
+    deadline = time.monotonic() + 10
+    while paths.socket.exists() and time.monotonic() < deadline:  # gone when we return: `stop; stop` works
+        time.sleep(0.05)
+    print("daemon stopped")
+    return 0

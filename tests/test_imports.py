@@ -1,0 +1,65 @@
+"""The package's import graph has no circle, counting imports made inside functions too (they hide a
+circle from import time, not from the design: the budget once built the loader that imports the
+patches that import the budget).
+
+Run: pytest tests/test_imports.py
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {}
+    for path in (SRC / "hotweights").rglob("*.py"):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                subs = {f"{target}.{a.name}" for a in node.names} & files.keys()
+                graph[name] |= (subs or {target}) & files.keys() - {name}
+            elif isinstance(node, ast.Import):
+                graph[name] |= {a.name for a in node.names} & files.keys() - {name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    order, low, stack, found = {}, {}, [], []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in order:
+            visit(v)
+    return found
+
+
+def test_no_module_imports_itself_through_others():
+    assert circles(import_graph()) == []
+
+
+def test_the_check_finds_a_circle():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
