@@ -27,19 +27,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from hotweights.observe import Observed, complete, free_port
+from hotweights.verify.vllm_log import facts
 
 EVIDENCE = ("hotweights", "Weight cache", "weight cache", "falling back", "KV cache", "Model loading took",
             "GPU budget", "Free memory on device", "Error", "error")
-KV_GIB = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
-KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
-LOADING = re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) s")
 
 
 def gpu_used_mib() -> int:
@@ -78,11 +75,9 @@ class Session:
     def record(self, obs: Observed, result: dict) -> dict:
         obs.stop(grace_s=20)
         log = obs.log_text()
-        kv_gib, kv_tokens, loading = KV_GIB.search(log), KV_TOKENS.search(log), LOADING.search(log)
-        result.update(kv_cache_gib=float(kv_gib.group(1)) if kv_gib else None,
-                      kv_cache_tokens=int(kv_tokens.group(1).replace(",", "")) if kv_tokens else None,
-                      model_loading_gib=float(loading.group(1)) if loading else None,
-                      model_loading_s=float(loading.group(2)) if loading else None,
+        read = facts(log)
+        result.update(kv_cache_gib=read["kv_cache_gib"], kv_cache_tokens=read["kv_cache_tokens"],
+                      model_loading_gib=read["model_loading_gib"], model_loading_s=read["weights_s"],
                       exit_code=obs.proc.returncode,
                       evidence=[line[-400:] for line in log.splitlines() if any(k in line for k in EVIDENCE)][:40])
         self.results[obs.label] = result

@@ -40,9 +40,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hotweights.observe import Observed, complete, free_port
+from vllm_run import run_vllm
+
+from hotweights.observe import free_port
 from hotweights.verify.memory import evict_page_cache
-from hotweights.verify.vllm_log import VLLM_LOADING_RE as LOADING
+from hotweights.verify.vllm_log import facts as log_facts
 
 INIT = re.compile(r"Initializing model took ([\d.]+) seconds")
 DISK = re.compile(r"Loading weights took ([\d.]+) seconds")
@@ -50,10 +52,6 @@ STREAM = re.compile(r"Streamed \d+ cached tensors into vLLM's weight loaders in 
 BUILT = re.compile(r"Built the vLLM model from \d+ cached engine-layout tensors in ([\d.]+) s")
 POST = re.compile(r"post-processing ([\d.]+) s\)")
 MAPPED = re.compile(r"Mapped \d+ tensors .* in ([\d.]+) ms")
-KV_GIB = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
-KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
-COMPILATION = re.compile(r"init engine .* took [\d.]+ s \(compilation: ([\d.]+) s\)")
-COMPILED = "Compiling a graph for"  # vLLM compiled afresh instead of loading its compile cache
 
 
 def weights_s(mode: str, log: str) -> float | None:
@@ -71,41 +69,21 @@ def weights_s(mode: str, log: str) -> float | None:
 def run_once(python: str, mode: str, label: str, model: Path, port: int, out: Path, args: list[str]) -> dict:
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port),
            "--enforce-eager", "--max-model-len", "512", *args]
-    with Observed(label, cmd, out_dir=out, health_url=f"http://127.0.0.1:{port}/health",
-                  env={"VLLM_CPU_KVCACHE_SPACE": "1"}) as obs:
-        receipt = obs.wait_ready(timeout_s=600, interval_s=0.2)
-        obs.stop(grace_s=20)
-        log = obs.log_text()
-    post = POST.search(log)
-    return {"ready": receipt.ready, "ready_s": receipt.elapsed_s, "weights_s": weights_s(mode, log),
+    run = run_vllm(label, cmd, out=out, port=port, env={"VLLM_CPU_KVCACHE_SPACE": "1"}, timeout_s=600)
+    post = POST.search(run["log"])
+    return {"ready": run["ready"], "ready_s": run["ready_s"], "weights_s": weights_s(mode, run["log"]),
             "post_processing_s": float(post.group(1)) if post else None,
-            "mapped": "Mapped " in log, "fallback": "falling back" in log}
+            "mapped": run["mapped"], "fallback": run["fallback"]}
 
 
 def run_gpu(mode: str, label: str, model: Path, out: Path, args: list[str]) -> dict:
     port = free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port),
            *args]
-    with Observed(label, cmd, out_dir=out, health_url=f"http://127.0.0.1:{port}/health") as obs:
-        receipt = obs.wait_ready(timeout_s=580, interval_s=0.2)
-        answer = complete(f"http://127.0.0.1:{port}", "The weight cache", model=str(model)) if receipt.ready else None
-        obs.stop(grace_s=20)
-        log = obs.log_text()
-    loading, kv_gib, kv_tokens = LOADING.search(log), KV_GIB.search(log), KV_TOKENS.search(log)
-    return {"mode": mode, "ready": receipt.ready, "ready_s": receipt.elapsed_s, **compile_facts(log),
-            "weights_s": float(loading.group(2)) if loading else None,
-            "model_loading_gib": float(loading.group(1)) if loading else None,
-            "kv_cache_gib": float(kv_gib.group(1)) if kv_gib else None,
-            "kv_cache_tokens": int(kv_tokens.group(1).replace(",", "")) if kv_tokens else None,
-            "answer": answer, "mapped": "Mapped " in log, "fallback": "falling back" in log,
+    run = run_vllm(label, cmd, out=out, port=port, model=str(model))
+    log = run.pop("log")
+    return {"mode": mode, **{k: v for k, v in run.items() if k not in ("exit_code", "phases")},
             "mapped_line": next((x[-200:] for x in log.splitlines() if "Mapped " in x), None)}
-
-
-def compile_facts(log: str) -> dict:
-    """Whether vLLM compiled afresh (the first start of a configuration: a changed --load-format
-    is a new one) and its compilation seconds; a start that compiled is not a restart."""
-    m = COMPILATION.search(log)
-    return {"compiled": COMPILED in log, "compile_s": float(m.group(1)) if m else None}
 
 
 def main_gpu(args: argparse.Namespace) -> int:
@@ -210,7 +188,8 @@ def summarize_files(files: list[str], args: argparse.Namespace) -> int:
         for r in saved.get("runs", []):
             log = logs / f"{r['mode']}{r['round']}.log" if logs else None
             fresh = "compiled" not in r and log and log.exists()
-            facts = compile_facts(log.read_text(errors="replace")) if fresh else {}
+            facts = ({k: v for k, v in log_facts(log.read_text(errors="replace")).items()
+                      if k in ("compiled", "compile_s")} if fresh else {})
             done.append({**r, **facts, "source": f.name})
         prep[f.name] = saved.get("preload", {})
     line = summarize(done, prep, args)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -41,15 +40,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from hotweights import evidence
-from hotweights.engines.vllm.launcher import launch_command
-from hotweights.observe import Observed, complete, free_port
-from hotweights.verify.memory import evict_page_cache
-from hotweights.verify.vllm_log import VLLM_LOADING_RE, phases
+from vllm_run import run_vllm
 
-KV_GIB = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
-KV_TOKENS = re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens")
-COMPILED = "Compiling a graph for"  # vLLM compiled afresh instead of loading its compile cache
+from hotweights import evidence
+from hotweights.engines.vllm.start import VllmStart
+from hotweights.observe import free_port
+from hotweights.verify.memory import evict_page_cache
 
 
 def hw(*args: str, sock: str) -> dict:
@@ -67,24 +63,18 @@ def start(mode: str, label: str, model: Path, out: Path, base: list[str], sock: 
     serve = ["serve", str(model), "--port", str(port), *base]
     if mode == "stock_cold":
         evict_page_cache(model)
-    cmd = {"stock": launch_command([*serve, "--load-format", "auto"]),
-           "stock_cold": launch_command([*serve, "--load-format", "auto"]),
-           "cache": launch_command([*serve, *strict]),
+
+    def stock(argv: list[str]) -> list[str]:
+        module, args = VllmStart.parse(argv).command()
+        return [sys.executable, "-m", module, *args]
+
+    cmd = {"stock": stock([*serve, "--load-format", "auto"]), "stock_cold": stock([*serve, "--load-format", "auto"]),
+           "cache": stock([*serve, *strict]),
            "launcher": [sys.executable, "-m", "hotweights", "vllm", *serve, *strict]}[mode]
-    obs = Observed(label, cmd, out_dir=out, health_url=f"http://127.0.0.1:{port}/health", env=env)
-    with obs:
-        receipt = obs.wait_ready(timeout_s=580, interval_s=0.2)
-        answer = complete(f"http://127.0.0.1:{port}", "The weight cache", model=str(model)) if receipt.ready else None
-        obs.stop(grace_s=30)
-        log = obs.log_text()
-    loading, kv_gib, kv_tokens = VLLM_LOADING_RE.search(log), KV_GIB.search(log), KV_TOKENS.search(log)
+    run = run_vllm(label, cmd, out=out, port=port, env=env, model=str(model), grace_s=30)
+    log = run.pop("log")
     standby = evidence.STANDBY_USED_RE.search(log)
-    return {"mode": mode, "ready": receipt.ready, "ready_s": receipt.elapsed_s, "compiled": COMPILED in log,
-            "phases": phases(log, receipt.started_utc, receipt.elapsed_s) if receipt.ready else None,
-            "weights_s": float(loading.group(2)) if loading else None,
-            "kv_cache_gib": float(kv_gib.group(1)) if kv_gib else None,
-            "kv_cache_tokens": int(kv_tokens.group(1).replace(",", "")) if kv_tokens else None,
-            "answer": answer, "mapped": "Mapped " in log, "fallback": "falling back" in log,
+    return {"mode": mode, **{k: v for k, v in run.items() if k not in ("exit_code", "model_loading_gib")},
             "standby": bool(standby), "imports_saved_s": float(standby.group(2)) if standby else None,
             "standby_unused": next((x.strip()[-200:] for x in log.splitlines()
                                     if evidence.STANDBY_UNUSED_MARK in x), None)}

@@ -204,3 +204,50 @@ def warm_server(models, tmp_path_factory):
     yield server
     server.stop()
     d.stop()
+
+
+# -- real vLLM (CPU build), in the venvs `make test` builds ------------------------------------------------
+
+VLLM_PYTHON = os.environ.get("HOTWEIGHTS_VLLM_PYTHON")
+VLLM026_PYTHON = os.environ.get("HOTWEIGHTS_VLLM026_PYTHON")
+
+
+def needs_vllm(python: str | None, variable: str = "HOTWEIGHTS_VLLM_PYTHON") -> list:
+    """The marks of a module that runs real vLLM: slow, and skipped unless ``variable`` names its Python."""
+    return [pytest.mark.slow, pytest.mark.skipif(not python, reason=f"set {variable} (make test does)")]
+
+
+def vllm_command(model: Path, port: int, *args: str, python: str | None = None, launcher: bool = False) -> list[str]:
+    """``python -m vllm.entrypoints.openai.api_server --model M ...``, or with ``launcher`` ``python -m
+    hotweights vllm serve M ...``: eager, bf16, 256 tokens of context (what a CPU test can afford)."""
+    head = ["-m", "hotweights", "vllm", "serve", str(model)] if launcher else \
+        ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+    return [python or VLLM_PYTHON or "", *head, "--port", str(port), "--enforce-eager", "--dtype", "bfloat16",
+            "--max-model-len", "256", *args]
+
+
+def ask(port: int, model: Path) -> str:
+    """One greedy completion of 16 tokens: what every vLLM start in the suite must answer alike."""
+    import json
+    import urllib.request
+
+    body = {"model": str(model), "prompt": "The weight cache", "max_tokens": 16, "temperature": 0}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())["choices"][0]["text"]
+
+
+def serve_vllm(label: str, model: Path, out: Path, *args: str, expect_ready: bool = True,
+               env: dict[str, str] | None = None, python: str | None = None, launcher: bool = False):
+    """A vLLM server (``vllm_command``) started, asked once, stopped: ``(its Observed, the answer)``."""
+    from hotweights.observe import Observed
+
+    port = free_port()
+    obs = Observed(label, vllm_command(model, port, *args, python=python, launcher=launcher), out_dir=out,
+                   health_url=f"http://127.0.0.1:{port}/health", env={"VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})})
+    receipt = obs.wait_ready(timeout_s=300, interval_s=0.5)
+    answer = ask(port, model) if receipt.ready else None
+    obs.stop(grace_s=20)
+    assert receipt.ready == expect_ready, obs.log_text()[-3000:]
+    return obs, answer

@@ -12,42 +12,13 @@ import json
 import os
 import subprocess
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
-from conftest import free_port, run_cli
-
-from hotweights.observe import Observed
-
-VLLM_PYTHON = os.environ.get("HOTWEIGHTS_VLLM_PYTHON")
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not VLLM_PYTHON, reason="set HOTWEIGHTS_VLLM_PYTHON (make test does)")]
+from conftest import VLLM_PYTHON, needs_vllm, run_cli, serve_vllm
 
 
-def serve(label: str, model: Path, out: Path, *args: str, expect_ready: bool = True,
-          env: dict[str, str] | None = None, python: str | None = None,
-          launcher: bool = False) -> tuple[Observed, str | None]:
-    """A vLLM server started as ``python -m vllm.entrypoints.openai.api_server --model M ...``, or with
-    ``launcher`` as ``python -m hotweights vllm serve M ...``; answers one greedy completion."""
-    port = free_port()
-    head = ["-m", "hotweights", "vllm", "serve", str(model)] if launcher else \
-        ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
-    cmd = [python or VLLM_PYTHON, *head, "--port", str(port), "--enforce-eager", "--dtype", "bfloat16",
-           "--max-model-len", "256", *args]
-    obs = Observed(label, cmd, out_dir=out, health_url=f"http://127.0.0.1:{port}/health",
-                   env={"VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})})
-    receipt = obs.wait_ready(timeout_s=300, interval_s=0.5)
-    answer = None
-    if receipt.ready:
-        body = {"model": str(model), "prompt": "The weight cache", "max_tokens": 16, "temperature": 0}
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"content-type": "application/json"})
-        with urllib.request.urlopen(req, timeout=120) as r:
-            answer = json.loads(r.read())["choices"][0]["text"]
-    obs.stop(grace_s=20)
-    assert receipt.ready == expect_ready, obs.log_text()[-3000:]
-    return obs, answer
+pytestmark = needs_vllm(VLLM_PYTHON)
+serve = serve_vllm
 
 
 @pytest.fixture(scope="module")

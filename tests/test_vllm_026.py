@@ -9,15 +9,12 @@ suite runs against 0.32 in test_vllm.py.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
-from conftest import run_cli
-from test_vllm import serve
+from conftest import VLLM026_PYTHON, needs_vllm, run_cli
+from conftest import serve_vllm as serve
 
-VLLM026_PYTHON = os.environ.get("HOTWEIGHTS_VLLM026_PYTHON")
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not VLLM026_PYTHON, reason="set HOTWEIGHTS_VLLM026_PYTHON (make test does)")]
+pytestmark = needs_vllm(VLLM026_PYTHON, "HOTWEIGHTS_VLLM026_PYTHON")
 
 
 @pytest.fixture(scope="module")

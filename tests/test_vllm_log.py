@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from hotweights.verify.vllm_log import VLLM_PHASES, phases, vllm_weights_s
+from hotweights.verify.vllm_log import VLLM_PHASES, facts, phases, vllm_weights_s
 
 H200_START = """\
 INFO 11-30 14:55:56 [__init__.py:112] Registered model loader `HotweightsModelLoader` with load format `hotweights`
@@ -52,3 +52,14 @@ def test_vllms_weight_clock_is_read_in_both_wordings_and_the_slowest_rank_counts
            "(Worker_TP1 pid=2) INFO [gpu_model_runner.py:5348] Model loading took 7.63 GiB memory and 0.31 seconds\n")
     assert vllm_weights_s(log) == 0.31
     assert vllm_weights_s("no such line") is None
+
+
+def test_the_facts_of_a_start_are_read_from_one_place():
+    log = H200_START + ("(EngineCore pid=62) INFO 11-30 14:56:33 [gpu_worker.py:1] Available KV cache memory: "
+                        "91.16 GiB\n(EngineCore pid=62) INFO 11-30 14:56:33 [kv_cache_utils.py:1] GPU KV cache size: "
+                        "746,864 tokens\nINFO [hotweights] Mapped 399 tensors (15.26 GiB) from weight cache daemon x\n")
+    got = facts(log)
+    assert got == {"weights_s": 0.678672, "model_loading_gib": 0.0, "kv_cache_gib": 91.16, "kv_cache_tokens": 746864,
+                   "compiled": False, "compile_s": None, "mapped": True, "fallback": False}
+    cpu = facts("INFO CPU KV cache size: 12,288 tokens\nCompiling a graph for dynamic shape\n")
+    assert cpu["kv_cache_tokens"] == 12288 and cpu["compiled"] and cpu["weights_s"] is None

@@ -16,18 +16,16 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from conftest import VLLM_PYTHON, free_port, needs_vllm, vllm_command
+from conftest import ask as answer
 
 from hotweights import evidence
 from hotweights.observe import Observed
 
-VLLM_PYTHON = os.environ.get("HOTWEIGHTS_VLLM_PYTHON")
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not VLLM_PYTHON, reason="set HOTWEIGHTS_VLLM_PYTHON (make test does)")]
+pytestmark = needs_vllm(VLLM_PYTHON)
 
 
 def environ(sock: Path, env: dict[str, str] | None = None) -> dict[str, str]:
@@ -36,18 +34,8 @@ def environ(sock: Path, env: dict[str, str] | None = None) -> dict[str, str]:
 
 def launch(label: str, model: Path, out: Path, sock: Path, env: dict[str, str] | None = None) -> tuple[Observed, int]:
     port = free_port()
-    cmd = [VLLM_PYTHON, "-m", "hotweights", "vllm", "serve", str(model), "--port", str(port), "--enforce-eager",
-           "--dtype", "bfloat16", "--max-model-len", "256"]
-    return Observed(label, cmd, out_dir=out, health_url=f"http://127.0.0.1:{port}/health",
-                    env=environ(sock, env)), port
-
-
-def answer(port: int, model: Path) -> str:
-    body = {"model": str(model), "prompt": "The weight cache", "max_tokens": 16, "temperature": 0}
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())["choices"][0]["text"]
+    return Observed(label, vllm_command(model, port, launcher=True), out_dir=out,
+                    health_url=f"http://127.0.0.1:{port}/health", env=environ(sock, env)), port
 
 
 def standby(sock: Path, *args: str, env: dict[str, str] | None = None) -> dict:

@@ -18,12 +18,17 @@ command ran to its first ``/health`` 200, into:
 
 A phase with no line is 0 (an eager start has no compile and no graphs). Timestamps are whole
 seconds, so each phase is good to about a second; the phases add up to ``ready_s``.
+
+``facts`` reads the rest a benchmark or a check compares between starts: vLLM's weight clock, the
+KV cache it got (GiB and tokens, GPU or CPU build), whether it compiled afresh, and the evidence of
+the cache (mapped, fallen back).
 """
 
 from __future__ import annotations
 
 import re
 from datetime import datetime
+from typing import Any
 
 VLLM_PHASES = ("imports", "engine_start", "workers_start", "weights", "compile", "cuda_graphs", "engine_rest", "api")
 LINE_RE = re.compile(r"^(?:\((?P<proc>\w+)(?: pid=\d+)?\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
@@ -33,6 +38,25 @@ VLLM_LOADING_RE = re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and (
 COMPILE_RE = re.compile(r"torch\.compile t(?:ook|akes) ([\d.]+) s in total")
 GRAPHS_RE = re.compile(r"Graph capturing finished in ([\d.]+) secs?")
 INIT_ENGINE = "init engine (profile, create kv cache, warmup model) took"
+KV_GIB_RE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+KV_TOKENS_RE = re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens")
+COMPILATION_RE = re.compile(r"init engine .* took [\d.]+ s \(compilation: ([\d.]+) s\)")
+COMPILED_MARK = "Compiling a graph for"  # vLLM compiled afresh instead of loading its compile cache
+
+
+def facts(text: str) -> dict[str, Any]:
+    """What a vLLM start's log says of it (None where it has no line): ``weights_s`` and
+    ``model_loading_gib`` (the slowest worker's "Model loading took"), ``kv_cache_gib``,
+    ``kv_cache_tokens``, ``compiled`` (afresh: a start that compiled is not a restart) and ``compile_s``,
+    ``mapped`` (an attach line) and ``fallback`` (a fallback line)."""
+    loading = max(VLLM_LOADING_RE.finditer(text), key=lambda m: float(m.group(2)), default=None)
+    kv_gib, kv_tokens, compilation = KV_GIB_RE.search(text), KV_TOKENS_RE.search(text), COMPILATION_RE.search(text)
+    return {"weights_s": float(loading.group(2)) if loading else None,
+            "model_loading_gib": float(loading.group(1)) if loading else None,
+            "kv_cache_gib": float(kv_gib.group(1)) if kv_gib else None,
+            "kv_cache_tokens": int(kv_tokens.group(1).replace(",", "")) if kv_tokens else None,
+            "compiled": COMPILED_MARK in text, "compile_s": float(compilation.group(1)) if compilation else None,
+            "mapped": "Mapped " in text, "fallback": "falling back" in text}
 
 
 def vllm_weights_s(text: str) -> float | None:
