@@ -12,7 +12,7 @@ import sys
 
 import pytest
 from conftest import run_cli
-from test_vllm import serve
+from conftest import serve_vllm as serve
 
 pytestmark = [pytest.mark.cuda, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM's CUDA build")]
