@@ -364,6 +364,7 @@ def test_silent_connections_cannot_lock_others_out(daemon):
             s.close()
 
 
+@pytest.mark.slow  # waits out the daemon's 10 s frame deadline
 def test_a_frame_must_finish_within_its_deadline(socket_dir):
     d = DaemonProc(socket_dir)
     try:

@@ -84,6 +84,7 @@ def tmpfs(path, *, size: str, read_only: bool = False):
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
+@pytest.mark.slow  # a hotweights generate process each
 @pytest.mark.parametrize("fs", ["full", "read-only"])
 def test_an_unusable_digest_cache_costs_hashing_not_the_start(models, socket_dir, tmp_path, fs):
     with tmpfs(tmp_path / "cache", size="64k", read_only=fs == "read-only") as cache:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from conftest import run_cli
 
@@ -33,6 +34,7 @@ def test_tied_weights_stay_one_object_and_answers_match_disk(models, daemon):
     assert greedy(disk) == greedy(warm) == greedy(warm2)
 
 
+@pytest.mark.slow  # three CLI processes that each import transformers: 13 s of the fast tier
 def test_generate_cli_reports_source(models, daemon):
     sock = str(daemon.paths.directory)
     preloaded = run_cli("preload", "--model", str(models["small"]), "--dtype", "float16", "--socket-dir", sock)
