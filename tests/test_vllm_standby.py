@@ -117,7 +117,8 @@ def test_a_standby_start_serves_like_a_plain_one_and_stops_with_its_launcher(vll
         while evidence.STANDBY_UNUSED_MARK not in stale.log_text() and time.monotonic() < deadline:
             time.sleep(0.2)
         stale.stop(grace_s=20)
-        assert (f"{evidence.STANDBY_UNUSED_MARK} (stale standby (env VLLM_HOTWEIGHTS_TEST_KNOB differs)"
+        assert (f"{evidence.STANDBY_UNUSED_MARK} (stale standby (env VLLM_HOTWEIGHTS_TEST_KNOB: cached=(unset) "
+                "requested=1)"
                 in stale.log_text()), stale.log_text()[-3000:]
     finally:
         for env in ({}, {"VLLM_HOTWEIGHTS_TEST_KNOB": "1"}):

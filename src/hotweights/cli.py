@@ -219,7 +219,7 @@ def cmd_standby(args: argparse.Namespace) -> int:
         return 0
     state = handoff.status(SPEC, directory)
     text = (f"standby pid {state['pid']} ready (vLLM imported in {state['imports_s']} s); "
-            + ("fits this environment" if state["fits"] else f"stale: {', '.join(state['differs'])} differ")
+            + ("fits this environment" if state["fits"] else f"stale: {'; '.join(state['differs'])}")
             if state["ready"] else f"no standby ready at {state['socket']} ({state.get('reason', '')})")
     _emit(args, state, text)
     return 0 if state["ready"] else 1
