@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from hotweights.engines.vllm.writes import WriteGuard, ZeroCopyWrite, own_buffers, storages
+from hotweights.engines.writes import WriteGuard, ZeroCopyWrite, own_buffers, storages
 
 
 def pool_views():

@@ -4,7 +4,7 @@
   ``process_weights_after_loading`` without transforming weights, which quantization
   methods need before an engine-layout entry can be attached. Without it, an unquantized
   model's post-processing is replayed as is (it transforms nothing on the GPU; the
-  tensors it writes are the engine's own copies, see ``writes.py``), and an engine-layout
+  tensors it writes are the engine's own copies, see ``engines/writes.py``), and an engine-layout
   entry of a quantized model is not attached: the checkpoint layout is streamed instead.
 - ``get_external_weight_memory`` (on ``BaseModelLoader``, with ``request_memory`` taking
   ``external_weight_memory``): vLLM counts weights held outside the engine against its

@@ -49,7 +49,7 @@ from . import capabilities
 from .keys import Keys, candidates, keys_for, maps_zero_copy
 from .options import sleep_mode_refusal, split_extra_config
 from .patches import keep_cpu_packed_weights
-from .writes import WriteGuard, ZeroCopyWrite, own_buffers, storages
+from ..writes import WriteGuard, ZeroCopyWrite, own_buffers, storages
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
-"""Keep vLLM from writing into zero-copy weights, without waiting for a crash to learn it.
+"""Keep an engine from writing into zero-copy weights, without waiting for a crash to learn it.
 
-GPU mappings of the daemon's pools are read-only: one write ends the engine's CUDA
-context (``cudaErrorIllegalAddress``). vLLM writes into some tensors it holds while it
+Engine-agnostic (torch only); vLLM's loader is its user, and vLLM's writes are the examples.
+GPU mappings of the daemon's pools are read-only: one write ends the engine's CUDA context
+(``cudaErrorIllegalAddress``). vLLM writes into some tensors it holds while it
 post-processes a loaded model: attention layers ``fill_`` their ``_k_scale``/``_v_scale``/
 ``_q_scale``/``_prob_scale`` buffers (vLLM 0.26, and any version that replays
 ``process_weights_after_loading`` in full), quantization methods may ``copy_`` into
@@ -23,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ...errors import HotweightsError
+from ..errors import HotweightsError
 
 
 class ZeroCopyWrite(HotweightsError):
