@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,7 @@ def _hello(engine: EngineSpec, directory: Path, connect_timeout_s: float,
         raise StandbyUnusable(f"untrusted socket dir: {exc}") from None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     sock.settimeout(connect_timeout_s)
-    try:
+    with _unusable_on_failure(sock, "standby unreachable"):
         try:
             sock.connect(str(paths.socket))
         except (FileNotFoundError, ConnectionRefusedError):
@@ -122,12 +123,6 @@ def _hello(engine: EngineSpec, directory: Path, connect_timeout_s: float,
         assert isinstance(ready, Ready)
         diffs = engine.fingerprint().diff(Fingerprint.from_wire(ready.fingerprint))
         return sock, ready, [str(d) for d in diffs]
-    except StandbyUnusable:
-        sock.close()
-        raise
-    except (OSError, EOFError, ProtocolError) as exc:
-        sock.close()
-        raise StandbyUnusable(f"standby unreachable: {exc}") from None
 
 
 def hand_over(engine: EngineSpec, directory: Path, module: str, args: list[str], env: dict[str, str], *,
@@ -135,7 +130,7 @@ def hand_over(engine: EngineSpec, directory: Path, module: str, args: list[str],
     """Give the start (``python -m MODULE ARGS`` with ``env``, this cwd and stdio) to the standby of this
     engine and interpreter; StandbyUnusable says why not. Nothing has started when it raises."""
     sock, ready, changed = _hello(engine, directory, connect_timeout_s, reply_timeout_s)
-    try:
+    with _unusable_on_failure(sock, "standby failed the hand-off"):
         unsafe = ("CUDA is initialized in it" if ready.cuda_initialized else
                   f"it runs {ready.threads} Python threads" if ready.threads != 1 else "")
         if changed or unsafe:
@@ -153,12 +148,19 @@ def hand_over(engine: EngineSpec, directory: Path, module: str, args: list[str],
         started, _ = receive(sock, Started)
         assert isinstance(started, Started)
         return Server(sock, started.pid, ready.imports_s)
+
+
+@contextlib.contextmanager
+def _unusable_on_failure(sock: Any, what: str) -> Generator[None, None, None]:
+    """Close ``sock`` on any failure inside; a transport or protocol failure becomes StandbyUnusable(what)."""
+    try:
+        yield
     except StandbyUnusable:
         sock.close()
         raise
     except (OSError, EOFError, ProtocolError) as exc:
         sock.close()
-        raise StandbyUnusable(f"standby failed the hand-off: {exc}") from None
+        raise StandbyUnusable(f"{what}: {exc}") from None
 
 
 def prepare(engine: EngineSpec, directory: Path, environ: dict[str, str], *,
