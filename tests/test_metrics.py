@@ -35,7 +35,8 @@ def test_the_daemon_counts_what_it_serves_and_reports_what_it_holds(models, sock
         key = preload(models["tiny"], socket_dir=str(socket_dir)).key
         assert attach_tensors(key, AttachConfig(socket_dir=str(socket_dir))).ok
         with connect(d.paths) as client:
-            assert client.lookup(dataclasses.replace(key, dtype="float16")).outcome.value == "mismatch"
+            assert client.attach(dataclasses.replace(key, dtype="float16")).answer().outcome.value == "mismatch"
+            assert client.lookup(dataclasses.replace(key, dtype="float16")).outcome.value == "mismatch"  # no attach
         m = scrape(f"http://127.0.0.1:{port}/metrics")
         assert m[("hotweights_attach_total", (("result", "ok"),))] == 1
         assert m[("hotweights_attach_total", (("result", "mismatch"),))] == 1
