@@ -103,3 +103,19 @@ def parse_startup(text: str) -> dict[str, Any] | None:
     m = found[-1]
     return {"phases": {k: float(m.group(k)) for k in STARTUP_PHASES}, "engine": m.group("engine"),
             "source": m.group("source"), "ready_s": float(m.group("ready"))}
+
+
+# a parked engine (serve/park.py): when it sleeps and when it wakes
+PARKED_RE = re.compile(r"Parked (\S+) \(level (\d)\): freed ([\d.]+) GiB in ([\d.]+) s \((weights kept mapped|"
+                       r"weights unmapped)\)")
+WOKE_RE = re.compile(r"Woke (\S+) in ([\d.]+) s \(weights (kept mapped|from \w+)\)")
+
+
+def parked(model: str, level: int, freed_bytes: int, seconds: float, *, weights_mapped: bool) -> str:
+    return (f"Parked {model} (level {level}): freed {freed_bytes / GIB:.2f} GiB in {seconds:.3f} s "
+            f"({'weights kept mapped' if weights_mapped else 'weights unmapped'})")
+
+
+def woke(model: str, seconds: float, source: str | None) -> str:
+    """``source``: where the weights came from (gpu, host, disk), None when they stayed mapped."""
+    return f"Woke {model} in {seconds:.3f} s ({'weights kept mapped' if source is None else f'weights from {source}'})"

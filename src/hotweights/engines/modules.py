@@ -9,6 +9,8 @@
   post-processing changes shapes and adds tensors): names without a slot become new
   parameters of their module, and only slots still on the meta device are missing.
 - ``module_tensors(module)``: the inverse, for publishing what an engine ended up with.
+- ``detach_module(module)``: every slot ``attach_module`` fills goes back to the meta device (a
+  deep park: the module keeps no reference to the mapped weights, so their mapping can go).
 
 Every problem is reported at once.
 """
@@ -120,6 +122,25 @@ def attach_module(module: nn.Module, tensors: dict[str, torch.Tensor], *, exact:
             if param is None:  # tied weights: one view object -> one Parameter under every name
                 param = made[id(tensor)] = nn.Parameter(tensor, requires_grad=False)
             owner._parameters[leaf] = param
+
+
+def detach_module(module: nn.Module) -> int:
+    """Put every slot that ``attach_module`` fills (exact mode) back on the meta device, same shape and dtype,
+    ties kept; the bytes it let go of. ``attach_module`` fills them again."""
+    freed = 0
+    for places in module_slots(module, all_buffers=False).values():
+        current = getattr(places[0].owner, places[0].leaf)
+        if current.is_meta:
+            continue
+        freed += current.numel() * current.element_size()
+        meta = torch.empty_like(current, device="meta")
+        param = nn.Parameter(meta, requires_grad=False)
+        for owner, leaf, _, is_param in places:
+            if is_param:
+                owner._parameters[leaf] = param
+            else:
+                owner._buffers[leaf] = meta
+    return freed
 
 
 def module_tensors(module: nn.Module, *, substitute: Callable[[Slot, torch.Tensor], torch.Tensor] | None = None

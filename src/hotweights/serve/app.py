@@ -136,6 +136,32 @@ def eos_ids(model_dir: str, tokenizer) -> set[int]:
     return {tokenizer.eos_token_id} - {None}
 
 
+def reload_weights(config: ServeConfig) -> tuple[dict, str]:
+    """This start's weights again (a wake from a deep park): ``(tensors, where from: gpu | host | disk)``, by
+    the same policy as the start (strict: WeightCacheUnusable when the keeper no longer holds them)."""
+    from ..loading.checkpoint import open_checkpoint
+    from ..loading.policy import Source, load_tensors
+
+    ckpt = open_checkpoint(config.model, validate=False)
+    weights = load_tensors(ckpt, dtype=ckpt.resolve_dtype(config.dtype), device=config.device, config=config.attach,
+                           use_cache=config.load_format == "hotweights")
+    where = "disk" if weights.source is not Source.CACHE else "gpu" if config.device.startswith("cuda") else "host"
+    return weights.tensors, where
+
+
+def _may_park(config: ServeConfig) -> bool:
+    """The park endpoints are served where only this host reaches them (a loopback address), or where asked
+    for (``VLLM_SERVER_DEV_MODE=1``, as vLLM gates its own)."""
+    import ipaddress
+
+    if os.environ.get("VLLM_SERVER_DEV_MODE") == "1" or config.host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(config.host).is_loopback
+    except ValueError:
+        return False
+
+
 class SideImport:
     """A module imported on a side thread: ``start()``, then ``module()`` waits and re-raises its error."""
 
@@ -193,9 +219,11 @@ def run(config: ServeConfig) -> int:
     import uvicorn
 
     from .engine import Engine
+    from .park import Parking
 
     engine = Engine(generator)
-    app = web_module.create_app(generator, name, on_start, metrics, engine)
+    parking = Parking(engine, generator.model, name, lambda: reload_weights(config))
+    app = web_module.create_app(generator, name, on_start, metrics, engine, parking if _may_park(config) else None)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame) -> None:

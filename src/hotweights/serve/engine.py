@@ -98,6 +98,15 @@ class Engine:
             job.cancel()
         self._jobs.put(None)
 
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Until no job runs or waits (a park drains the engine first); False after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while self._current is not None or not self._jobs.empty():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
     def health(self) -> str | None:
         """None when the engine can serve, else why not (one line)."""
         if self._stopping:

@@ -62,6 +62,7 @@ def step_of(model) -> Step:
 
 class Generator:
     def __init__(self, model, tokenizer, *, max_model_len: int, eos_ids: set[int], vocab_size: int) -> None:
+        self.model = model  # a park unmaps its weights and a wake puts them back (park.py)
         self.step = step_of(model)
         self.tokenizer = tokenizer  # serve.tokenizer.Tokenizer
         self.max_model_len = max_model_len

@@ -1,0 +1,99 @@
+"""The embedded server parks and wakes (``serve/park.py``): vLLM's endpoints, the same greedy answer after
+every wake, a deep park that really unmaps the keeper's pools, and a wake that cannot be served staying
+parked. A real daemon and a real server in subprocesses, strict (no disk fallback).
+
+Run: pytest tests/test_serve_park.py
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import DaemonProc, ServerProc, run_cli
+
+from hotweights import evidence
+
+pytestmark = pytest.mark.slow  # a daemon and a server in subprocesses
+
+PROMPT = {"prompt": "The weight cache", "max_tokens": 8, "temperature": 0}
+
+
+@pytest.fixture
+def parked(models, tmp_path):
+    sock = Path(tempfile.mkdtemp(prefix="hwp-", dir="/tmp"))
+    daemon = DaemonProc(sock)
+    assert run_cli("preload", "--model", str(models["small"]), "--socket-dir", str(sock)).returncode == 0
+    server = ServerProc(models["small"], tmp_path / "s.log", "--served-model-name", "tiny", "--max-model-len", "64",
+                        "--model-loader-extra-config", json.dumps({"socket_dir": str(sock), "fallback": False}))
+    assert server.ready, server.log()
+    yield server, sock
+    server.stop()
+    daemon.stop()
+
+
+def call(server: ServerProc, method: str, path: str) -> tuple[int, dict | None]:
+    req = urllib.request.Request(server.url + path, method=method, data=b"" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            body = r.read()
+            return r.status, json.loads(body) if body else None
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def pool_mappings(pid: int) -> int:
+    """How many mappings of the keeper's pools (memfds) the server has."""
+    return sum("memfd:hotweights-pool" in line for line in Path(f"/proc/{pid}/maps").read_text().splitlines())
+
+
+def answer(server: ServerProc) -> str:
+    status, body = server.post("/v1/completions", PROMPT)
+    assert status == 200, body
+    return body["choices"][0]["text"]
+
+
+def test_a_park_refuses_generation_and_a_wake_answers_the_same(parked):
+    server, _ = parked
+    expected, mapped = answer(server), pool_mappings(server.proc.pid)
+    assert mapped > 0 and call(server, "GET", "/is_sleeping") == (200, {"is_sleeping": False})
+    assert call(server, "POST", "/sleep?level=1")[0] == 200
+    assert call(server, "GET", "/is_sleeping") == (200, {"is_sleeping": True})
+    status, body = server.post("/v1/completions", PROMPT)
+    assert status == 503 and body["error"]["code"] == "engine_sleeping"
+    assert call(server, "GET", "/health")[0] == 503  # it cannot serve: a balancer should look elsewhere
+    assert pool_mappings(server.proc.pid) == mapped  # level 1: the weights stay mapped
+    assert call(server, "POST", "/wake_up")[0] == 200 and answer(server) == expected
+    log = server.log()
+    line = next(m for m in evidence.PARKED_RE.finditer(log))
+    assert line.group(1) == "tiny" and line.group(2) == "1" and line.group(5) == "weights kept mapped"
+    assert [m.group(3) for m in evidence.WOKE_RE.finditer(log)] == ["kept mapped"]
+
+
+def test_a_deep_park_unmaps_the_pools_and_a_wake_maps_them_again(parked):
+    server, _ = parked
+    expected = answer(server)
+    assert call(server, "POST", "/sleep?level=2")[0] == 200
+    assert pool_mappings(server.proc.pid) == 0  # nothing of the keeper's pools is mapped while parked
+    assert call(server, "POST", "/wake_up")[0] == 200
+    assert pool_mappings(server.proc.pid) > 0 and answer(server) == expected
+    log = server.log()
+    assert any(m.group(2) == "2" and m.group(5) == "weights unmapped" for m in evidence.PARKED_RE.finditer(log))
+    assert [m.group(3) for m in evidence.WOKE_RE.finditer(log)] == ["from host"]
+    assert log.count("Mapped 47 tensors") == 2  # the start's attach, and the wake's
+
+
+def test_a_wake_whose_entry_is_gone_stays_parked_and_says_why(parked):
+    server, sock = parked
+    assert call(server, "POST", "/sleep?level=2")[0] == 200
+    assert run_cli("release", "--all", "--socket-dir", str(sock)).returncode == 0
+    status, body = call(server, "POST", "/wake_up")
+    assert status == 503 and body["error"]["code"] == "wake_failed"
+    assert "Weight cache unusable (" in body["error"]["message"] and "stays parked" in body["error"]["message"]
+    assert call(server, "GET", "/is_sleeping") == (200, {"is_sleeping": True})
+    status, body = call(server, "POST", "/sleep?level=3")
+    assert status == 400 and "level must be 1 or 2" in body["error"]["message"]
