@@ -1,4 +1,4 @@
-"""The vLLM plugin's vLLM-free options: extra config, layouts, the sleep-mode rule.
+"""The vLLM plugin's vLLM-free options: extra config, layouts.
 
 Run: pytest tests/test_vllm_options.py
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from hotweights.config import AttachConfig
-from hotweights.engines.vllm.options import LAYOUTS, sleep_mode_refusal, split_extra_config
+from hotweights.engines.vllm.options import LAYOUTS, split_extra_config
 
 
 def test_vllm_extra_config_layout_and_unknown_keys():
@@ -22,12 +22,3 @@ def test_vllm_extra_config_layout_and_unknown_keys():
     with pytest.raises(ValueError, match="must be a JSON object"):
         split_extra_config("fallback=false")
     assert set(LAYOUTS) == {"auto", "engine", "checkpoint"}
-
-
-def test_sleep_mode_refused_only_for_zero_copy_engine_layout():
-    message = sleep_mode_refusal(True, "zero_copy", "auto")
-    assert message and "--enable-sleep-mode" in message and '"mode": "copy"' in message
-    assert sleep_mode_refusal(True, "zero_copy", "engine")
-    assert sleep_mode_refusal(True, "copy", "auto") is None
-    assert sleep_mode_refusal(True, "zero_copy", "checkpoint") is None
-    assert sleep_mode_refusal(False, "zero_copy", "auto") is None

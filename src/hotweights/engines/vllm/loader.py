@@ -47,7 +47,7 @@ from ...loading.publish import publish_tensors
 from ..modules import Slot, attach_module, module_tensors
 from . import capabilities
 from .keys import Keys, candidates, keys_for, maps_zero_copy
-from .options import sleep_mode_refusal, split_extra_config
+from .options import split_extra_config
 from .patches import keep_cpu_packed_weights
 from ..writes import WriteGuard, ZeroCopyWrite, own_buffers, storages
 
@@ -96,10 +96,6 @@ class HotweightsModelLoader(BaseModelLoader):
             return 0
 
     def load_model(self, vllm_config, model_config, prefix: str = ""):
-        refusal = sleep_mode_refusal(bool(getattr(model_config, "enable_sleep_mode", False)),
-                                     self.config.mode, self.layout)
-        if refusal:
-            raise ValueError(refusal)
         keys = keys_for(vllm_config, self.config)
         candidates, skipped = self.candidates(vllm_config)
 

@@ -1,6 +1,9 @@
-"""``--model-loader-extra-config`` for load format ``hotweights``, and the sleep-mode rule.
+"""``--model-loader-extra-config`` for load format ``hotweights``.
 
-vLLM-free, so it is unit-tested without vLLM.
+vLLM-free, so it is unit-tested without vLLM. Sleep mode (``--enable-sleep-mode``) is not refused with
+zero-copy weights: vLLM's sleep offloads (level 1) or discards (level 2) what its own allocator holds,
+and mapped weights are not in it, so they stay mapped and shared while the engine sleeps (measured on
+an H200: ``benchmarks/results/gpu_sleep/``).
 """
 
 from __future__ import annotations
@@ -30,14 +33,3 @@ def split_extra_config(extra: Any) -> tuple[str, AttachConfig]:
         if "unknown weight-cache config keys" in str(exc):
             raise ValueError(f"{exc} (plus 'layout' for the vLLM plugin)") from None
         raise
-
-
-def sleep_mode_refusal(enable_sleep_mode: bool, mode: str, layout: str) -> str | None:
-    """Why zero_copy cannot run with sleep mode, or None when the combination is fine."""
-    if enable_sleep_mode and mode == "zero_copy" and layout != "checkpoint":
-        return ("load format hotweights with mode=zero_copy cannot be used with --enable-sleep-mode: sleep mode "
-                "offloads and discards weights through vLLM's own allocator, but zero-copy weights live in the "
-                "daemon's shared pools. Use --model-loader-extra-config '{\"mode\": \"copy\"}' (weights become "
-                "engine-owned), or '{\"layout\": \"checkpoint\"}' (streamed into vLLM's own weights), or drop "
-                "--enable-sleep-mode")
-    return None
