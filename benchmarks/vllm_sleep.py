@@ -1,15 +1,24 @@
 #!/usr/bin/env python3
-"""vLLM's own sleep with zero-copy weights (GPU): park and wake an engine whose weights are the keeper's.
+"""Parked vLLM engines (GPU): a zero-copy engine parks and wakes; beside it, vLLM's own sleep from disk.
 
 A daemon, ``hotweights preload --engine vllm`` (the engine-layout entry), then one strict zero-copy start
 with ``--enable-sleep-mode`` (``VLLM_SERVER_DEV_MODE=1`` exposes ``/sleep``, ``/wake_up``,
-``/is_sleeping``). Per level, ``--repeat`` times: the greedy answer, ``POST /sleep?level=N`` (timed),
-the GPU memory in use while parked (``nvidia-smi``) and the keeper's share of it, ``POST /wake_up``
-(timed), the time to the first answer after the wake, and that answer. Prints one JSON object with the
-medians; ``same_answer`` says whether every answer equals the first.
+``/is_sleeping``). Rounds, ``--repeat`` times each, interleaved:
+
+- ``level1``: ``POST /sleep?level=1`` (weights kept mapped), ``POST /wake_up``;
+- ``level2``: ``POST /sleep?level=2`` (weights unmapped at their addresses), wake (weights from the GPU entry);
+- ``host``: sleep level 2, ``hotweights demote KEY`` (host copy made, the GPU entry released), the GPU in
+  use while parked (now without the keeper's entry: the engine's true residue), wake (weights from the
+  host copy, which the wake publishes back as the GPU entry).
+
+Each round: sleep time, GPU in use while parked (``nvidia-smi``), wake time, time to the first answer after
+the wake, the greedy answer. Then ``--stock`` starts stock vLLM from disk with ``--enable-sleep-mode`` and
+parks it at level 1 (sleep, wake, first answer, host memory it keeps while asleep). Prints one JSON object
+with medians; ``same_answer`` says whether every answer equals the first; ``evidence`` counts the workers'
+``Parked``/``Woke`` lines.
 
 Run (GPU, vLLM staged per ../shared/gpu-vllm/README.md):
-    python3 benchmarks/vllm_sleep.py --model M --repeat 5 --json [--eager]
+    python3 benchmarks/vllm_sleep.py --model M --repeat 5 --json [--eager] [--stock]
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -27,11 +37,18 @@ from pathlib import Path
 
 from hotweights.observe import Observed, complete, free_port
 
+ROUNDS = ("level1", "level2", "host")
+
 
 def gpu_used_mib() -> int:
     out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                          capture_output=True, text=True).stdout
     return int(out.split()[0])
+
+
+def host_used_mib() -> int:
+    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    return (int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])) // 1024
 
 
 def post(url: str) -> float:
@@ -41,26 +58,44 @@ def post(url: str) -> float:
     return time.perf_counter() - start
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--eager", action="store_true")
-    parser.add_argument("--gpu-memory-utilization", default="0.5")
-    parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+def hw(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hotweights", *args], capture_output=True, text=True)
+
+
+def park_round(url: str, model: str, level: int, *, demote: tuple[str, str] | None = None) -> tuple[dict, str]:
+    """One park and wake; ``demote``: (socket dir, key) to demote while parked."""
+    sleep_s = post(f"{url}/sleep?level={level}")
+    with urllib.request.urlopen(f"{url}/is_sleeping", timeout=30) as r:
+        sleeping = json.loads(r.read())["is_sleeping"]
+    row: dict = {}
+    if demote is not None:
+        done = hw("demote", demote[1], "--json", "--socket-dir", demote[0])
+        if done.returncode != 0:
+            raise SystemExit(f"demote failed: {done.stderr[-2000:]}")
+        row["demote_s"] = json.loads(done.stdout)["seconds"]
+    parked_mib, host_mib = gpu_used_mib(), host_used_mib()
+    wake_s = post(f"{url}/wake_up")
+    start = time.perf_counter()
+    answer = complete(url, "The weight cache", model=model)
+    row.update({"sleep_s": round(sleep_s, 3), "is_sleeping": sleeping, "parked_gpu_mib": parked_mib,
+                "parked_host_used_mib": host_mib, "wake_s": round(wake_s, 3),
+                "first_answer_after_wake_s": round(time.perf_counter() - start, 3)})
+    return row, answer
+
+
+def entry_key(sock: str) -> tuple[str, int]:
+    rows = json.loads(hw("status", "--json", "--socket-dir", sock).stdout)["entries"]
+    return rows[0]["key"], rows[0]["nbytes"]
+
+
+def zero_copy(args: argparse.Namespace, base: list[str], out: Path) -> dict:
     sock = tempfile.mkdtemp(prefix="hw-sleep-", dir="/tmp")
-    out = args.out or Path(tempfile.mkdtemp(prefix="hw-sleep-logs-"))
-    out.mkdir(parents=True, exist_ok=True)
-    base = ["--dtype", "bfloat16", "--max-model-len", "512", "--gpu-memory-utilization", args.gpu_memory_utilization,
-            *(["--enforce-eager"] if args.eager else [])]
     subprocess.run([sys.executable, "-m", "hotweights", "daemon", "--detach", "--socket-dir", sock], check=True)
-    pre = subprocess.run([sys.executable, "-m", "hotweights", "preload", "--engine", "vllm", "--model", str(args.model),
-                          "--socket-dir", sock, "--json", *[f"--vllm-arg={a}" for a in base]],
-                         capture_output=True, text=True)
+    pre = hw("preload", "--engine", "vllm", "--model", str(args.model), "--socket-dir", sock, "--json",
+             *[f"--vllm-arg={a}" for a in base])
     if pre.returncode != 0:
         raise SystemExit(f"preload failed: {pre.stderr[-3000:]}")
+    key, entry_bytes = entry_key(sock)
     before_engine = gpu_used_mib()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -68,51 +103,94 @@ def main() -> int:
            *base, "--enable-sleep-mode", "--load-format", "hotweights", "--model-loader-extra-config",
            json.dumps({"socket_dir": sock, "fallback": False})]
     runs, answers = [], []
-    with Observed("sleep", cmd, out_dir=out, health_url=f"{url}/health",
-                  env={"VLLM_SERVER_DEV_MODE": "1"}) as obs:
+    with Observed("park", cmd, out_dir=out, health_url=f"{url}/health", env={"VLLM_SERVER_DEV_MODE": "1"}) as obs:
         receipt = obs.wait_ready(timeout_s=580, interval_s=0.2)
         if not receipt.ready:
             raise SystemExit(f"the sleep-mode start was not ready: {obs.log_text()[-3000:]}")
         answers.append(complete(url, "The weight cache", model=str(args.model)))
         awake_mib = gpu_used_mib()
-        for level in (1, 2):
-            for _ in range(args.repeat):
-                sleep_s = post(f"{url}/sleep?level={level}")
-                with urllib.request.urlopen(f"{url}/is_sleeping", timeout=30) as r:
-                    sleeping = json.loads(r.read())["is_sleeping"]
-                parked_mib = gpu_used_mib()
-                wake_s = post(f"{url}/wake_up")
-                start = time.perf_counter()
-                answers.append(complete(url, "The weight cache", model=str(args.model)))
-                runs.append({"level": level, "sleep_s": round(sleep_s, 3), "is_sleeping": sleeping,
-                             "parked_gpu_mib": parked_mib, "wake_s": round(wake_s, 3),
-                             "first_answer_after_wake_s": round(time.perf_counter() - start, 3)})
+        for _ in range(args.repeat):
+            for name in ROUNDS:
+                row, answer = park_round(url, str(args.model), 1 if name == "level1" else 2,
+                                         demote=(sock, key) if name == "host" else None)
+                runs.append({"round": name, **row})
+                answers.append(answer)
+        status = json.loads(hw("status", "--json", "--socket-dir", sock).stdout)
         log = obs.log_text()
         obs.stop(grace_s=20)
-    subprocess.run([sys.executable, "-m", "hotweights", "stop", "--socket-dir", sock])
-    entry_mib = round(sum(r["nbytes"] for r in pre_rows(pre.stdout)) / 2**20) if pre_rows(pre.stdout) else None
+    hw("stop", "--socket-dir", sock)
 
-    def med(level: int, field: str) -> float:
-        return round(statistics.median(r[field] for r in runs if r["level"] == level), 3)
+    def med(name: str, field: str) -> float:
+        return round(statistics.median(r[field] for r in runs if r["round"] == name and field in r), 3)
 
+    fields = ("sleep_s", "wake_s", "first_answer_after_wake_s", "parked_gpu_mib")
+    return {"ready_s": receipt.elapsed_s, "gpu_mib": {"daemon_only": before_engine, "engine_awake": awake_mib},
+            "keeper_entry_mib": round(entry_bytes / 2**20),
+            "median": {n: {f: med(n, f) for f in fields} for n in ROUNDS} | {"demote_s": med("host", "demote_s")},
+            # level 1/2: the keeper's entry is on the GPU beside the parked engine; host: it was released
+            "parked_residue_mib": {"level1": med("level1", "parked_gpu_mib") - before_engine,
+                                   "level2": med("level2", "parked_gpu_mib") - before_engine,
+                                   "host": med("host", "parked_gpu_mib")},
+            "same_answer": len(set(answers)) == 1, "answer": answers[0], "runs": runs,
+            "keeper_after": [{k: e[k] for k in ("key", "nbytes", "host_nbytes", "parked")} for e in status["entries"]],
+            "evidence": {"parked": len(re.findall(r"Parked \S+ \(level \d\)", log)),
+                         "woke_from_gpu": log.count("(weights from gpu)"),
+                         "woke_from_host": log.count("(weights from host)"),
+                         "woke_kept_mapped": log.count("Woke ") - log.count("(weights from ")},
+            "evidence_lines": [x[-160:] for x in log.splitlines() if "Parked " in x or "Woke " in x][:6],
+            "vllm_sleep_lines": [x[-200:] for x in log.splitlines() if "Sleep mode freed" in x][:3],
+            "mapped": "Mapped " in log, "fallback": "falling back" in log,
+            "all_sleeping": all(r["is_sleeping"] for r in runs)}
+
+
+def stock(args: argparse.Namespace, base: list[str], out: Path) -> dict:
+    """Stock vLLM from disk with its own sleep, level 1: what a user without hotweights gets."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(args.model), "--port", str(port),
+           *base, "--enable-sleep-mode"]
+    runs, answers = [], []
+    with Observed("stock", cmd, out_dir=out, health_url=f"{url}/health", env={"VLLM_SERVER_DEV_MODE": "1"}) as obs:
+        receipt = obs.wait_ready(timeout_s=580, interval_s=0.2)
+        if not receipt.ready:
+            return {"ready": False, "log_tail": obs.log_text()[-2000:]}
+        answers.append(complete(url, "The weight cache", model=str(args.model)))
+        awake_host = host_used_mib()
+        for _ in range(max(1, args.stock_repeat)):
+            row, answer = park_round(url, str(args.model), 1)
+            row["host_kept_mib"] = row["parked_host_used_mib"] - awake_host
+            runs.append(row)
+            answers.append(answer)
+        obs.stop(grace_s=20)
+    return {"ready_s": receipt.elapsed_s, "runs": runs, "same_answer": len(set(answers)) == 1, "answer": answers[0],
+            "median": {f: round(statistics.median(r[f] for r in runs), 3)
+                       for f in ("sleep_s", "wake_s", "first_answer_after_wake_s", "parked_gpu_mib", "host_kept_mib")}}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--eager", action="store_true")
+    parser.add_argument("--stock", action="store_true", help="also vLLM's own sleep, weights from disk")
+    parser.add_argument("--stock-repeat", type=int, default=3)
+    parser.add_argument("--gpu-memory-utilization", default="0.5")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="hw-sleep-logs-"))
+    out.mkdir(parents=True, exist_ok=True)
+    base = ["--dtype", "bfloat16", "--max-model-len", "512", "--gpu-memory-utilization", args.gpu_memory_utilization,
+            *(["--enforce-eager"] if args.eager else [])]
     result = {"model": args.model.name, "eager": args.eager, "repeat": args.repeat,
-              "gpu_mib": {"daemon_only": before_engine, "engine_awake": awake_mib}, "keeper_entry_mib": entry_mib,
-              "median": {f"level{n}": {f: med(n, f) for f in ("sleep_s", "wake_s", "first_answer_after_wake_s",
-                                                             "parked_gpu_mib")} for n in (1, 2)},
-              "parked_residue_mib": {f"level{n}": med(n, "parked_gpu_mib") - before_engine for n in (1, 2)},
-              "same_answer": len(set(answers)) == 1, "answer": answers[0], "runs": runs,
-              "vllm_sleep_lines": [x[-200:] for x in log.splitlines() if "Sleep mode freed" in x or "wake up" in x][:4],
-              "mapped": "Mapped " in log, "fallback": "falling back" in log,
-              "command": "python3 benchmarks/vllm_sleep.py " + " ".join(sys.argv[1:]).replace(str(args.model), "M")}
+              "zero_copy": zero_copy(args, base, out)}
+    if args.stock:
+        result["stock_disk"] = stock(args, base, out)
+        result["same_answer_as_stock"] = result["stock_disk"].get("answer") == result["zero_copy"]["answer"]
+    result["command"] = "python3 benchmarks/vllm_sleep.py " + " ".join(sys.argv[1:]).replace(str(args.model), "M")
     print(json.dumps(result) if args.json else json.dumps(result, indent=1))
-    return 0 if result["same_answer"] and all(r["is_sleeping"] for r in runs) else 1
-
-
-def pre_rows(stdout: str) -> list[dict]:
-    try:
-        return [{"nbytes": r["gib"] * 2**30} for r in json.loads(stdout.strip().splitlines()[-1])["published"]]
-    except (ValueError, KeyError, IndexError):
-        return []
+    z = result["zero_copy"]
+    return 0 if z["same_answer"] and z["all_sleeping"] else 1
 
 
 if __name__ == "__main__":

@@ -140,3 +140,46 @@ def test_gpu_transformers_answers_match_disk(models, daemon):
         a = warm.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=256)
         b = disk.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=256)
     assert torch.equal(a, b)
+
+
+def test_a_deep_park_unmaps_and_maps_again_at_the_same_addresses_under_a_cuda_graph(models, daemon):
+    """A CUDA graph captured over zero-copy weights replays the same after the weights were unmapped and
+    mapped again: from the keeper's GPU entry, then from its host copy (the entry released), published back."""
+    from hotweights.client import connect
+    from hotweights.loading import resident
+
+    sock = str(daemon.paths.directory)
+    assert run_cli("preload", "--model", str(models["small"]), "--device", "cuda", "--dtype", "float16",
+                   "--socket-dir", sock).returncode == 0
+    key = gpu_key(models["small"], "float16")
+    got = attach_tensors(key, AttachConfig(socket_dir=sock, fallback=False))
+    assert got.ok, got.reason
+    w = got.tensors["model.layers.0.mlp.up_proj.weight"]
+    x = torch.ones(4, w.shape[1], dtype=w.dtype, device="cuda:0")
+    graph, out = torch.cuda.CUDAGraph(), None
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        x @ w.T  # warm-up on a side stream, as graph capture wants
+        with torch.cuda.graph(graph):
+            out = x @ w.T
+    graph.replay()
+    expected = out.clone()
+    ptr = w.data_ptr()
+    held = next(h for h in resident.held() if h.key == key)
+    assert resident.unmap_all() == held.manifest.nbytes and not held.mapped
+    assert resident.map_again() == "gpu" and w.data_ptr() == ptr
+    out.zero_()
+    graph.replay()
+    assert torch.equal(out, expected)
+    with connect(daemon.paths) as client:
+        assert resident.host_copy(client) == held.manifest.nbytes
+        assert resident.unmap_all() > 0
+        client.release(key.short, tier="device")
+        (row,) = client.status().rows()
+        assert row.nbytes == 0 and row.host_nbytes == held.manifest.nbytes
+        assert resident.map_again() == "host"
+        (row,) = client.status().rows()
+        assert row.nbytes == row.host_nbytes  # the wake published the entry back
+    out.zero_()
+    graph.replay()
+    assert torch.equal(out, expected) and w.data_ptr() == ptr

@@ -32,7 +32,7 @@ def test_add_lookup_release_own_exactly_one_fd_per_pool():
     assert manifest.key == KEY and len(dups) == 1
     os.close(dups[0])
     assert reg.lookup(OTHER) is None
-    assert [m.key for m in reg.release(KEY.short)] == [KEY] and reg.lookup(KEY) is None
+    assert [(t, m.key) for t, m in reg.release(KEY.short)] == [("device", KEY)] and reg.lookup(KEY) is None
     assert open_fds() == before
 
 
@@ -54,6 +54,67 @@ def test_closest_lists_the_differing_fields_and_describe_counts_bytes():
     reg.add(*entry(OTHER))
     manifest, diffs = reg.closest(KEY)
     assert manifest.key == OTHER and [str(d) for d in diffs] == ["dtype: cached=bfloat16 requested=float16"]
-    entries, per_device = reg.describe()
+    entries, per_device, parked = reg.describe()
     assert per_device == {"cpu": 1024} and entries[0].key == OTHER.short and entries[0].num_attaches == 0
+    assert parked == {}
+    reg.release(None)
+
+
+def sealed(nbytes: int) -> int:
+    import fcntl
+
+    fd = os.memfd_create("t", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, nbytes)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    return fd
+
+
+def test_a_host_copy_is_a_tier_of_its_entry_served_only_when_asked_for():
+    before = open_fds()
+    reg = Registry()
+    manifest, fds = entry(KEY)
+    assert reg.add(manifest, fds) is None
+    assert reg.add(manifest, [sealed(1024)], tier="host") is None
+    assert reg.add(manifest, [sealed(1024)], tier="host")[0] == "exists"
+    other, other_fds = entry(OTHER)
+    assert reg.add(Manifest(KEY, other.pools, other.tensors[:0]), other_fds, tier="host")[0] == "exists"
+    (row,), per_device, _ = reg.describe()
+    assert (row.nbytes, row.host_nbytes) == (1024, 1024) and per_device == {"cpu": 2048}
+    assert [t for t, _ in reg.release(KEY.short, "device")] == ["device"]
+    assert reg.lookup(KEY) is None  # an attach of the entry is a miss: the host copy is not the entry
+    found, dups = reg.lookup(KEY, "host")
+    assert found == manifest
+    for fd in dups:
+        os.close(fd)
+    (row,), _, _ = reg.describe()
+    assert (row.nbytes, row.host_nbytes) == (0, 1024)
+    assert reg.describe_one(KEY.short) == manifest
+    reg.release(None)
+    assert reg.describe()[0] == [] and open_fds() == before
+
+
+def test_a_host_copy_must_have_the_tensors_of_its_entry():
+    reg = Registry()
+    manifest, fds = entry(KEY)
+    assert reg.add(manifest, fds) is None
+    pools, specs = pack([("w", KEY.dtype, (256,))], pool_bytes=1024, device="cpu")
+    code, message = reg.add(Manifest(KEY, pools, specs), [sealed(512)], tier="host")
+    assert code == "bad_manifest" and "must have the tensors and pools of its other tier" in message
+    reg.release(None)
+
+
+def test_parked_engines_are_listed_per_entry_and_gone_pids_dropped():
+    import subprocess
+
+    reg = Registry()
+    assert reg.add(*entry(KEY)) is None
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    reg.park(KEY, os.getpid(), 2, 4096)
+    reg.park(KEY, gone.pid, 1, 100)
+    (row,), _, parked = reg.describe()
+    assert row.parked == f"{os.getpid()}:2" and parked == {"cpu": 4096}
+    reg.park(KEY, os.getpid(), 0, 0)
+    (row,), _, parked = reg.describe()
+    assert row.parked == "" and parked == {"cpu": 0}
     reg.release(None)

@@ -46,9 +46,20 @@ def call(server: ServerProc, method: str, path: str) -> tuple[int, dict | None]:
         return e.code, json.loads(e.read())
 
 
+def pool_ranges(pid: int) -> list[str]:
+    """The address ranges where the server maps the keeper's pools (memfds)."""
+    return [line.split()[0] for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+            if "memfd:hotweights-pool" in line]
+
+
 def pool_mappings(pid: int) -> int:
-    """How many mappings of the keeper's pools (memfds) the server has."""
-    return sum("memfd:hotweights-pool" in line for line in Path(f"/proc/{pid}/maps").read_text().splitlines())
+    return len(pool_ranges(pid))
+
+
+def status(sock: Path) -> dict:
+    done = run_cli("status", "--json", "--socket-dir", str(sock))
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 def answer(server: ServerProc) -> str:
@@ -74,17 +85,36 @@ def test_a_park_refuses_generation_and_a_wake_answers_the_same(parked):
     assert [m.group(3) for m in evidence.WOKE_RE.finditer(log)] == ["kept mapped"]
 
 
-def test_a_deep_park_unmaps_the_pools_and_a_wake_maps_them_again(parked):
-    server, _ = parked
-    expected = answer(server)
+def test_a_deep_park_unmaps_the_pools_and_a_wake_maps_them_again_at_the_same_addresses(parked):
+    server, sock = parked
+    expected, ranges = answer(server), pool_ranges(server.proc.pid)
     assert call(server, "POST", "/sleep?level=2")[0] == 200
     assert pool_mappings(server.proc.pid) == 0  # nothing of the keeper's pools is mapped while parked
+    (row,) = status(sock)["entries"]
+    assert row["parked"] == f"{server.proc.pid}:2"  # the keeper lists the engine parked on its entry
     assert call(server, "POST", "/wake_up")[0] == 200
-    assert pool_mappings(server.proc.pid) > 0 and answer(server) == expected
+    assert pool_ranges(server.proc.pid) == ranges and answer(server) == expected  # same addresses, same answer
+    assert status(sock)["entries"][0]["parked"] == ""
     log = server.log()
     assert any(m.group(2) == "2" and m.group(5) == "weights unmapped" for m in evidence.PARKED_RE.finditer(log))
     assert [m.group(3) for m in evidence.WOKE_RE.finditer(log)] == ["from host"]
-    assert log.count("Mapped 47 tensors") == 2  # the start's attach, and the wake's
+    assert log.count("Mapped 47 tensors") == 1  # the start's attach; the wake mapped the pools in place
+
+
+def test_a_deep_parked_engine_wakes_from_the_host_copy_and_publishes_it_back(parked):
+    server, sock = parked
+    expected, ranges = answer(server), pool_ranges(server.proc.pid)
+    assert call(server, "POST", "/sleep?level=2")[0] == 200
+    key = status(sock)["entries"][0]["key"]
+    done = run_cli("demote", key[:6], "--json", "--socket-dir", str(sock))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["host_bytes"] > 0
+    (row,) = status(sock)["entries"]
+    assert row["nbytes"] == 0 and row["host_nbytes"] > 0  # only the host copy is left
+    assert call(server, "POST", "/wake_up")[0] == 200
+    assert pool_ranges(server.proc.pid) == ranges and answer(server) == expected
+    (row,) = status(sock)["entries"]
+    assert row["nbytes"] == row["host_nbytes"] > 0  # the wake published the entry back beside its host copy
 
 
 def test_a_wake_whose_entry_is_gone_stays_parked_and_says_why(parked):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import evidence
-from .cli_keeper import cmd_daemon, cmd_release, cmd_status, cmd_stop
+from .cli_keeper import cmd_daemon, cmd_demote, cmd_release, cmd_status, cmd_stop
 from .cli_parser import build_parser, resolve_model, split_vllm
 from .console import emit as _emit
 
@@ -226,7 +226,7 @@ def cmd_standby(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {
-    "daemon": cmd_daemon, "preload": cmd_preload, "status": cmd_status, "release": cmd_release,
+    "daemon": cmd_daemon, "preload": cmd_preload, "status": cmd_status, "release": cmd_release, "demote": cmd_demote,
     "stop": cmd_stop, "demo-model": cmd_demo_model, "inspect": cmd_inspect, "generate": cmd_generate,
     "serve": cmd_serve, "observe": cmd_observe, "verify": cmd_verify, "vllm": cmd_vllm, "standby": cmd_standby,
 }

@@ -4,6 +4,7 @@ is, and torch-free: they start fast."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 import sys
 
 from .console import emit as _emit
@@ -56,9 +57,20 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 1
     data = {"running": True, "pid": status.pid, "version": status.daemon_version, "uptime_s": round(status.uptime_s, 1),
             "entries": status.entries, "bytes_by_device": status.bytes_by_device, "max_bytes": status.max_bytes,
+            "parked_by_device": status.parked_by_device,
             "torch_imported": status.torch_imported, "socket": str(client.socket_path)}
     _emit(args, data, status_table(status, client.socket_path))
     return 0
+
+
+def _one_key(args: argparse.Namespace, client: Any, empty: dict[str, Any]) -> str | None:
+    """The short key a unique prefix (``args.key``) names, as in `hotweights status`; None (said) if none or several."""
+    keys = [e.key for e in client.status().rows() if e.key.startswith(args.key)]
+    if len(keys) == 1:
+        return keys[0]
+    _emit(args, {**empty, "matches": keys}, f"no entry with key {args.key} (hotweights status lists them)" if not keys
+          else f"{args.key} names {len(keys)} entries ({' '.join(keys)}); give more of the key")
+    return None
 
 
 def cmd_release(args: argparse.Namespace) -> int:
@@ -67,16 +79,39 @@ def cmd_release(args: argparse.Namespace) -> int:
 
     with connect(daemon_paths(args.socket_dir)) as client:
         key = None
-        if not args.all:  # a unique prefix of a key names it, as in `hotweights status`
-            keys = [e.key for e in client.status().rows() if e.key.startswith(args.key)]
-            if len(keys) != 1:
-                _emit(args, {"released": [], "matches": keys},
-                      f"no entry with key {args.key} (hotweights status lists them)" if not keys else
-                      f"{args.key} names {len(keys)} entries ({' '.join(keys)}); give more of the key")
-                return 1
-            key = keys[0]
+        if not args.all and (key := _one_key(args, client, {"released": []})) is None:
+            return 1
         released = client.release(key).released
     _emit(args, {"released": released}, f"released {len(released)} entries: {' '.join(released) or '-'}")
+    return 0
+
+
+def cmd_demote(args: argparse.Namespace) -> int:
+    import time
+
+    from .client import connect
+    from .paths import daemon_paths
+
+    start = time.perf_counter()
+    with connect(daemon_paths(args.socket_dir)) as client:
+        if (key := _one_key(args, client, {"demoted": ""})) is None:
+            return 1
+        from .config import AttachConfig
+        from .loading import resident
+        from .loading.attach import attach_tensors
+
+        manifest = client.describe(key)  # the full key, to map the entry for the copy
+        mapped = attach_tensors(manifest.key, AttachConfig(socket_path=str(client.socket_path)))
+        if not mapped.ok:
+            raise resident.WeightsGone(f"cannot map {key} to copy it: {mapped.reason}")
+        copied = resident.host_copy(client, only=manifest.key)
+        if not args.keep:
+            client.release(key, tier="device")
+    seconds = time.perf_counter() - start
+    where = "kept on its device too" if args.keep else "its device copy released (engines mapping it keep it until " \
+                                                       "they deep-park or stop)"
+    _emit(args, {"demoted": key, "host_bytes": copied, "kept": args.keep, "seconds": round(seconds, 3)},
+          f"{key}: host copy of {copied / (1 << 30):.2f} GiB in {seconds:.2f} s; {where}")
     return 0
 
 

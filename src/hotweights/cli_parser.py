@@ -114,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     _socket_dir(p)
 
+    p = sub.add_parser("demote", help="move an entry to host memory (a host copy; deep-parked engines wake from it)")
+    p.add_argument("key", help="short key (or a unique prefix) from `hotweights status`")
+    p.add_argument("--keep", action="store_true", help="keep the device copy too (make the host copy only)")
+    p.add_argument("--json", action="store_true")
+    _socket_dir(p)
+
     p = sub.add_parser("stop", help="stop the daemon (engines that attached keep their weights)")
     _socket_dir(p)
 

@@ -28,8 +28,8 @@ from .key import CacheKey
 from .manifest import Manifest
 from .paths import DaemonPaths, check_socket_dir, daemon_paths
 from .protocol import (
-    PROTOCOL_VERSION, Attach, EntryRow, Error, Hello, HelloOk, Lookup, LookupOk, Message, Publish, PublishOk, Release,
-    ReleaseOk, Status, StatusOk, Stop, StopOk, recv_message, send_message,
+    PROTOCOL_VERSION, Attach, Describe, DescribeOk, EntryRow, Error, Hello, HelloOk, Lookup, LookupOk, Message, Park,
+    ParkOk, Publish, PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk, recv_message, send_message,
 )
 from .replies import Answer, AttachReply, Outcome, answer_of
 from .unix import is_locked, peer_credentials
@@ -80,13 +80,14 @@ class Client:
     def status(self) -> StatusOk:
         return self._expect(Status(), StatusOk)
 
-    def attach(self, key: CacheKey) -> AttachReply:
-        send_message(self.sock, Attach(key))
+    def attach(self, key: CacheKey, tier: str = "device") -> AttachReply:
+        """``tier="host"``: the host copy of ``key``'s entry (its fds are memfds, whatever the manifest's device)."""
+        send_message(self.sock, Attach(key, tier))
         try:
             payload, fds = recv_frame(self.sock)
         except EOFError:
             raise ProtocolError("the daemon closed the connection without a reply", code="closed") from None
-        return AttachReply(key, payload, fds)
+        return AttachReply(key, payload, fds, host=tier == "host")
 
     def lookup(self, key: CacheKey) -> Answer:
         """Whether ``key`` is served (and its size), without fds and without counting as an attach; a daemon
@@ -114,15 +115,24 @@ class Client:
         """Bytes the daemon holds for ``key`` (what a zero_copy attach maps), 0 if none."""
         return self.lookup(key).nbytes
 
-    def publish(self, manifest: Manifest, fds: list[int]) -> PublishOk:
-        reply, extra = self.request(Publish(manifest), fds)
+    def publish(self, manifest: Manifest, fds: list[int], tier: str = "device") -> PublishOk:
+        reply, extra = self.request(Publish(manifest, tier), fds)
         close_fds(extra)
         if not isinstance(reply, PublishOk):
             raise ProtocolError(f"unexpected reply {type(reply).__name__} to publish", code="bad_reply")
         return reply
 
-    def release(self, key_short: str | None) -> ReleaseOk:
-        return self._expect(Release(key_short or "", key_short is None), ReleaseOk)
+    def release(self, key_short: str | None, tier: str = "") -> ReleaseOk:
+        """``tier``: only the ``device`` entry or only its ``host`` copy ('': both)."""
+        return self._expect(Release(key_short or "", key_short is None, tier), ReleaseOk)
+
+    def describe(self, key_short: str) -> Manifest:
+        """The manifest of the entry ``key_short`` names (its full key), without fds and without an attach."""
+        return self._expect(Describe(key_short), DescribeOk).manifest
+
+    def park(self, key: CacheKey, level: int, held_bytes: int) -> None:
+        """Tell the daemon this process is parked on ``key`` at ``level`` (0: awake again), holding ``held_bytes``."""
+        self._expect(Park(key, level, held_bytes), ParkOk)
 
     def stop(self, *, restart: bool = False) -> None:
         """``restart``: under a service manager, exit to be started again with the entries (``Stop``)."""

@@ -8,7 +8,7 @@ own (``standby/messages.py``). No pickle. Framing and fds live in ``wire.py``.
 from __future__ import annotations
 
 import typing
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, Field, fields
 from typing import Any
 
 import msgpack
@@ -32,7 +32,8 @@ class Codec:
         # field -> the type its wire value must have (``list[str]`` is checked as a list; its items by the reader)
         self.hints = {cls: {name: typing.get_origin(hint) or hint for name, hint in typing.get_type_hints(cls).items()}
                       for cls in messages.values()}
-        self.defaults = {cls: {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+        self.defaults = {cls: {f.name: _default(f) for f in fields(cls)
+                               if f.default is not MISSING or f.default_factory is not MISSING}
                          for cls in messages.values()}
 
     def encode(self, msg: Any) -> bytes:
@@ -69,6 +70,10 @@ class Codec:
         if extra or missing:
             raise ProtocolError(f"op {op!r}: unexpected fields {extra}, missing fields {missing}", code="bad_message")
         return cls(**{name: _convert(op, name, body[name], hint) for name, hint in hints.items() if name in body})
+
+
+def _default(f: Field[Any]) -> Any:
+    return f.default if f.default is not MISSING else f.default_factory()  # type: ignore[operator]
 
 
 # The daemon sends the same manifest on every attach; manifests are immutable, so their

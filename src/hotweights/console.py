@@ -49,12 +49,16 @@ def status_table(status: Any, socket_path: Path) -> str:
     held = sum(status.bytes_by_device.values())
     lines.append(f"  budget: {held / GIB:.2f} of {status.max_bytes / GIB:.2f} GiB (--max-bytes)" if status.max_bytes
                  else "  budget: none (--max-bytes not set)")
-    lines.append(f"{'KEY':<14}{'MODEL':<20}{'LAYOUT':<14}{'TP':<5}{'DTYPE':<10}{'DEVICE':<16}{'GiB':>8}"
-                 f"{'TENSORS':>9}{'ATTACHES':>10}")
+    parked = sum(getattr(status, "parked_by_device", {}).values())
+    if parked:
+        lines.append(f"  parked engines hold {parked / GIB:.2f} GiB of their own")
+    lines.append(f"{'KEY':<14}{'MODEL':<20}{'LAYOUT':<14}{'TP':<5}{'DTYPE':<10}{'DEVICE':<16}{'GiB':>8}{'HOST GiB':>9}"
+                 f"{'TENSORS':>9}{'ATTACHES':>10}  PARKED (pid:level)")
     rows = status.rows()
     for e in rows:
         lines.append(f"{e.key:<14}{e.model[:19]:<20}{e.layout[:13]:<14}{e.tp:<5}{e.dtype:<10}"
-                     f"{e.device[:15]:<16}{e.nbytes / GIB:>8.2f}{e.num_tensors:>9}{e.num_attaches:>10}")
+                     f"{e.device[:15]:<16}{e.nbytes / GIB:>8.2f}{e.host_nbytes / GIB:>9.2f}{e.num_tensors:>9}"
+                     f"{e.num_attaches:>10}  {e.parked or '-'}")
     if not rows:
         lines.append("(no entries)")
     by_model: dict[str, list] = {}

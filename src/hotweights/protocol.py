@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import socket
 import typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .codec import Codec
@@ -40,7 +40,11 @@ class Status:
 
 @dataclass(frozen=True, slots=True)
 class Attach:
+    """``tier``: ``device`` (the default: what engines map) or ``host``, the host copy a deep-parked engine
+    maps its weights again from when the device tier is gone (``keeper/registry.py``)."""
+
     key: CacheKey
+    tier: str = "device"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,17 +57,37 @@ class Lookup:
 
 @dataclass(frozen=True, slots=True)
 class Publish:
-    """Carries one fd per ``manifest.pools`` entry, in order."""
+    """Carries one fd per ``manifest.pools`` entry, in order; a ``host`` tier's fds are sealed memfds of the
+    pools' sizes, whatever device the manifest names."""
 
     manifest: Manifest
+    tier: str = "device"
 
 
 @dataclass(frozen=True, slots=True)
 class Release:
-    """Release one entry by its short key, or every entry with ``all``."""
+    """Release one entry by its short key, or every entry with ``all``; ``tier``: only that tier ('': both)."""
 
     key_short: str
     all: bool
+    tier: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Describe:
+    """The manifest of the entry whose short key is ``key_short`` (``DescribeOk``): no fds, not an attach."""
+
+    key_short: str
+
+
+@dataclass(frozen=True, slots=True)
+class Park:
+    """The sender is parked on ``key``'s entry at ``level`` (1: weights mapped, 2: unmapped; 0: awake again),
+    holding ``held_bytes`` of its own on the key's device (its residue: what a start beside it cannot have)."""
+
+    key: CacheKey
+    level: int
+    held_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +117,8 @@ class HelloOk:
 
 
 _ROW_TYPES: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "float": (int, float)}
+_ROW_STAND_INS = {"arch": "", "tp": "0/1", "num_pools": 0, "num_attaches": 0, "published_at": 0.0, "host_nbytes": 0,
+                  "parked": ""}
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +138,8 @@ class EntryRow:
     num_pools: int
     num_attaches: int
     published_at: float
+    host_nbytes: int = 0  # bytes of its host copy (0: none); ``nbytes`` is 0 when only the host copy is left
+    parked: str = ""  # "pid:level,..." of the engines parked on it
 
     def to_wire(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -122,8 +150,7 @@ class EntryRow:
         bytes). ProtocolError names a missing or mistyped field."""
         if not isinstance(row, dict):
             raise ProtocolError(f"status row is not a map: {str(row)[:80]}", code="bad_reply")
-        stand_ins = {"arch": "", "tp": "0/1", "tensor_nbytes": row.get("nbytes"), "num_pools": 0, "num_attaches": 0,
-                     "published_at": 0.0}
+        stand_ins = {**_ROW_STAND_INS, "tensor_nbytes": row.get("nbytes")}
         values: dict[str, Any] = {}
         for f in fields(cls):
             value: Any = row.get(f.name, stand_ins.get(f.name))
@@ -146,6 +173,7 @@ class StatusOk:
     max_bytes: int = 0  # the daemon's budget (0: none); a field with a default may be absent (older daemons)
     metrics: str = ""  # host:port of its /metrics ("": none)
     service_manager: bool = False  # it keeps its entries in a service manager's fd store (systemd)
+    parked_by_device: dict[str, int] = field(default_factory=dict)  # bytes parked engines hold, per device
 
     def rows(self) -> list[EntryRow]:
         return [EntryRow.from_wire(e) for e in self.entries]
@@ -205,13 +233,24 @@ class StopOk:
 
 
 @dataclass(frozen=True, slots=True)
+class ParkOk:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeOk:
+    manifest: Manifest
+
+
+@dataclass(frozen=True, slots=True)
 class Error:
     code: str
     message: str
 
 
-Message = (Hello | Status | Attach | Lookup | Publish | Release | Stop | Export | HelloOk | StatusOk | AttachOk
-           | LookupOk | AttachMiss | AttachMismatch | ExportOk | ExportEnd | PublishOk | ReleaseOk | StopOk | Error)
+Message = (Hello | Status | Attach | Lookup | Publish | Release | Stop | Export | Park | Describe | HelloOk | StatusOk
+           | AttachOk | LookupOk | AttachMiss | AttachMismatch | ExportOk | ExportEnd | PublishOk | ReleaseOk | StopOk
+           | ParkOk | DescribeOk | Error)
 
 MESSAGES: dict[str, type] = {
     "hello": Hello, "status": Status, "attach": Attach, "lookup": Lookup, "lookup_ok": LookupOk,
@@ -219,7 +258,8 @@ MESSAGES: dict[str, type] = {
     "stop": Stop, "export": Export, "hello_ok": HelloOk, "status_ok": StatusOk, "attach_ok": AttachOk,
     "attach_miss": AttachMiss, "attach_mismatch": AttachMismatch, "export_ok": ExportOk, "export_end": ExportEnd,
     "publish_ok": PublishOk,
-    "release_ok": ReleaseOk, "stop_ok": StopOk, "error": Error,
+    "release_ok": ReleaseOk, "stop_ok": StopOk, "park": Park, "park_ok": ParkOk, "describe": Describe,
+    "describe_ok": DescribeOk, "error": Error,
 }
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from .errors import ManifestError, ProtocolError, WrongEntry
 from .key import CacheKey, FieldDiff
 from .manifest import Manifest, PoolSpec
-from .pools.fds import pool_fds_problem
+from .pools.fds import host_pools, pool_fds_problem
 from .codec import unpack
 from .protocol import AttachMismatch, AttachMiss, AttachOk, Error, decode_body
 from .wire import close_fds
@@ -62,7 +62,8 @@ class AttachReply:
     closed by ``answer()`` or ``close()``.
     """
 
-    def __init__(self, key: CacheKey, payload: bytes, fds: list[int]) -> None:
+    def __init__(self, key: CacheKey, payload: bytes, fds: list[int], *, host: bool = False) -> None:
+        """``host``: the reply to an attach of the host copy (its fds are memfds of the pools' sizes)."""
         self.key = key
         self._fds = fds
         self._nfds = len(fds)
@@ -76,7 +77,7 @@ class AttachReply:
         if any(p.device != key.device for p in self.pools):
             self.close()
             raise WrongEntry(f"daemon answered pools on {self.pools[0].device} for a key on {key.device}")
-        if self.pools and (problem := pool_fds_problem(self.pools, self._fds)):
+        if self.pools and (problem := pool_fds_problem(host_pools(self.pools) if host else self.pools, self._fds)):
             self.close()
             raise ProtocolError(f"daemon sent a pool this engine will not map: {problem}", code="bad_pool")
 

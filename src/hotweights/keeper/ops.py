@@ -21,16 +21,17 @@ from typing import Any
 from .. import __version__, evidence
 from ..key import CacheKey
 from ..manifest import Manifest
-from ..pools.fds import pool_fds_problem
+from ..pools.fds import host_pools, pool_fds_problem
 from ..protocol import (
-    PROTOCOL_VERSION, Attach, AttachMismatch, AttachMiss, AttachOk, Error, Export, ExportEnd, ExportOk, Hello, HelloOk,
-    Lookup, LookupOk, Message, Publish, PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk,
+    PROTOCOL_VERSION, Attach, AttachMismatch, AttachMiss, AttachOk, Describe, DescribeOk, Error, Export, ExportEnd,
+    ExportOk, Hello, HelloOk, Lookup, LookupOk, Message, Park, ParkOk, Publish, PublishOk, Release, ReleaseOk, Status,
+    StatusOk, Stop, StopOk,
 )
 from ..wire import close_fds
 from .fdstore import FdStore
 from .limits import Warnings
 from .metrics import NO_METRICS
-from .registry import Registry
+from .registry import DEVICE, HOST, TIERS, Registry
 
 logger = logging.getLogger("hotweights.daemon")
 MAX_DIFFS = 32
@@ -52,7 +53,8 @@ class Ops:
         self._handlers: dict[type, Callable[[Any, list[int], int], Reply]] = {
             Hello: self._hello, Status: self._status, Attach: self._attach_op, Lookup: self._lookup,
             Publish: self._publish_op,
-            Export: self._export, Release: self._release, Stop: self._stop}
+            Export: self._export, Release: self._release, Stop: self._stop, Park: self._park,
+            Describe: self._describe}
 
     def handle(self, msg: Message, fds: list[int], peer_pid: int) -> tuple[Message, list[int]]:
         handler = self._handlers.get(type(msg))
@@ -71,10 +73,10 @@ class Ops:
         return HelloOk(PROTOCOL_VERSION, __version__, os.getpid()), []
 
     def _status(self, _msg: Status, _fds: list[int], _peer: int) -> Reply:
-        rows, per_device = self.registry.describe()
+        rows, per_device, parked = self.registry.describe()
         return StatusOk(os.getpid(), __version__, time.monotonic() - self.started, [r.to_wire() for r in rows],
                         per_device, "torch" in sys.modules, self.max_bytes, self.metrics_address,
-                        self.store.enabled), []
+                        self.store.enabled, parked), []
 
     def _attach_op(self, msg: Attach, _fds: list[int], peer_pid: int) -> Reply:
         if self.metrics is NO_METRICS:  # the attach path pays for metrics only when they are on
@@ -95,7 +97,10 @@ class Ops:
             close_fds(fds)
             return Error("busy", "the daemon is handing its entries to a new one (hotweights daemon --replace); "
                                  "publish again in a moment"), []
-        published = self._publish(msg.manifest, fds, peer_pid)
+        if msg.tier not in TIERS:
+            close_fds(fds)
+            return Error("bad_message", f"tier must be one of {list(TIERS)}, got {msg.tier!r}"), []
+        published = self._publish(msg.manifest, fds, peer_pid, tier=msg.tier)
         self.metrics.publish("ok" if isinstance(published, PublishOk) else "refused")
         return published, []
 
@@ -110,11 +115,28 @@ class Ops:
     def _release(self, msg: Release, _fds: list[int], peer_pid: int) -> Reply:
         if not msg.all and not msg.key_short:
             return Error("bad_message", "release needs a key or all=true"), []
-        released = self.registry.release(None if msg.all else msg.key_short)
-        self.store.forget(released)
-        shorts = [m.key.short for m in released]
-        logger.info("released: keys=%s peer_pid=%d", ",".join(shorts) or "-", peer_pid)
+        if msg.tier not in ("", *TIERS):
+            return Error("bad_message", f"tier must be one of {list(TIERS)} or '' (both), got {msg.tier!r}"), []
+        released = self.registry.release(None if msg.all else msg.key_short, msg.tier)
+        self.store.forget([m for tier, m in released if tier == DEVICE])
+        shorts = list(dict.fromkeys(m.key.short for _, m in released))
+        logger.info("released: keys=%s tiers=%s peer_pid=%d", ",".join(shorts) or "-", msg.tier or "all", peer_pid)
         return ReleaseOk(shorts), []
+
+    def _describe(self, msg: Describe, _fds: list[int], _peer: int) -> Reply:
+        manifest = self.registry.describe_one(msg.key_short)
+        if manifest is None:
+            return Error("not_found", f"no entry with key {msg.key_short} (hotweights status lists them)"), []
+        return DescribeOk(manifest), []
+
+    def _park(self, msg: Park, _fds: list[int], peer_pid: int) -> Reply:
+        if msg.level not in (0, 1, 2) or msg.held_bytes < 0:
+            return Error("bad_message", f"park level must be 0, 1 or 2 and held_bytes >= 0, got {msg.level}, "
+                                        f"{msg.held_bytes}"), []
+        self.registry.park(msg.key, peer_pid, msg.level, msg.held_bytes)
+        logger.info("%s: key=%s peer_pid=%d level=%d held=%d", "parked" if msg.level else "woke", msg.key.short,
+                    peer_pid, msg.level, msg.held_bytes)
+        return ParkOk(), []
 
     def _stop(self, msg: Stop, _fds: list[int], peer_pid: int) -> Reply:
         if msg.restart and not self.store.enabled:
@@ -126,12 +148,16 @@ class Ops:
         return StopOk(), []
 
     def _attach(self, msg: Attach, peer_pid: int) -> tuple[Message, list[int]]:
-        found = self.registry.lookup(msg.key)
+        if msg.tier not in TIERS:
+            return Error("bad_message", f"tier must be one of {list(TIERS)}, got {msg.tier!r}"), []
+        found = self.registry.lookup(msg.key, msg.tier)
         if found is not None:
             manifest, dups = found
-            logger.info("attach served: key=%s peer_pid=%d tensors=%d pools=%d", msg.key.short, peer_pid,
-                        len(manifest.tensors), len(manifest.pools))
+            logger.info("attach served: key=%s peer_pid=%d tensors=%d pools=%d%s", msg.key.short, peer_pid,
+                        len(manifest.tensors), len(manifest.pools), " tier=host" if msg.tier == HOST else "")
             return AttachOk(manifest), dups
+        if msg.tier == HOST:
+            return AttachMiss(f"the daemon holds no host copy of {msg.key.short}"), []
         return self._not_served(msg.key, peer_pid, "attach"), []
 
     def _not_served(self, key: CacheKey, peer_pid: int, op: str) -> Message:
@@ -157,21 +183,25 @@ class Ops:
             return reply.message
         return None
 
-    def _publish(self, manifest: Manifest, fds: list[int], peer_pid: int, *, store: bool = True) -> Message:
+    def _publish(self, manifest: Manifest, fds: list[int], peer_pid: int, *, store: bool = True,
+                 tier: str = DEVICE) -> Message:
         taken = False
         try:
-            problem = pool_fds_problem(manifest.pools, fds)
+            problem = pool_fds_problem(manifest.pools if tier == DEVICE else host_pools(manifest.pools), fds)
             if problem:
                 self.warnings.warn("publish", "publish rejected: peer_pid=%d key=%s reason=%s", peer_pid,
                                    manifest.key.short, problem)
                 return Error("bad_manifest", problem)
             taken = True
-            refusal = self.registry.add(manifest, fds, max_bytes=self.max_bytes)
+            refusal = self.registry.add(manifest, fds, max_bytes=self.max_bytes, tier=tier)
             if refusal is not None:
                 self.warnings.warn("publish", "publish rejected: peer_pid=%d key=%s reason=%s", peer_pid,
                                    manifest.key.short, refusal[0])
                 return Error(*refusal)
             key = manifest.key
+            if tier == HOST:  # the service manager's store keeps device entries only (a restart drops host copies)
+                logger.info("host copy published: key=%s peer_pid=%d bytes=%d", key.short, peer_pid, manifest.nbytes)
+                return PublishOk(key.short)
             if store:
                 self.store.keep(manifest, fds)
             logger.info(evidence.published(len(manifest.tensors), manifest.tensor_nbytes, key.model, key.short,

@@ -194,7 +194,7 @@ class Daemon:
         self._stopping.set()
 
     def _snapshot(self) -> dict[str, Any]:
-        entries, per_device = self.registry.describe()
+        entries, per_device, _parked = self.registry.describe()
         return {"entries": entries, "bytes_by_device": per_device, "clients": len(self.connections),
                 "max_bytes": self.config.max_bytes}
 

@@ -29,6 +29,7 @@ from ..key import CacheKey, FieldDiff
 from ..manifest import Manifest, PoolSpec
 from ..pools import ALIGN_BYTES, backend, tensor_views
 from ..wire import close_fds
+from . import resident
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +101,8 @@ def attach_tensors(key: CacheKey, config: AttachConfig | None = None, *, evidenc
     tick("views")
     mapped.wait()
     tick("wait")
+    if config.mode == "zero_copy":  # a deep park unmaps and maps again what is recorded here
+        resident.record(key, manifest, mapped.flat, config)
     ms = (time.perf_counter() - start) * 1e3
     logger.info(evidence.mapped(len(manifest.tensors), manifest.tensor_nbytes, socket_path,
                                 evidence_mode or config.mode, ms))

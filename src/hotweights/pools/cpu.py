@@ -12,20 +12,30 @@ Lifetime: the memfd lives while any process holds an fd or a mapping. ``import_p
 closes the fd it is given right after mapping; the mapping lives as long as the
 returned tensor (torch keeps a reference to the ``mmap`` object).
 
+A deep park (``unmap``/``remap``) keeps a mapping's address range: ``unmap`` puts an inaccessible
+anonymous placeholder over it (the pool's pages go; a touch faults), ``remap`` maps a pool fd there
+again (``MAP_FIXED``), so every tensor view over the range is valid again. The ``mmap`` object that
+owns the range unmaps whatever is there when the last view goes.
+
 Not covered: huge pages (pages are faulted in lazily on first touch).
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
+import functools
 import mmap
 import os
+import weakref
+from typing import Any
 
 import torch
 
 from ..errors import PoolError
 from ..manifest import PoolSpec
 
+_MAPS: weakref.WeakValueDictionary[int, mmap.mmap] = weakref.WeakValueDictionary()  # address -> mapping
 _SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
@@ -91,7 +101,9 @@ def import_pool(fd: int, spec: PoolSpec) -> torch.Tensor:
         raise PoolError(f"cannot map a {spec.nbytes}-byte cpu pool: {exc}") from None
     finally:
         os.close(fd)
-    return torch.frombuffer(mapping, dtype=torch.uint8)
+    tensor = torch.frombuffer(mapping, dtype=torch.uint8)
+    _MAPS[tensor.data_ptr()] = mapping  # the tensor's storage keeps the mmap alive
+    return tensor
 
 
 def available_bytes(device: str = "cpu") -> int:
@@ -101,3 +113,44 @@ def available_bytes(device: str = "cpu") -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+@functools.cache
+def _libc_mmap() -> Any:
+    fn = ctypes.CDLL(None, use_errno=True).mmap
+    fn.restype = ctypes.c_void_p
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    return fn
+
+
+def _map_fixed(address: int, nbytes: int, prot: int, flags: int, fd: int) -> None:
+    got = _libc_mmap()(address, nbytes, prot, flags | 0x10, fd, 0)  # MAP_FIXED
+    if got != address:
+        err = ctypes.get_errno()
+        raise PoolError(f"cannot map {nbytes} bytes at {address:#x} again: {os.strerror(err)}")
+
+
+def is_mapped_here(address: int) -> bool:
+    """Whether a pool ``import_pool`` mapped at ``address`` still has views in this process."""
+    return address in _MAPS
+
+
+def view_at(address: int, spec: PoolSpec) -> torch.Tensor:
+    """A flat tensor over the pool mapped at ``address``."""
+    return torch.frombuffer(_MAPS[address], dtype=torch.uint8)
+
+
+def unmap(address: int, spec: PoolSpec) -> None:
+    """Let go of the pages of the pool mapped at ``address``, keeping its address range."""
+    _map_fixed(address, spec.nbytes, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x4000, -1)  # PROT_NONE, NORESERVE
+
+
+def remap(address: int, fd: int, spec: PoolSpec) -> None:
+    """Map ``fd`` (closing it) at ``address`` again, as ``import_pool`` maps it."""
+    try:
+        size = os.fstat(fd).st_size
+        if size != spec.nbytes:
+            raise PoolError(f"pool fd is {size} bytes, manifest says {spec.nbytes}")
+        _map_fixed(address, spec.nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd)
+    finally:
+        os.close(fd)

@@ -13,6 +13,10 @@ the cached bytes are untouched). The allocation handle is released right after
 mapping and the fd closed right after import; the mapping alone holds the memory and
 is unmapped when the last tensor view over it dies (``_Mapping.__del__``).
 
+A deep park (``unmap``/``remap``) keeps the VA reservation of a mapping: ``unmap`` unmaps the range (the
+engine's hold on the physical memory goes), ``remap`` imports a pool fd and maps it at the same address,
+so every tensor view and every CUDA graph that captured a pointer into it is valid again.
+
 Not covered: multi-GPU pools (one pool lives on one GPU), fabric/NVLink handles.
 """
 
@@ -22,6 +26,7 @@ import functools
 import logging
 import os
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -105,6 +110,9 @@ def _access(index: int, *, read_only: bool) -> Any:
     return desc
 
 
+_MAPPINGS: weakref.WeakValueDictionary[int, _Mapping] = weakref.WeakValueDictionary()  # base address -> mapping
+
+
 class _Mapping:
     """A mapped VA range; exposes ``__cuda_array_interface__`` and unmaps when collected."""
 
@@ -112,6 +120,7 @@ class _Mapping:
         self.index = index
         self.nbytes = nbytes
         self.mapped_bytes = mapped_bytes
+        self.mapped = True
         self.ptr = 0
         ptr = int(_check(_drv.cuMemAddressReserve(mapped_bytes, 0, 0, 0), "cuMemAddressReserve"))
         try:
@@ -124,6 +133,18 @@ class _Mapping:
         # torch rejects the interface's read-only flag; the driver-level PROT_READ is what protects
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
                                          "version": 3, "strides": None}
+        _MAPPINGS[ptr] = self
+
+    def unmap(self) -> None:
+        torch.cuda.synchronize(self.index)  # nothing queued may read the range any more
+        _check(_drv.cuMemUnmap(self.ptr, self.mapped_bytes), "cuMemUnmap")
+        self.mapped = False
+
+    def remap(self, handle: Any, *, read_only: bool) -> None:
+        _check(_drv.cuMemMap(self.ptr, self.mapped_bytes, 0, handle, 0), "cuMemMap")
+        self.mapped = True
+        access = _access(self.index, read_only=read_only)
+        _check(_drv.cuMemSetAccess(self.ptr, self.mapped_bytes, [access], 1), "cuMemSetAccess")
 
     def as_tensor(self) -> torch.Tensor:
         # torch keeps a reference to self for the tensor's lifetime (and every view's)
@@ -137,7 +158,8 @@ class _Mapping:
                 torch.cuda.synchronize(self.index)
             except Exception:  # interpreter shutdown or a dead context: unmap anyway
                 pass
-            _drv.cuMemUnmap(self.ptr, self.mapped_bytes)
+            if self.mapped:
+                _drv.cuMemUnmap(self.ptr, self.mapped_bytes)
             _drv.cuMemAddressFree(self.ptr, self.mapped_bytes)
             self.ptr = 0
 
@@ -198,6 +220,45 @@ def import_pool(fd: int, spec: PoolSpec) -> torch.Tensor:
     finally:
         _check(_drv.cuMemRelease(handle), "cuMemRelease")
     return mapping.as_tensor()
+
+
+def is_mapped_here(address: int) -> bool:
+    """Whether a pool ``import_pool`` mapped at ``address`` still has views in this process."""
+    return address in _MAPPINGS
+
+
+def _mapping_at(address: int) -> _Mapping:
+    mapping = _MAPPINGS.get(address)
+    if mapping is None:
+        raise PoolError(f"no pool mapping at {address:#x} in this process")
+    return mapping
+
+
+def view_at(address: int, spec: PoolSpec) -> torch.Tensor:
+    """A flat tensor over the pool mapped at ``address``."""
+    return _mapping_at(address).as_tensor()
+
+
+def unmap(address: int, spec: PoolSpec) -> None:
+    """Unmap the pool mapped at ``address``, keeping its VA reservation."""
+    _mapping_at(address).unmap()
+
+
+def remap(address: int, fd: int, spec: PoolSpec) -> None:
+    """Import ``fd`` (closing it) and map it read-only at ``address`` again."""
+    mapping = _mapping_at(address)
+    try:
+        os.fstat(fd)
+    except OSError:
+        raise PoolError(f"pool fd {fd} is not open") from None
+    try:
+        handle = _check(_drv.cuMemImportFromShareableHandle(fd, _FD), "cuMemImportFromShareableHandle")
+    finally:
+        os.close(fd)
+    try:
+        mapping.remap(handle, read_only=True)
+    finally:
+        _check(_drv.cuMemRelease(handle), "cuMemRelease")
 
 
 def available_bytes(device: str) -> int:

@@ -55,3 +55,24 @@ def index_of_uuid(uuid: str) -> int:
         if gpu_uuid(i) == uuid:
             return i
     raise ValueError(f"GPU {uuid} is not visible to this process (check CUDA_VISIBLE_DEVICES)")
+
+
+def process_gpu_bytes(index: int) -> int:
+    """GPU memory this process holds on device ``index`` as the driver counts it (NVML: context, allocator,
+    graphs; mappings of the keeper's pools count too), else what torch's allocator reserves."""
+    import os
+
+    try:
+        import pynvml  # type: ignore[import-not-found]  # nvidia-ml-py, a dependency of vLLM CUDA builds
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid(index))
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
+                    return int(proc.usedGpuMemory)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML, another pid namespace: the allocator's view
+        pass
+    return int(torch.cuda.memory_reserved(index))

@@ -73,3 +73,8 @@ def pool_fds_problem(pools: tuple[PoolSpec, ...] | list[PoolSpec], fds: list[int
         if problem := pool_fd_problem(fd, pool):
             return f"pool {i}: {problem}"
     return ""
+
+
+def host_pools(pools: tuple[PoolSpec, ...] | list[PoolSpec]) -> tuple[PoolSpec, ...]:
+    """What a host copy's fds must be: a sealed memfd of each pool's size, whatever device the pool is on."""
+    return tuple(PoolSpec(p.nbytes, "cpu") for p in pools)

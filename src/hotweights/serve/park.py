@@ -5,19 +5,23 @@ then frees what it can:
 
 - level 1 keeps the weights mapped: the keeper's entry stays shared and nothing is copied anywhere; what
   goes is what the engine holds besides them (the allocator's cached blocks on a GPU, garbage);
-- level 2 also unmaps the weights: every slot the attach filled goes back to the meta device
-  (``engines.modules.detach_module``), so the mapping goes with the last reference. Waking attaches the
-  same start's weights again through the server's own policy (``loading.policy.load_tensors``: the
-  keeper's entry, else what the fallback setting says, logged as any start's) into the same modules.
-  A wake that fails (a strict start whose entry the keeper no longer holds) leaves the engine parked and
-  says why.
+- level 2 also unmaps the weights. Zero-copy weights are unmapped at their addresses
+  (``loading.resident``) and waking maps the same key there again: from the keeper's entry, else from
+  its host copy (published back). Weights of the engine's own (copy mode, a disk start), or mapped ones
+  the keeper no longer holds in any tier, go back to the meta device (``engines.modules.detach_module``);
+  waking then loads the start's weights through the server's own policy (``loading.policy.load_tensors``:
+  the keeper's entry, else what the fallback setting says, logged as any start's) into the same modules.
+  A wake that fails (a strict start whose weights the keeper no longer holds) leaves the engine parked
+  and says why.
+
+The keeper is told of each park and wake (``resident.announce``), so ``hotweights status`` lists the
+engines parked on an entry.
 
 While parked, generation requests get 503 (``engine_sleeping``) and ``/health`` answers 503 (vLLM's says
 200: a balancer should not send requests to an engine that cannot serve them). Evidence lines:
 ``evidence.parked`` and ``evidence.woke``.
 
-Not covered: CUDA graphs (the embedded server has none, so its weights need not return to the same
-addresses), parking with requests queued (they are refused, not held).
+Not covered: parking with requests queued (they are refused, not held).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 
 from .. import evidence
 from ..engines.modules import attach_module, detach_module
+from ..loading import resident
 from .engine import Engine
 
 logger = logging.getLogger(__name__)
@@ -71,11 +76,14 @@ class Parking:
             if not self.engine.wait_idle(DRAIN_S):
                 self.closing = self.level > 0
                 raise ParkError(f"generations still running after {DRAIN_S:.0f} s; park again when they end")
-            freed = detach_module(self.model) if level == 2 else 0
+            freed = 0
+            if level == 2:
+                freed = resident.unmap_all() if resident.held() else detach_module(self.model)
             freed += _release_caches()
             self.level, self.closing = level, False
             line = evidence.parked(self.name, level, freed, time.perf_counter() - start, weights_mapped=level < 2)
         logger.info(line)
+        resident.announce(level, _gpu_residue())
         return line
 
     def wake(self) -> str:
@@ -86,15 +94,39 @@ class Parking:
             start = time.perf_counter()
             source = None
             if self.level == 2:
-                try:
-                    tensors, source = self.reload()
-                except Exception as exc:  # the policy's own message (strict: what to do)
-                    raise ParkError(f"cannot wake {self.name}: {exc}; it stays parked", status=503) from None
-                attach_module(self.model, tensors)
+                source = self._weights_again()
             self.level = 0
             line = evidence.woke(self.name, time.perf_counter() - start, source)
         logger.info(line)
+        resident.announce(0, 0)
         return line
+
+    def _weights_again(self) -> str:
+        """The weights of a deep park back in the model; where they came from."""
+        if any(not h.mapped for h in resident.held()):
+            try:
+                return resident.map_again()
+            except resident.WeightsGone as exc:
+                logger.warning("%s; loading this start's weights as a start would", exc)
+                detach_module(self.model)
+                resident.forget_unmapped()
+        try:
+            tensors, source = self.reload()
+        except Exception as exc:  # the policy's own message (strict: what to do)
+            raise ParkError(f"cannot wake {self.name}: {exc}; it stays parked", status=503) from None
+        attach_module(self.model, tensors)
+        return source
+
+
+def _gpu_residue() -> int:
+    """What this process still holds on its GPU (0 on the CPU): the keeper counts it for starts beside it."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return 0
+    from ..pools.devices import process_gpu_bytes
+
+    return process_gpu_bytes(torch.cuda.current_device())
 
 
 def _release_caches() -> int:

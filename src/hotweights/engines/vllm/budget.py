@@ -8,8 +8,10 @@ then gets what a disk start gets (budget minus weights minus activations).
 
 vLLM versions with ``get_external_weight_memory`` do this themselves. For the others,
 ``request`` (installed around vLLM's ``request_memory`` by ``patches.install_budget``)
-applies the same arithmetic (``engine_budget``) and, when a start cannot fit, adds one
-line saying what the cache holds and what to set. Runs in vLLM's GPU worker.
+applies the same arithmetic (``engine_budget``) and, when a start cannot fit, adds one line saying what
+the cache holds and what to set. What parked engines still hold on the GPU (the keeper lists them) is
+counted as the mapped weights are: it is not free, and a start's share is util x total. Runs in vLLM's
+GPU worker.
 """
 
 from __future__ import annotations
@@ -80,13 +82,14 @@ def request(original: Any, init_snapshot: Any, cache_config: Any, *args: Any, ta
         except ValueError as exc:
             raise ValueError(f"{exc}{hint}") from None
     utilization = float(cache_config.gpu_memory_utilization)
-    engine, problem = engine_budget(total=total, free=free, utilization=utilization, external=mapped)
+    engine, problem = engine_budget(total=total, free=free, utilization=utilization, external=mapped + view.parked)
     if problem:
-        raise ValueError(f"hotweights: cannot start within the GPU budget: {problem}{hint}")
-    if mapped:
+        parked = f" ({view.parked / GIB:.2f} GiB of it held by parked engines)" if view.parked else ""
+        raise ValueError(f"hotweights: cannot start within the GPU budget: {problem}{parked}{hint}")
+    if mapped or view.parked:
         logger.info("GPU budget: %.2f GiB (--gpu-memory-utilization %s), of which %.2f GiB are the mapped "
-                    "weights, %.2f GiB for the engine's own allocations", math.ceil(total * utilization) / GIB,
-                    utilization, mapped / GIB, engine / GIB)
+                    "weights, %.2f GiB held by parked engines, %.2f GiB for the engine's own allocations",
+                    math.ceil(total * utilization) / GIB, utilization, mapped / GIB, view.parked / GIB, engine / GIB)
     return engine
 
 
@@ -99,6 +102,7 @@ class CacheView:
     unmapped: str = ""  # why this start maps none of them (for the hint when it cannot fit)
     refusal: str = ""  # the strict message, when no entry can serve a strict start
     hotweights: bool = False  # the start uses --load-format hotweights
+    parked: int = 0  # bytes parked engines hold of their own on this GPU (counted in this start's budget)
 
 
 def _cache_view(vllm_config: Any) -> CacheView:
@@ -123,7 +127,9 @@ def _cache_view(vllm_config: Any) -> CacheView:
 
             keys = keys_for(vllm_config, config)
         with connect_for(config) as client:
-            held = int(client.status().bytes_by_device.get(resolve_device("cuda").pool_device, 0))
+            status, device = client.status(), resolve_device("cuda").pool_device
+            held = int(status.bytes_by_device.get(device, 0))
+            parked = int(status.parked_by_device.get(device, 0))
             mapped = _mapped_bytes(client, keys.engine, config, layout) if keys is not None and held else 0
             unmapped, refusal = "this start reads the checkpoint from disk", ""
             if keys is not None and held and not mapped:
@@ -137,7 +143,7 @@ def _cache_view(vllm_config: Any) -> CacheView:
                 except Exception as exc:  # never block a start on explaining it; the loader decides
                     logger.warning("cannot tell why this start maps no cached weights: %s", exc)
                     unmapped = "this start maps none of it"
-            return CacheView(mapped, held, unmapped, refusal, hotweights)
+            return CacheView(mapped, held, unmapped, refusal, hotweights, parked)
     except (HotweightsError, OSError, ValueError):
         return CacheView()
 

@@ -29,6 +29,11 @@ API server never imports the worker, so it should not pay for that import either
   (``freeze_gc_heap``); this does it before loading. Needed by 0.26 and 0.32; can go when
   vLLM freezes before loading.
 
+- ``install_park`` wraps ``Worker.sleep`` and ``Worker.wake_up`` (GPU builds) with ``park.py``. Why:
+  vLLM's sleep knows only what its allocator holds; zero-copy weights are outside it, so a deep park
+  must unmap them and a wake map them again at the same addresses, and the keeper must know who is
+  parked. Needed by 0.26; can go when vLLM offers a sleep hook for external weights.
+
 Not patches, though they run inside vLLM: ``register_model_loader`` (vLLM's own API) and
 ``preflight.check``, which exits the process at plugin load for a strict start that no
 entry can serve.
@@ -62,7 +67,7 @@ WORKER = "vllm.v1.worker.gpu_worker"  # the GPU worker; the CPU worker subclasse
 
 def install(*, gpu: bool) -> None:
     """The worker hooks this build needs, applied as soon as (or once) vLLM imports its worker."""
-    hooks = [install_budget, install_heap_freeze] if gpu else [install_heap_freeze]
+    hooks = [install_budget, install_heap_freeze, install_park] if gpu else [install_heap_freeze]
     if WORKER in sys.modules:
         for hook in hooks:
             hook(sys.modules[WORKER])
@@ -139,6 +144,27 @@ def install_heap_freeze(worker: ModuleType) -> bool:
     frozen_then_load._hotweights = True  # type: ignore[attr-defined]
     worker.Worker.load_model = frozen_then_load
     _applied("heap frozen before Worker.load_model")
+    return True
+
+
+def install_park(worker: ModuleType) -> bool:
+    """Wrap ``Worker.sleep`` and ``Worker.wake_up`` with ``park.sleep`` / ``park.wake_up``; True if done now."""
+    sleep, wake_up = getattr(worker.Worker, "sleep", None), getattr(worker.Worker, "wake_up", None)
+    if sleep is None or wake_up is None or getattr(sleep, "_hotweights", False):
+        return False
+    from . import park
+
+    @functools.wraps(sleep)
+    def parked(self: Any, level: int = 1) -> Any:
+        return park.sleep(self, sleep, level)
+
+    @functools.wraps(wake_up)
+    def woken(self: Any, tags: list[str] | None = None) -> Any:
+        return park.wake_up(self, wake_up, tags)
+
+    parked._hotweights = True  # type: ignore[attr-defined]
+    worker.Worker.sleep, worker.Worker.wake_up = parked, woken
+    _applied("Worker.sleep/wake_up park zero-copy weights (level 2 unmaps them at their addresses)")
     return True
 
 

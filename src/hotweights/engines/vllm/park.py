@@ -1,0 +1,99 @@
+"""Parking a vLLM engine whose weights are the keeper's: vLLM's own sleep, plus what only we can do.
+
+Runs in each vLLM GPU worker (``patches.install_park`` wraps ``Worker.sleep`` and ``Worker.wake_up``).
+vLLM's sleep frees what its own allocator holds (level 1 offloads its "weights" tag to host memory, level
+2 discards it; the KV cache goes at both). Zero-copy weights are not in that allocator, so vLLM leaves
+them mapped; on top of it:
+
+- level 1 keeps them mapped (nothing copied; the keeper's entry stays shared);
+- level 2 unmaps them at their addresses (``loading.resident``), and a wake maps the same key there again
+  (from the keeper's GPU entry, else from its host copy, published back) before vLLM wakes the rest, so
+  the CUDA graphs that captured their pointers replay as before. vLLM's level 2 wake leaves the weights
+  it discarded for the caller to load again; ours come back by themselves.
+
+A wake that cannot fit is refused before anything is mapped or allocated: the GPU must have free what
+the park freed (minus the weights, unless they must come from the host copy into new memory). The keeper
+is told of each park and wake with what this worker still holds on its GPU (``Park``): a start beside a
+parked engine counts it (``budget.py``). Evidence: ``evidence.parked`` and ``evidence.woke`` per worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from ... import evidence
+from ...evidence import GIB
+from ...loading import resident
+
+logger = logging.getLogger(__name__)
+
+
+def _name(worker: Any) -> str:
+    model_config = worker.vllm_config.model_config
+    served = getattr(model_config, "served_model_name", None)
+    name = served[0] if isinstance(served, (list, tuple)) and served else served or model_config.model
+    rank = getattr(worker, "rank", 0)
+    return f"{name}" + (f"[rank {rank}]" if worker.vllm_config.parallel_config.world_size > 1 else "")
+
+
+def sleep(worker: Any, original: Any, level: int = 1) -> Any:
+    start = time.perf_counter()
+    torch.cuda.synchronize()
+    free_before = torch.cuda.mem_get_info()[0]
+    result = original(worker, level)
+    unmapped = resident.unmap_all() if level == 2 and resident.held() else 0
+    torch.cuda.synchronize()
+    freed = max(0, torch.cuda.mem_get_info()[0] - free_before)
+    worker._hotweights_parked = (level, max(0, freed - unmapped), unmapped)
+    logger.info(evidence.parked(_name(worker), level, freed, time.perf_counter() - start,
+                                weights_mapped=not unmapped))
+    if resident.held():
+        from ...pools.devices import process_gpu_bytes
+
+        resident.announce(level, process_gpu_bytes(torch.cuda.current_device()))
+    return result
+
+
+def wake_up(worker: Any, original: Any, tags: list[str] | None = None) -> Any:
+    start = time.perf_counter()
+    level, own, unmapped = getattr(worker, "_hotweights_parked", (0, 0, 0))
+    weights = tags is None or "weights" in tags
+    source = None
+    if level:
+        _check_fits(worker, own if (tags is None or "kv_cache" in tags) else 0, unmapped if weights else 0)
+    if weights and any(not h.mapped for h in resident.held()):
+        source = resident.map_again()  # WeightsGone: nothing was mapped or allocated; it stays parked
+    result = original(worker, tags)
+    if tags is None or ("weights" in tags and "kv_cache" in tags):
+        worker._hotweights_parked = (0, 0, 0)
+    logger.info(evidence.woke(_name(worker), time.perf_counter() - start, source))
+    if resident.held() and not getattr(worker, "_hotweights_parked", (0,))[0]:
+        resident.announce(0, 0)
+    return result
+
+
+def _check_fits(worker: Any, own: int, unmapped: int) -> None:
+    """Refuse a wake that cannot fit, before anything changes: vLLM takes ``own`` bytes back, and weights
+    that come from a host copy take new memory."""
+    need = own
+    if unmapped:
+        from ...client import connect_for
+
+        for h in resident.held():
+            if h.mapped:
+                continue
+            try:
+                with connect_for(h.config) as client:
+                    if not client.lookup(h.key).nbytes:
+                        need += h.manifest.nbytes  # from the host copy: a new allocation
+            except Exception:  # map_again says what is wrong with the keeper
+                pass
+    free = torch.cuda.mem_get_info()[0]
+    if need > free:
+        raise RuntimeError(f"hotweights: cannot wake {_name(worker)}: it needs {need / GIB:.2f} GiB back on its GPU "
+                           f"but {free / GIB:.2f} GiB is free; park or stop another engine first (nothing was "
+                           f"changed: it stays parked)")

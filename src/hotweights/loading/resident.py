@@ -1,0 +1,252 @@
+"""The keeper's weights this process maps: unmapped in a deep park, mapped again at the same addresses.
+
+Every zero-copy attach is recorded here (``record``: the entry's key, manifest and flat pool tensors).
+``unmap_all`` lets go of every pool's memory but keeps its address range (``pools/cuda.py``: the VA
+reservation; ``pools/cpu.py``: an inaccessible placeholder), so every tensor view, and every CUDA graph
+that captured a pointer into them, is valid again once ``map_again`` has mapped the same bytes there:
+
+- from the keeper's entry of the same key (its manifest must be the one mapped before: same tensors at
+  the same offsets of pools of the same sizes): the source is ``gpu`` (or ``host`` for a cpu entry);
+- else from the key's host copy (``keeper/registry.py``): a new allocation on the entry's device is
+  filled from it and published back as the entry (the next engine shares it; an entry that another
+  waking engine published first is mapped instead, so one key never stands for two copies), then
+  mapped: the source is ``host``;
+- else ``WeightsGone``, and nothing was mapped: the caller stays parked and says what to do.
+
+``host_copy`` makes the host copy of every entry this process maps (a process with the device's context
+moves the bytes; the keeper has none). While unmapped, nothing may read the weights: a kernel or a
+tensor access over them faults.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..client import Client, connect_for
+from ..config import AttachConfig
+from ..errors import HotweightsError, ProtocolError
+from ..key import CacheKey
+from ..manifest import Manifest
+from ..pools import backend
+from ..replies import Outcome
+from ..wire import close_fds
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+
+class WeightsGone(HotweightsError):
+    """The keeper no longer has these weights in any tier (or has other ones); the message says what to do."""
+
+
+@dataclass(slots=True)
+class Held:
+    """One entry this process maps: the address of each of its pools."""
+
+    key: CacheKey
+    manifest: Manifest
+    addresses: list[int]
+    config: AttachConfig
+    mapped: bool = True
+
+    def alive(self) -> bool:
+        """Some view of its pools is left (the mappings live while a view does)."""
+        impl = backend(self.manifest.key.device)
+        return all(impl.is_mapped_here(a) for a in self.addresses)
+
+
+_HELD: list[Held] = []
+_LOCK = threading.Lock()
+
+
+def record(key: CacheKey, manifest: Manifest, flat: list[torch.Tensor], config: AttachConfig) -> None:
+    """A zero-copy attach of ``key``: ``flat`` are its mapped pools, in manifest order."""
+    with _LOCK:
+        _HELD[:] = [h for h in _HELD if h.alive()]
+        _HELD.append(Held(key, manifest, [t.data_ptr() for t in flat], config))
+
+
+def held() -> list[Held]:
+    """The entries this process still maps (or keeps unmapped for a wake)."""
+    with _LOCK:
+        return [h for h in _HELD if h.alive()]
+
+
+def mapped_bytes() -> int:
+    return sum(h.manifest.nbytes for h in held() if h.mapped)
+
+
+def unmap_all() -> int:
+    """Unmap every held entry, keeping the addresses; the bytes let go of."""
+    freed = 0
+    for h in held():
+        if not h.mapped:
+            continue
+        for address, spec in zip(h.addresses, h.manifest.pools):
+            backend(spec.device).unmap(address, spec)
+        h.mapped = False
+        freed += h.manifest.nbytes
+    return freed
+
+
+def map_again() -> str:
+    """Map every unmapped entry again at its addresses; where the bytes came from (``gpu``, ``host``, or
+    ``gpu+host``; '' if nothing was unmapped). WeightsGone (nothing of that entry mapped) otherwise."""
+    sources = [_map_again(h) for h in held() if not h.mapped]
+    return "+".join(sorted(set(sources)))
+
+
+def _source(manifest: Manifest) -> str:
+    return "host" if manifest.key.device == "cpu" else "gpu"
+
+
+def _map_again(h: Held) -> str:
+    try:
+        with connect_for(h.config) as client:
+            if _from_entry(client, h):
+                return _source(h.manifest)
+            copied = _from_host_copy(client, h)
+            if copied:
+                return "host"
+            if copied is False and _from_entry(client, h):  # another engine brought it back first
+                return _source(h.manifest)
+    except (HotweightsError, OSError) as exc:
+        if isinstance(exc, WeightsGone):
+            raise
+        raise WeightsGone(f"cannot map {h.key.model} [{h.key.short}] again: {exc}") from None
+    raise WeightsGone(f"the keeper holds neither {h.key.model} [{h.key.short}] nor a host copy of it "
+                      f"(released?): preload it again (hotweights preload) and wake this engine, or stop it")
+
+
+def _from_entry(client: Client, h: Held) -> bool:
+    """Map the keeper's entry of ``h.key`` at ``h``'s addresses; False when it holds none."""
+    reply = client.attach(h.key)
+    fds = reply.take_fds() if reply.pools else []
+    try:
+        answer = reply.answer()
+        if answer.outcome is not Outcome.OK:
+            return False
+        _same_layout(h, answer.manifest)
+        for i, (address, spec) in enumerate(zip(h.addresses, h.manifest.pools)):
+            fd, fds[i] = fds[i], -1
+            backend(spec.device).remap(address, fd, spec)
+    finally:
+        close_fds([fd for fd in fds if fd >= 0])
+    h.mapped = True
+    return True
+
+
+def _from_host_copy(client: Client, h: Held) -> bool | None:
+    """Fill a new entry of ``h.key`` from its host copy, publish it, map it: True; None when there is no
+    copy; False when another process published the entry first (the caller maps that one)."""
+    reply = client.attach(h.key, tier="host")
+    fds = reply.take_fds() if reply.pools else []
+    try:
+        answer = reply.answer()
+        if answer.outcome is not Outcome.OK:
+            return None
+        _same_layout(h, answer.manifest)
+        from ..pools import cpu
+
+        device = backend(h.manifest.key.device)
+        made = []
+        for i, spec in enumerate(h.manifest.pools):
+            fd, fds[i] = fds[i], -1
+            host = cpu.import_pool(fd, type(spec)(spec.nbytes, "cpu"))
+            pool = device.create(spec.nbytes, spec.device)
+            _upload(host, pool.as_tensor())
+            del host
+            made.append(pool)
+    finally:
+        close_fds([fd for fd in fds if fd >= 0])
+    exported = [pool.export() for pool in made]
+    try:
+        client.publish(h.manifest, exported)
+    except ProtocolError as exc:
+        if exc.code != "exists":
+            raise
+        return False  # another engine brought it back first: map that one (one key, one copy)
+    finally:
+        close_fds(exported)
+    return _from_entry(client, h)
+
+
+STAGE_BYTES = 256 << 20
+
+
+def _upload(host: torch.Tensor, dst: torch.Tensor) -> None:
+    """``dst.copy_(host)``; to a GPU through two pinned staging buffers, so torch's threads copy pageable
+    memory into one while the GPU reads the other (a pageable copy goes at a fraction of the link's speed)."""
+    if not dst.is_cuda or host.numel() <= STAGE_BYTES:
+        dst.copy_(host)
+        return
+    import torch
+
+    stream = torch.cuda.Stream(dst.device)
+    stages = [torch.empty(STAGE_BYTES, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+    done = [torch.cuda.Event(), torch.cuda.Event()]
+    for i, at in enumerate(range(0, host.numel(), STAGE_BYTES)):
+        n = min(STAGE_BYTES, host.numel() - at)
+        stage, event = stages[i % 2], done[i % 2]
+        event.synchronize()  # the GPU has read this stage's previous chunk
+        stage[:n].copy_(host[at: at + n])
+        with torch.cuda.stream(stream):
+            dst[at: at + n].copy_(stage[:n], non_blocking=True)
+            event.record(stream)
+    stream.synchronize()
+
+
+def _same_layout(h: Held, manifest: Manifest | None) -> None:
+    if manifest is None or (manifest.tensors, manifest.pools) != (h.manifest.tensors, h.manifest.pools):
+        raise WeightsGone(f"the keeper's entry {h.key.short} is laid out differently from the one this engine "
+                          f"mapped: stop this engine and start it again")
+
+
+def host_copy(client: Client, only: CacheKey | None = None) -> int:
+    """Publish a host copy of every entry this process maps (or only ``only``) that has none; the bytes copied."""
+    copied = 0
+    from ..pools import cpu
+
+    have = {row.key for row in client.status().rows() if row.host_nbytes}
+    for h in held():
+        if not h.mapped or h.key.short in have or (only is not None and h.key != only):
+            continue
+        made = []
+        for address, spec in zip(h.addresses, h.manifest.pools):
+            host = cpu.create(spec.nbytes)
+            host.as_tensor().copy_(backend(spec.device).view_at(address, spec))
+            made.append(host)
+        fds = [host.export() for host in made]
+        try:
+            client.publish(h.manifest, fds, tier="host")
+        except ProtocolError as exc:
+            if exc.code != "exists":
+                raise
+            continue
+        finally:
+            close_fds(fds)
+        copied += h.manifest.nbytes
+    return copied
+
+
+def forget_unmapped() -> None:
+    """Drop the entries left unmapped (the engine took other weights): their address ranges go with them."""
+    with _LOCK:
+        _HELD[:] = [h for h in _HELD if h.mapped]
+
+
+def announce(level: int, held_bytes: int) -> None:
+    """Tell the keeper of each held entry that this process is parked at ``level`` (0: awake) holding
+    ``held_bytes`` of its own (counted once, on the first entry); a keeper that cannot be told is logged."""
+    for i, h in enumerate(held()):
+        try:
+            with connect_for(h.config) as client:
+                client.park(h.key, level, held_bytes if i == 0 else 0)
+        except (HotweightsError, OSError) as exc:
+            logger.warning("could not tell the weight cache daemon that this engine is %s: %s",
+                           "parked" if level else "awake", exc)
