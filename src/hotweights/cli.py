@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from . import evidence
-from .cli_keeper import cmd_daemon, cmd_demote, cmd_release, cmd_status, cmd_stop
+from .cli_keeper import cmd_daemon, cmd_demote, cmd_parked, cmd_release, cmd_status, cmd_stop
 from .cli_parser import build_parser, resolve_model, split_vllm
 from .console import emit as _emit
 
@@ -141,13 +142,28 @@ def _model_dir(path: str) -> str:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from .config import AttachConfig
-    from .serve.app import ServeConfig, run
+    from .serve.config import ServeConfig
 
-    return run(ServeConfig(model=_model_dir(args.model), host=args.host, port=args.port, dtype=args.dtype,
-                           device=args.device,
-                           served_model_name=args.served_model_name, max_model_len=args.max_model_len,
-                           load_format=args.load_format, model_impl=args.model_impl,
-                           attach=AttachConfig.from_dict(_extra_config(args))))
+    config = ServeConfig(model=_model_dir(args.model), host=args.host, port=args.port, dtype=args.dtype,
+                         device=args.device, served_model_name=args.served_model_name,
+                         max_model_len=args.max_model_len, load_format=args.load_format, model_impl=args.model_impl,
+                         attach=AttachConfig.from_dict(_extra_config(args)))
+    if not args.park_on_exit:
+        from .serve.app import run
+
+        return run(config)
+    import dataclasses
+
+    from .paths import daemon_paths
+    from .standby import parked
+
+    start = dataclasses.asdict(config) | {"model": os.path.realpath(config.model)}
+    host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
+    argv = parked.strip_flag(parked.strip_flag(sys.argv[1:], "--park-on-exit"), "--park-idle-s")
+    return parked.run_front(daemon_paths(config.attach.socket_dir).directory, "hotweights",
+                            parked.start_fingerprint("hotweights", start, ("hotweights", "torch", "transformers")),
+                            f"http://{host}:{config.port}", [sys.executable, "-m", "hotweights", *argv],
+                            dict(os.environ), args.park_on_exit, args.park_idle_s)
 
 
 def cmd_observe(args: argparse.Namespace) -> int:
@@ -228,5 +244,6 @@ def cmd_standby(args: argparse.Namespace) -> int:
 COMMANDS = {
     "daemon": cmd_daemon, "preload": cmd_preload, "status": cmd_status, "release": cmd_release, "demote": cmd_demote,
     "stop": cmd_stop, "demo-model": cmd_demo_model, "inspect": cmd_inspect, "generate": cmd_generate,
-    "serve": cmd_serve, "observe": cmd_observe, "verify": cmd_verify, "vllm": cmd_vllm, "standby": cmd_standby,
+    "serve": cmd_serve, "parked": cmd_parked, "observe": cmd_observe, "verify": cmd_verify, "vllm": cmd_vllm,
+    "standby": cmd_standby,
 }

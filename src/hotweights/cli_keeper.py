@@ -134,3 +134,40 @@ def cmd_stop(args: argparse.Namespace) -> int:
         time.sleep(0.05)
     print("daemon stopped")
     return 0
+
+
+def cmd_parked(args: argparse.Namespace) -> int:
+    import time
+
+    from .paths import daemon_paths
+    from .standby import parked
+
+    directory = parked.parked_dir(daemon_paths(args.socket_dir).directory)
+    found = parked.records(directory)
+    if args.wake is not None or args.retire is not None:
+        chosen = [r for r in found if args.retire == "all" or r.pid in (args.wake, _int(args.retire))]
+        if not chosen:
+            _emit(args, {"done": []}, f"no parked engine with pid {args.wake or args.retire} "
+                                     f"(hotweights parked lists them)")
+            return 1
+        for record in chosen:
+            if args.wake is not None:
+                seconds = parked.wake(directory, record)
+                _emit(args, {"woke": record.pid, "seconds": round(seconds, 3)},
+                     f"woke pid {record.pid} in {seconds:.3f} s; it serves at {record.url} (its log: {record.log})")
+            else:
+                parked.retire(directory, record, "asked to (hotweights parked --retire)")
+        if args.retire is not None:
+            _emit(args, {"retired": [r.pid for r in chosen]}, f"retired {' '.join(str(r.pid) for r in chosen)}")
+        return 0
+    rows = [{"pid": r.pid, "url": r.url, "engine": r.engine, "level": r.level, "log": r.log,
+             "parked_s": round(time.time() - r.parked_at), "model": r.start.get("arg model", "").strip('"')}
+            for r in found]
+    text = "\n".join(f"{r['pid']:<8}{r['engine']:<11}level {r['level']}  {r['url']:<24}{r['parked_s']:>6} s  "
+                     f"{r['model']}" for r in rows) or "no parked engines"
+    _emit(args, {"parked": rows}, text)
+    return 0
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None

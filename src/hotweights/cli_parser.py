@@ -26,6 +26,15 @@ def _model(p: argparse.ArgumentParser) -> None:
                    help="the same, as an option")
 
 
+def _park_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--park-on-exit", type=int, nargs="?", const=1, default=None, choices=[1, 2], metavar="LEVEL",
+                   help="Ctrl-C/SIGTERM parks the server (level 1: weights kept mapped; 2: unmapped) instead of "
+                        "stopping it, and the next run of the same start wakes it (`hotweights parked`)")
+    p.add_argument("--park-idle-s", type=float, default=3600.0,
+                   help="with --park-on-exit: a parked server retires after this long, or when the keeper no longer "
+                        "holds its weights")
+
+
 def resolve_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``args.model`` from MODEL or --model MODEL (one of them, or both the same)."""
     if args.command not in MODEL_COMMANDS:
@@ -114,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     _socket_dir(p)
 
+    p = sub.add_parser("parked", help="the parked engines of this user (--park-on-exit): list, wake, retire")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--wake", type=int, metavar="PID", help="wake it where it is (it serves on, in the background)")
+    group.add_argument("--retire", metavar="PID|all", help="stop it (or all of them) and free what it holds")
+    p.add_argument("--json", action="store_true")
+    _socket_dir(p)
+
     p = sub.add_parser("demote", help="move an entry to host memory (a host copy; deep-parked engines wake from it)")
     p.add_argument("key", help="short key (or a unique prefix) from `hotweights status`")
     p.add_argument("--keep", action="store_true", help="keep the device copy too (make the host copy only)")
@@ -150,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-loader-extra-config", default="{}",
                    help="JSON: mode, fallback, socket_dir, socket_path, connect_timeout_s, state_timeout_s, "
                         "publish, rehash")
+    _park_flags(p)
 
     p = sub.add_parser("observe", help="start a server command, time it to /health, write LABEL.log/.json",
                        description="Time-to-ready is measured from process start to the first 200 from the "

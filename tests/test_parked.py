@@ -1,0 +1,143 @@
+"""``hotweights serve --park-on-exit``: Ctrl-C parks the server, the same start wakes it, another start retires
+it; a parked server retires when its weights leave the keeper or after its idle time; ``hotweights parked``
+lists and retires. Real launchers, servers and a daemon in subprocesses (``standby/parked.py``).
+
+Run: pytest tests/test_parked.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import DaemonProc, run_cli
+
+from hotweights.observe import free_port
+
+pytestmark = pytest.mark.slow  # a daemon, launchers and servers in subprocesses
+
+PROMPT = {"prompt": "The weight cache", "max_tokens": 8, "temperature": 0}
+
+
+class Launcher:
+    def __init__(self, model: Path, sock: Path, port: int, log: Path, *args: str) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log
+        self.started = time.perf_counter()
+        extra = json.dumps({"socket_dir": str(sock), "fallback": False})
+        self.proc = subprocess.Popen([sys.executable, "-m", "hotweights", "serve", str(model), "--port", str(port),
+                                      "--served-model-name", "tiny", "--model-loader-extra-config", extra,
+                                      "--park-on-exit", *args], stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+        self.ready_s = wait_health(self.url, self.proc) - self.started
+
+    def output(self, wait_for: str = "", timeout_s: float = 10) -> str:
+        """What the launcher wrote (once it holds ``wait_for``: it may say so just after /health answers)."""
+        deadline = time.monotonic() + timeout_s
+        while wait_for not in (text := self.log_path.read_text(errors="replace")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return text
+
+    def interrupt(self, sig: int = signal.SIGINT) -> int:
+        self.proc.send_signal(sig)
+        return self.proc.wait(60)
+
+
+def wait_health(url: str, proc: subprocess.Popen | None = None, timeout_s: float = 120) -> float:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and (proc is None or proc.poll() is None):
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                if r.status == 200:
+                    return time.perf_counter()
+        except OSError:
+            time.sleep(0.02)
+    raise AssertionError(f"{url} never became healthy")
+
+
+def complete(url: str) -> tuple[int, str]:
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(PROMPT).encode(),
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())["choices"][0]["text"]
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())["error"]["code"]
+
+
+def parked(sock: Path) -> list[dict]:
+    done = run_cli("parked", "--json", "--socket-dir", str(sock))
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["parked"]
+
+
+def gone(pid: int, timeout_s: float = 30) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture
+def keeper(models):
+    sock = Path(tempfile.mkdtemp(prefix="hwk-", dir="/tmp"))
+    daemon = DaemonProc(sock)
+    assert run_cli("preload", "--model", str(models["small"]), "--socket-dir", str(sock)).returncode == 0
+    yield sock
+    run_cli("parked", "--retire", "all", "--socket-dir", str(sock))
+    daemon.stop()
+
+
+def test_ctrl_c_parks_the_same_start_wakes_it_and_another_start_retires_it(models, keeper, tmp_path):
+    sock, port = keeper, free_port()
+    first = Launcher(models["small"], sock, port, tmp_path / "1.log")
+    status, expected = complete(first.url)
+    assert status == 200
+    assert first.interrupt() == 0 and "Parked the engine at" in first.output()
+    (record,) = parked(sock)
+    assert record["level"] == 1 and record["pid"] != first.proc.pid  # the server outlived its launcher
+    assert complete(first.url) == (503, "engine_sleeping")  # it keeps the port, parked
+
+    second = Launcher(models["small"], sock, port, tmp_path / "2.log")
+    woke = f"Woke a parked engine for this start (pid {record['pid']})"
+    assert woke in second.output(woke)
+    assert complete(second.url) == (200, expected) and parked(sock) == []
+    print(f"take-over ready in {second.ready_s:.3f} s (cold start {first.ready_s:.3f} s)")
+    assert second.interrupt(signal.SIGTERM) == 0 and len(parked(sock)) == 1
+
+    third = Launcher(models["small"], sock, port, tmp_path / "3.log", "--max-model-len", "48")
+    retired = (f"Retiring the parked engine at {third.url} (pid {record['pid']}): its start differs: "
+               f"arg max_model_len: cached=null requested=48")
+    assert retired in third.output(retired)
+    assert gone(record["pid"]) and complete(third.url)[0] == 200
+    assert third.interrupt() == 0
+    (again,) = parked(sock)
+    done = run_cli("parked", "--retire", "all", "--json", "--socket-dir", str(sock))
+    assert json.loads(done.stdout)["retired"] == [again["pid"]] and gone(again["pid"]) and parked(sock) == []
+
+
+def test_a_parked_server_retires_when_its_weights_are_released_or_its_idle_time_ends(models, keeper, tmp_path):
+    sock = keeper
+    idle = Launcher(models["small"], sock, free_port(), tmp_path / "idle.log", "--park-idle-s", "2")
+    assert idle.interrupt() == 0
+    (record,) = parked(sock)
+    assert gone(record["pid"]) and parked(sock) == []  # parked for 2 s: retired by itself
+
+    deep = Launcher(models["small"], sock, free_port(), tmp_path / "deep.log", "--park-on-exit", "2")
+    assert deep.interrupt() == 0
+    (record,) = parked(sock)
+    assert record["level"] == 2
+    assert run_cli("release", "--all", "--socket-dir", str(sock)).returncode == 0
+    assert gone(record["pid"]) and parked(sock) == []  # its weights left the keeper: it retired
