@@ -141,3 +141,16 @@ def test_a_parked_server_retires_when_its_weights_are_released_or_its_idle_time_
     assert record["level"] == 2
     assert run_cli("release", "--all", "--socket-dir", str(sock)).returncode == 0
     assert gone(record["pid"]) and parked(sock) == []  # its weights left the keeper: it retired
+
+
+def test_vllm_cpu_build_refuses_park_on_exit_in_one_line(models):
+    """vLLM's CPU build has no sleep mode: ``hotweights vllm serve --park-on-exit`` says so before vLLM starts."""
+    from conftest import VLLM_PYTHON
+
+    if not VLLM_PYTHON:
+        pytest.skip("set HOTWEIGHTS_VLLM_PYTHON (make test does)")
+    done = subprocess.run([VLLM_PYTHON, "-m", "hotweights", "vllm", "serve", str(models["small"]), "--park-on-exit"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")})
+    assert done.returncode != 0 and "--park-on-exit needs vLLM's sleep mode, which its CPU build does not have" \
+        in done.stderr

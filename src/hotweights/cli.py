@@ -218,9 +218,14 @@ def cmd_vllm(args: argparse.Namespace) -> int:
     from .engines.vllm import launcher, preflight
     from .engines.vllm.start import VllmStart
 
-    start = VllmStart.parse(args.vllm_args)  # once, for the preflight, the launcher and the standby
+    from .standby.parked import flag_value, strip_flag
+
+    argv = strip_flag(strip_flag(args.vllm_args, "--park-on-exit"), "--park-idle-s")  # hotweights' own flags
+    park = int(flag_value(args.vllm_args, "--park-on-exit", "1") or 0)
+    idle_s = float(flag_value(args.vllm_args, "--park-idle-s", "3600") or 3600)
+    start = VllmStart.parse(argv)  # once, for the preflight, the launcher and the standby
     preflight.check(start)  # a strict start the daemon cannot serve exits 1 here, with the strict message
-    return launcher.run(start)
+    return launcher.run(start, park=park, park_idle_s=idle_s)
 
 
 def cmd_standby(args: argparse.Namespace) -> int:

@@ -241,6 +241,17 @@ def strip_flag(argv: list[str], flag: str) -> list[str]:
     return out
 
 
+def flag_value(argv: list[str], flag: str, bare: str) -> str | None:
+    """The value of ``flag`` in ``argv`` (``bare`` when it is given without one), None when absent."""
+    value = None
+    for i, token in enumerate(argv):
+        if token == flag:
+            value = argv[i + 1] if i + 1 < len(argv) and _is_number(argv[i + 1]) else bare
+        elif token.startswith(flag + "="):
+            value = token.split("=", 1)[1]
+    return value
+
+
 def _is_number(text: str) -> bool:
     try:
         float(text)

