@@ -87,7 +87,8 @@ def main() -> int:
               "first_start_s": runs[0]["ready_s"],
               "takeover_ready_s_median": round(statistics.median(r["ready_s"] for r in takeovers), 3),
               "takeover_ready_s": [r["ready_s"] for r in takeovers],
-              "first_answer_after_takeover_s_median": round(statistics.median(r["first_answer_s"] for r in takeovers), 3),
+              "first_answer_after_takeover_s_median":
+                  round(statistics.median(r["first_answer_s"] for r in takeovers), 3),
               "all_took_over": all(r["took_over"] for r in takeovers), "same_answer": len(set(answers)) == 1,
               "answer": answers[0], "runs": runs,
               "lines": [x[-200:] for t in outputs for x in t.splitlines()
