@@ -38,7 +38,14 @@ def test_healthy_engine_passes_and_writes_every_receipt(models, tmp_path):
     for name in ("environment.json", "disk_cold.json", "disk.json", "disk.log", "warm1.json", "warm2.json",
                  "receipts.json", "report.md", "report.html", "drill_fallback_off.json", "daemon.log"):
         assert (out / name).exists(), name
-    assert set(receipts["memory"]) == {"none", "daemon_only", "daemon_engine", "engine_stopped"}
+    assert set(receipts["memory"]) == {"none", "daemon_only", "daemon_engine", "engine_stopped", "parked_level1",
+                                       "parked_level2"}
+    park = [c for c in receipts["checks"] if c["name"].startswith("park drill")]
+    assert len(park) == 3 and all(c["passed"] for c in park), park
+    assert "0 pool mappings while parked" in next(c["detail"] for c in park if "level 2" in c["name"])
+    # deep-parked, the engine maps none of the keeper's pools: its shared memory goes
+    engine = receipts["memory"]["daemon_engine"]["engine"]
+    assert receipts["memory"]["parked_level2"]["engine"]["RssShmem"] < engine["RssShmem"]
     assert receipts["memory"]["none"]["pool_bytes"] == 0 < receipts["memory"]["daemon_only"]["pool_bytes"]
     assert "<svg" in (out / "report.html").read_text()
     assert set(receipts["runs"]["warm1"]["phases"]) >= {"imports", "weights", "warmup"}
@@ -63,7 +70,8 @@ def test_engine_whose_answer_differs_fails_only_the_answer_checks(models, tmp_pa
     cmd = f"{sys.executable} {FAULT_ENGINE} wrong_answer " + ENGINE_CMDS["hotweights"].split("serve ", 1)[1]
     code, receipts = verify(config(models, tmp_path, engine_cmd=cmd))
     assert code == 1
-    assert failed(receipts) == {"warm1 same answer as disk", "warm2 same answer as disk"}
+    assert failed(receipts) == {"warm1 same answer as disk", "warm2 same answer as disk",
+                                "park drill: level 1 -> wake -> same answer", "park drill: level 2 -> wake -> same answer"}
     detail = next(c["detail"] for c in receipts["checks"] if c["name"] == "warm1 same answer as disk")
     assert "PLANTED" in detail
 

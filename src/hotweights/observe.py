@@ -210,3 +210,11 @@ def observe(label: str, command: list[str], *, out_dir: Path, health_url: str = 
         return receipt
     finally:
         obs.stop(grace_s=grace_s)
+
+
+def post(url: str, timeout_s: float = 120) -> bytes:
+    """An empty POST (``/sleep``, ``/wake_up``); its body. HTTPError (an OSError) when it is refused."""
+    import urllib.request
+
+    with urllib.request.urlopen(urllib.request.Request(url, method="POST", data=b""), timeout=timeout_s) as r:
+        return bytes(r.read())

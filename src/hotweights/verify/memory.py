@@ -62,6 +62,14 @@ def sample(device: str, *, socket_dir: Path, engine_pid: int | None = None) -> d
     return result
 
 
+def pool_mappings(pid: int) -> int:
+    """Mappings of the keeper's CPU pools (memfds) in ``pid``, -1 if unreadable (GPU pools do not show there)."""
+    try:
+        return sum("memfd:hotweights-pool" in line for line in Path(f"/proc/{pid}/maps").read_text().splitlines())
+    except OSError:
+        return -1
+
+
 def page_cache_resident(model_dir: str | os.PathLike[str]) -> float | None:
     """Fraction (0..1) of the checkpoint's ``*.safetensors`` bytes in the page cache now (mincore),
     None where it cannot be read. States which page-cache state a disk start ran with."""

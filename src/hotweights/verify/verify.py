@@ -2,8 +2,9 @@
 
 Steps: environment record -> a disk start with the checkpoint evicted from the page cache
 (``disk_cold``, unless ``cold=False``) -> the disk baseline (page cache warm) -> preload -> warm1
-and warm2 with the fallback disabled -> memory at four points -> drills (no daemon + fallback on, no
-daemon + fallback off, dtype mismatch) -> verdict. Each check is a ``Check`` that can
+and warm2 with the fallback disabled -> the park drill (embedded engine: park, memory while parked,
+wake, the same answer; a deep park, the keeper's pools unmapped, wake, the same answer) -> memory at
+four points -> drills (no daemon + fallback on, no daemon + fallback off, dtype mismatch) -> verdict. Each check is a ``Check`` that can
 fail on its own and says why in one line. Every server run is an ``observe`` run
 with its own log and JSON receipt under ``--out``.
 
@@ -23,15 +24,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import CheckpointError
-from ..evidence import FALLBACK_MARK, MAPPED_RE, READY_MARK, STRICT_MARK, UNUSABLE_MARK, is_evidence, parse_startup
-from ..observe import Observed, complete, floor_s, require_free_port
+from ..evidence import (
+    FALLBACK_MARK, MAPPED_RE, PARKED_RE, READY_MARK, STRICT_MARK, UNUSABLE_MARK, WOKE_RE, is_evidence, parse_startup,
+)
+from ..observe import Observed, complete, floor_s, post, require_free_port
 from .config import ENGINE_CMDS, Check, Run, VerifyConfig
 from .environment import host_record
-from .memory import evict_page_cache, page_cache_resident
+from .memory import evict_page_cache, page_cache_resident, pool_mappings
 from .vllm_log import phases as vllm_phases
 
 
@@ -69,7 +73,7 @@ class Procedure:
         return subprocess.run([sys.executable, "-m", "hotweights", *args], capture_output=True, text=True)
 
     def serve(self, label: str, *, load_format: str, extra: dict | None = None, dtype: str | None = None,
-              measure: str | None = None) -> Run:
+              measure: str | None = None, during: Callable[[str, int], None] | None = None) -> Run:
         require_free_port(self.config.port)  # else /health may answer from a server we did not start
         print(f"verify: {label}: starting the server ({self.config.engine}, load format {load_format})",
               file=sys.stderr, flush=True)
@@ -83,6 +87,8 @@ class Procedure:
             answer = self._complete(url) if receipt.ready else None
             if measure and receipt.ready:
                 self.memory[measure] = self._memory(engine_pid=obs.proc.pid)
+            if during is not None and receipt.ready:
+                during(url, obs.proc.pid)
             obs.stop()
             log = obs.log_text()
         phases = (vllm_phases(log, receipt.started_utc, receipt.elapsed_s) if self.config.engine == "vllm"
@@ -119,6 +125,8 @@ class Procedure:
                 self.memory["daemon_only"] = self._memory()
                 for label in ("warm1", "warm2"):
                     self.warm(label)
+                if self.config.engine == "hotweights":  # vLLM's CPU build has no sleep mode
+                    self.park_drill()
                 self.memory["engine_stopped"] = self._memory()
             self.drills()
         finally:
@@ -203,6 +211,36 @@ class Procedure:
         base = self.runs["disk"].answer
         self.check(f"{label} same answer as disk", run.answer is not None and run.answer == base,
                    "identical" if run.answer == base else f"disk={base!r} {label}={run.answer!r}")
+
+    def park_drill(self) -> None:
+        """Park (level 1) -> memory while parked -> wake -> the same answer; deep park (level 2) -> none of the
+        keeper's pools mapped, memory back to the parked residue -> wake -> the same answer."""
+        base = self.runs["disk"].answer
+
+        def steps(url: str, pid: int) -> None:
+            for level in (1, 2):
+                began = time.perf_counter()
+                post(f"{url}/sleep?level={level}")
+                parked_s = time.perf_counter() - began
+                self.memory[f"parked_level{level}"] = self._memory(engine_pid=pid)
+                mapped = pool_mappings(pid)
+                began = time.perf_counter()
+                post(f"{url}/wake_up")
+                woke_s = time.perf_counter() - began
+                answer = self._complete(url)
+                unmapped = level == 1 or mapped == 0
+                self.check(f"park drill: level {level} -> wake -> same answer",
+                           answer == base and unmapped,
+                           f"parked in {parked_s:.3f} s, woke in {woke_s:.3f} s, "
+                           + ("identical" if answer == base else f"disk={base!r} woken={answer!r}")
+                           + ("" if level == 1 else f"; {mapped} pool mappings while parked"))
+
+        run = self.serve("park", load_format="hotweights", extra={"socket_dir": str(self.socket_dir), "fallback": False},
+                         during=steps)
+        parked = [e for e in run.evidence if PARKED_RE.search(e)]
+        woke = [e for e in run.evidence if WOKE_RE.search(e)]
+        self.check("park drill: Parked and Woke evidence", run.ready and len(parked) == 2 and len(woke) == 2,
+                   f"{len(parked)} Parked and {len(woke)} Woke lines" if run.ready else _why(run))
 
     def drills(self) -> None:
         self._run_cli("stop", "--socket-dir", str(self.socket_dir))
