@@ -71,7 +71,8 @@ def test_engine_whose_answer_differs_fails_only_the_answer_checks(models, tmp_pa
     code, receipts = verify(config(models, tmp_path, engine_cmd=cmd))
     assert code == 1
     assert failed(receipts) == {"warm1 same answer as disk", "warm2 same answer as disk",
-                                "park drill: level 1 -> wake -> same answer", "park drill: level 2 -> wake -> same answer"}
+                                "park drill: level 1 -> wake -> same answer",
+                                "park drill: level 2 -> wake -> same answer"}
     detail = next(c["detail"] for c in receipts["checks"] if c["name"] == "warm1 same answer as disk")
     assert "PLANTED" in detail
 

@@ -4,8 +4,8 @@ Steps: environment record -> a disk start with the checkpoint evicted from the p
 (``disk_cold``, unless ``cold=False``) -> the disk baseline (page cache warm) -> preload -> warm1
 and warm2 with the fallback disabled -> the park drill (embedded engine: park, memory while parked,
 wake, the same answer; a deep park, the keeper's pools unmapped, wake, the same answer) -> memory at
-four points -> drills (no daemon + fallback on, no daemon + fallback off, dtype mismatch) -> verdict. Each check is a ``Check`` that can
-fail on its own and says why in one line. Every server run is an ``observe`` run
+four points -> drills (no daemon + fallback on, no daemon + fallback off, dtype mismatch) -> verdict.
+Each check is a ``Check`` that can fail on its own and says why in one line. Every server run is an ``observe`` run
 with its own log and JSON receipt under ``--out``.
 
 The daemon lives in a private socket directory made for the run, so verify never
@@ -235,8 +235,8 @@ class Procedure:
                            + ("identical" if answer == base else f"disk={base!r} woken={answer!r}")
                            + ("" if level == 1 else f"; {mapped} pool mappings while parked"))
 
-        run = self.serve("park", load_format="hotweights", extra={"socket_dir": str(self.socket_dir), "fallback": False},
-                         during=steps)
+        strict = {"socket_dir": str(self.socket_dir), "fallback": False}
+        run = self.serve("park", load_format="hotweights", extra=strict, during=steps)
         parked = [e for e in run.evidence if PARKED_RE.search(e)]
         woke = [e for e in run.evidence if WOKE_RE.search(e)]
         self.check("park drill: Parked and Woke evidence", run.ready and len(parked) == 2 and len(woke) == 2,
