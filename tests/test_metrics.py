@@ -48,6 +48,8 @@ def test_the_daemon_counts_what_it_serves_and_reports_what_it_holds(models, sock
         assert 0 < m[("hotweights_open_fds", ())] < m[("hotweights_max_fds", ())]
         assert m[("hotweights_last_served_timestamp_seconds", ())] > 0
         assert ("hotweights_clients", ()) in m
+        assert m[("hotweights_entry_host_copy_bytes", (("key", key.short),))] == 0
+        assert m[("hotweights_entry_parked_engines", (("key", key.short),))] == 0
         info = [labels for name, labels in m if name == "hotweights_entry_info"]
         assert info and dict(info[0])["model"] == "tiny" and dict(info[0])["key"] == key.short
         assert any(name == "hotweights_info" and dict(labels).get("version") for name, labels in m)

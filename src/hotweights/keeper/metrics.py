@@ -97,6 +97,14 @@ class _Snapshot:
         for device, nbytes in sorted(s["bytes_by_device"].items()):
             resident.add_metric([device, "host" if device == "cpu" else "gpu"], nbytes)
         yield resident
+        host = GaugeMetricFamily("hotweights_entry_host_copy_bytes", "Bytes of an entry's host copy (0: none)",
+                                 labels=["key"])
+        parked = GaugeMetricFamily("hotweights_entry_parked_engines", "Engines parked on an entry", labels=["key"])
+        for e in s["entries"]:
+            host.add_metric([e.key], e.host_nbytes)
+            parked.add_metric([e.key], len([p for p in e.parked.split(",") if p]))
+        yield host
+        yield parked
         yield GaugeMetricFamily("hotweights_clients", "Live client connections", value=s["clients"])
         yield GaugeMetricFamily("hotweights_open_fds", "File descriptors open in the daemon",
                                 value=len(os.listdir("/proc/self/fd")))
