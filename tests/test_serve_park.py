@@ -127,3 +127,43 @@ def test_a_wake_whose_entry_is_gone_stays_parked_and_says_why(parked):
     assert call(server, "GET", "/is_sleeping") == (200, {"is_sleeping": True})
     status, body = call(server, "POST", "/sleep?level=3")
     assert status == 400 and "level must be 1 or 2" in body["error"]["message"]
+
+
+def memfd_inodes(pid: int) -> set[str]:
+    """The inodes of the keeper's pools a process maps (one memfd per pool: the same inode, the same bytes)."""
+    return {line.split()[4] for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+            if "memfd:hotweights-pool" in line}
+
+
+def test_two_engines_woken_from_one_host_copy_map_the_same_entry(models, tmp_path):
+    """Deep-parked engines on one key, its device tier demoted, woken at once: one of them publishes the entry
+    back, the other maps that one; never two copies for one key."""
+    import threading
+
+    sock = Path(tempfile.mkdtemp(prefix="hwp-", dir="/tmp"))
+    daemon = DaemonProc(sock)
+    assert run_cli("preload", "--model", str(models["small"]), "--socket-dir", str(sock)).returncode == 0
+    extra = json.dumps({"socket_dir": str(sock), "fallback": False})
+    servers = [ServerProc(models["small"], tmp_path / f"{i}.log", "--served-model-name", "tiny", "--max-model-len",
+                          "64", "--model-loader-extra-config", extra) for i in range(2)]
+    try:
+        assert all(s.ready for s in servers)
+        expected = [answer(s) for s in servers]
+        for s in servers:
+            assert call(s, "POST", "/sleep?level=2")[0] == 200
+        assert run_cli("demote", status(sock)["entries"][0]["key"], "--socket-dir", str(sock)).returncode == 0
+        codes: list[int] = []
+        wakers = [threading.Thread(target=lambda s=s: codes.append(call(s, "POST", "/wake_up")[0])) for s in servers]
+        for t in wakers:
+            t.start()
+        for t in wakers:
+            t.join()
+        assert codes == [200, 200] and [answer(s) for s in servers] == expected
+        inodes = [memfd_inodes(s.proc.pid) for s in servers]
+        assert inodes[0] and inodes[0] == inodes[1]  # both map the one entry the keeper holds again
+        (row,) = status(sock)["entries"]
+        assert row["nbytes"] > 0 and row["num_attaches"] == 2  # the entry published back: one attach per engine
+    finally:
+        for s in servers:
+            s.stop()
+        daemon.stop()
