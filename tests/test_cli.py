@@ -183,3 +183,13 @@ def test_the_vllm_launcher_fails_a_strict_start_before_vllm_is_imported(models, 
     # not strict: the launcher hands over to vLLM, which this venv lacks: one line saying so
     r = run_cli("vllm", "--model", str(models["tiny"]), "--load-format", "hotweights")
     assert r.returncode == 2 and "hotweights vllm: vLLM is not installed for" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("command", ["preload", "serve", "daemon", "verify"])
+def test_help_states_each_default_once(command):
+    import re
+
+    text = run_cli(command, "--help").stdout
+    blocks = re.split(r"\n  (?=-)", text.split("options:", 1)[1])
+    twice = [b.split()[0] for b in blocks if b.count("(default") > 1 or "(None" in b or "(default: None)" in b]
+    assert not twice, f"{command} --help states a default twice for {twice}"

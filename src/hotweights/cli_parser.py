@@ -29,7 +29,8 @@ def _model(p: argparse.ArgumentParser) -> None:
 def _park_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--park-on-exit", type=int, nargs="?", const=1, default=None, choices=[1, 2], metavar="LEVEL",
                    help="Ctrl-C/SIGTERM parks the server (level 1: weights kept mapped; 2: unmapped) instead of "
-                        "stopping it, and the next run of the same start wakes it (`hotweights parked`)")
+                        "stopping it, and the next run of the same start wakes it (`hotweights parked`); off without it"
+                        "%(default).0s")
     p.add_argument("--park-idle-s", type=float, default=3600.0,
                    help="with --park-on-exit: a parked server retires after this long, or when the keeper no longer "
                         "holds its weights")
@@ -100,14 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=DTYPES)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--pool-mib", type=int, default=1024, help="size cap of one pool in MiB (default 1024)")
+    p.add_argument("--pool-mib", type=int, default=1024, help="size cap of one pool in MiB")
     p.add_argument("--engine", choices=["checkpoint", "vllm"], default="checkpoint",
-                   help="checkpoint (default): the checkpoint's tensors, no engine in the loop; vllm: run vLLM's own "
+                   help="checkpoint: the checkpoint's tensors, no engine in the loop; vllm: run vLLM's own "
                         "loader (a vLLM server started with --load-format hotweights and publish) and publish the "
                         "engine layout, one entry per TP rank, on the device vLLM runs on")
-    p.add_argument("--vllm-python", help="python that has vLLM (default $HOTWEIGHTS_VLLM_PYTHON, else this one)")
+    # %(default).0s prints nothing: the formatter adds no "(default: None)" after a default told in words
+    p.add_argument("--vllm-python", help="python that has vLLM (default: $HOTWEIGHTS_VLLM_PYTHON, else this one)"
+                                         "%(default).0s")
     p.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
-                   help="extra argument for vLLM, repeatable (e.g. --vllm-arg=--max-model-len=4096)")
+                   help="extra argument for vLLM, repeatable (e.g. --vllm-arg=--max-model-len=4096)%(default).0s")
     p.add_argument("--log", type=Path, help="with --engine vllm: where to keep vLLM's log")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
     _socket_dir(p)
@@ -156,8 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="port to listen on; taken before the model loads")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="weight dtype (auto: the checkpoint's)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    p.add_argument("--served-model-name", default=None, help="model name in the API (%(default)s: the path)")
-    p.add_argument("--max-model-len", type=int, default=None, help="context length (%(default)s: the model's)")
+    p.add_argument("--served-model-name", default=None, help="model name in the API (default: the path)%(default).0s")
+    p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)%(default).0s")
     p.add_argument("--load-format", default="hotweights", choices=["hotweights", "auto"],
                    help="hotweights: through the cache (with the fallback on by default); auto: from disk")
     p.add_argument("--model-impl", default="auto", choices=["auto", "native", "transformers"],
