@@ -75,6 +75,10 @@ def test_a_missing_extra_is_one_line_naming_it(models):
             f"sys.exit(main(['serve', {str(models['tiny'])!r}]))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert one_line_error(r, 1) == "hotweights serve: starlette is not installed; pip install 'hotweights[serve]'"
+    # without torch, serve names its whole extra at once (it brings torch too), not [engine] and then [serve]
+    r = subprocess.run([sys.executable, "-c", code.replace("'starlette'", "'torch'")], capture_output=True, text=True,
+                       timeout=60)
+    assert one_line_error(r, 1) == "hotweights serve: torch is not installed; pip install 'hotweights[serve]'"
 
 
 def test_verify_says_what_it_lacks_before_it_starts_anything(models, tmp_path):

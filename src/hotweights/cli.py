@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hotweights {args.command}: {exc}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:  # a feature whose extra is not installed
-        print(f"hotweights {args.command}: {missing_extra(exc.name or '')}", file=sys.stderr)
+        print(f"hotweights {args.command}: {missing_extra(exc.name or '', args.command)}", file=sys.stderr)
         return 1
     except OSError as exc:  # a path the user named that cannot be used: one line, no traceback
         where = f"cannot use {exc.filename}: " if exc.filename else ""

@@ -64,11 +64,15 @@ EXTRAS = {"torch": "engine", "safetensors": "engine", "transformers": "engine", 
           "uvicorn": "serve", "pydantic": "serve", "starlette": "serve", "jinja2": "serve"}
 
 
-def missing_extra(module: str) -> str:
-    """One line naming the extra (or package) that brings ``module``."""
+COMMAND_EXTRAS = {"serve": "serve"}  # a command whose extra brings every module it needs (serve includes engine)
+
+
+def missing_extra(module: str, command: str = "") -> str:
+    """One line naming the extra (or package) that brings ``module``: the command's whole extra when it has one,
+    so that one install is enough."""
     root = module.split(".")[0]
     if root in EXTRAS:
-        return f"{root} is not installed; pip install 'hotweights[{EXTRAS[root]}]'"
+        return f"{root} is not installed; pip install 'hotweights[{COMMAND_EXTRAS.get(command, EXTRAS[root])}]'"
     if root == "vllm":
         return ("vllm is not installed here; install hotweights into vLLM's own environment (pip install "
                 "dist/hotweights-*.whl; make wheel builds it)")
