@@ -10,7 +10,7 @@ import dataclasses
 import urllib.request
 
 import pytest
-from conftest import DaemonProc, free_port
+from conftest import DaemonProc, free_port, run_cli
 from prometheus_client.parser import text_string_to_metric_families
 
 from hotweights.client import connect
@@ -70,3 +70,15 @@ def test_the_embedded_server_counts_requests_tokens_and_latency(warm_server):
     assert m[("hotweights_server_e2e_request_latency_seconds_count", ())] >= 1
     for phase in ("imports", "weights", "warmup", "ready"):
         assert m[("hotweights_server_startup_phase_seconds", (("phase", phase),))] >= 0
+
+
+def test_a_taken_metrics_port_is_one_line_naming_the_address(socket_dir):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_cli("daemon", "--socket-dir", str(socket_dir), "--metrics-port", str(port), timeout=60)
+    assert done.returncode != 0
+    assert f"cannot serve /metrics on 127.0.0.1:{port} (Address already in use)" in done.stderr.splitlines()[-1]

@@ -68,7 +68,11 @@ class Metrics(NoMetrics):
         """Serve /metrics on a thread; the HTTP server (``shutdown()`` ends it)."""
         from prometheus_client import start_http_server
 
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot serve /metrics on {host}:{port} ({exc.strerror}): another process has "
+                                     f"the port; pass another --metrics-port") from None
         return server
 
 
