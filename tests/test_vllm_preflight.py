@@ -55,6 +55,8 @@ def test_preflight_fails_a_strict_start_at_once(socket_dir, daemon, caplog, tmp_
     with pytest.raises(SystemExit):
         check(missing + [json.dumps({"fallback": False, "socket_dir": str(tmp_path / "none")})])
     assert "Weight cache unusable (daemon unavailable: no daemon socket at" in caplog.text
+    # the hint is vLLM's preload (its engine layout), not the checkpoint layout's
+    assert f"preload the model for vLLM (hotweights preload --engine vllm --model {tmp_path / 'qwen'})" in caplog.text
     with pytest.raises(SystemExit):  # a daemon that holds nothing of this model
         check(missing + [json.dumps({"fallback": False, "socket_dir": str(daemon.paths.directory)})])
     assert "Weight cache unusable (cache miss for qwen: the daemon holds no entry of this model" in caplog.text

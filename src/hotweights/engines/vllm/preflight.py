@@ -26,8 +26,6 @@ from pathlib import Path
 from ... import evidence
 from ...client import connect_for
 from ...errors import DaemonUnavailable, TrustError
-from ...loading.diagnosis import advice_for
-from ...replies import Outcome
 from .options import split_extra_config
 from .start import VllmStart
 
@@ -54,19 +52,25 @@ def check(start: VllmStart | None = None) -> None:
     except ValueError:
         return  # the loader reports a bad extra config, named
     except DaemonUnavailable as exc:
-        _fail(f"daemon unavailable: {exc}")
+        _fail(f"daemon unavailable: {exc}", f"start the daemon and preload the model for vLLM ({_preload(start)})")
     except TrustError as exc:
         _fail(f"untrusted daemon: {exc}")
     name = Path(start.model).name
     held = sorted({e.dtype for e in entries if e.model == name})
     if not held:
         _fail(f"cache miss for {name}: the daemon holds no entry of this model ({len(entries)} entries)",
-              advice_for(Outcome.MISS))
+              f"preload the model for vLLM ({_preload(start)})")
     wanted = start.requested_dtype
     if wanted and wanted not in held:
         _fail(f"cached entries of {name} differ: dtype: cached={'/'.join(held)} requested={wanted}",
               f"start with --dtype {held[0]}, or make a {wanted} entry (hotweights preload --engine vllm --model "
               f"{start.model} --dtype {wanted})")
+
+
+def _preload(start: VllmStart) -> str:
+    """The preload that makes this start's entry: vLLM's engine layout, with its dtype."""
+    dtype = f" --dtype {start.dtype}" if start.dtype else ""
+    return f"hotweights preload --engine vllm --model {start.model}{dtype}"
 
 
 def _fail(reason: str, advice: str = evidence.START_AND_PRELOAD) -> None:
