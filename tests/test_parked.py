@@ -113,9 +113,10 @@ def test_ctrl_c_parks_the_same_start_wakes_it_and_another_start_retires_it(model
     second = Launcher(models["small"], sock, port, tmp_path / "2.log")
     woke = f"Woke a parked engine for this start (pid {record['pid']})"
     assert woke in second.output(woke)
-    assert complete(second.url) == (200, expected) and parked(sock) == []
+    assert complete(second.url) == (200, expected)
+    assert [(r["pid"], r["level"], r["launcher"]) for r in parked(sock)] == [(record["pid"], 0, second.proc.pid)]
     print(f"take-over ready in {second.ready_s:.3f} s (cold start {first.ready_s:.3f} s)")
-    assert second.interrupt(signal.SIGTERM) == 0 and len(parked(sock)) == 1
+    assert second.interrupt(signal.SIGTERM) == 0 and [r["level"] for r in parked(sock)] == [1]
 
     third = Launcher(models["small"], sock, port, tmp_path / "3.log", "--max-model-len", "48")
     retired = (f"Retiring the parked engine at {third.url} (pid {record['pid']}): its start differs: "
@@ -126,6 +127,15 @@ def test_ctrl_c_parks_the_same_start_wakes_it_and_another_start_retires_it(model
     (again,) = parked(sock)
     done = run_cli("parked", "--retire", "all", "--json", "--socket-dir", str(sock))
     assert json.loads(done.stdout)["retired"] == [again["pid"]] and gone(again["pid"]) and parked(sock) == []
+
+
+def test_a_server_whose_launcher_is_killed_is_stopped_not_left_behind(models, keeper, tmp_path):
+    launcher = Launcher(models["small"], keeper, free_port(), tmp_path / "k.log")
+    (record,) = parked(keeper)
+    assert record["level"] == 0 and record["launcher"] == launcher.proc.pid
+    launcher.proc.kill()  # SIGKILL: no park; the watcher stops the server, as a killed `vllm serve` would go
+    launcher.proc.wait()
+    assert gone(record["pid"]) and parked(keeper) == []
 
 
 def test_a_parked_server_retires_when_its_weights_are_released_or_its_idle_time_ends(models, keeper, tmp_path):

@@ -145,7 +145,8 @@ def cmd_parked(args: argparse.Namespace) -> int:
     directory = parked.parked_dir(daemon_paths(args.socket_dir).directory)
     found = parked.records(directory)
     if args.wake is not None or args.retire is not None:
-        chosen = [r for r in found if args.retire == "all" or r.pid in (args.wake, _int(args.retire))]
+        chosen = [r for r in found if args.retire == "all" or r.pid == _int(args.retire)
+                  or (r.pid == args.wake and r.level)]
         if not chosen:
             _emit(args, {"done": []}, f"no parked engine with pid {args.wake or args.retire} "
                                      f"(hotweights parked lists them)")
@@ -160,13 +161,19 @@ def cmd_parked(args: argparse.Namespace) -> int:
         if args.retire is not None:
             _emit(args, {"retired": [r.pid for r in chosen]}, f"retired {' '.join(str(r.pid) for r in chosen)}")
         return 0
-    rows = [{"pid": r.pid, "url": r.url, "engine": r.engine, "level": r.level, "log": r.log,
-             "parked_s": round(time.time() - r.parked_at), "model": r.start.get("arg model", "").strip('"')}
-            for r in found]
-    text = "\n".join(f"{r['pid']:<8}{r['engine']:<11}level {r['level']}  {r['url']:<24}{r['parked_s']:>6} s  "
-                     f"{r['model']}" for r in rows) or "no parked engines"
+    rows = [{"pid": r.pid, "url": r.url, "engine": r.engine, "level": r.level, "log": r.log, "launcher": r.front,
+             "parked_s": round(time.time() - r.parked_at) if r.level else 0,
+             "model": r.start.get("arg model", "").strip('"')} for r in found]
+    text = "\n".join(_parked_line(r) for r in rows) or "no engines started with --park-on-exit"
     _emit(args, {"parked": rows}, text)
     return 0
+
+
+def _parked_line(r: dict[str, Any]) -> str:
+    state = f"parked (level {r['level']}) {r['parked_s']} s" if r["level"] else "awake"
+    if r["launcher"]:
+        state += f" (launcher {r['launcher']})"
+    return f"{r['pid']:<8}{r['engine']:<11}{r['url']:<24}{state:<28}{r['model']}"
 
 
 def _int(text: str | None) -> int | None:

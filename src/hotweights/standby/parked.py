@@ -16,11 +16,12 @@ The next launch of a start on that address reads the record:
 - another start: it retires the parked one first (SIGTERM to its session) and says why in one line,
   naming the fields that differ; then it starts as usual.
 
-A parked server retires after ``--park-idle-s`` seconds, or when the keeper no longer holds its weights in
-any tier: a small watcher process (``python -m hotweights.standby.parked RECORD``, torch-free) started
-with each park checks both every second and ends when the record does (a wake, a retirement). The
-weights of a parked server are the entries the keeper lists it (a process of its session) as parked on.
-``hotweights parked`` lists, wakes and retires the recorded ones.
+Every server a launcher started this way is recorded while it lives, awake (``front``: the launcher in
+front of it) or parked. One small watcher process per server (``python -m hotweights.standby.parked
+RECORD``, torch-free) checks every second: an awake server whose launcher is gone without parking it
+(killed) is stopped, as a killed ``vllm serve`` would be; a parked one retires after ``--park-idle-s``
+seconds, or when the keeper no longer holds its weights in any tier (the entries the keeper lists a
+process of its session as parked on). ``hotweights parked`` lists, wakes and retires them.
 
 Not covered: parking a server that the launcher did not start (a plain ``hotweights serve``), engines
 of other users (the directory is this user's).
@@ -29,6 +30,7 @@ of other users (the directory is this user's).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -60,6 +62,8 @@ class Record:
     parked_at: float
     idle_s: float = 3600.0
     keys: tuple[str, ...] = ()  # short keys of the entries it is parked on (the keeper's Park notes)
+    front: int = 0  # the launcher in front of it while it is awake (0: parked)
+    watcher: int = 0
 
     @property
     def fingerprint(self) -> Fingerprint:
@@ -105,8 +109,8 @@ def start_fingerprint(engine: str, args: dict[str, Any], packages: tuple[str, ..
 def take_over(directory: Path, start: Fingerprint, url: str) -> Record | None:
     """Wake the parked engine at ``url`` if its start is ``start`` (None if there is none, or it was retired)."""
     for record in records(directory):
-        if record.url != url:
-            continue
+        if record.url != url or (record.front and _alive(record.front)):
+            continue  # another address, or awake behind another launcher (the port is taken: the start says so)
         diffs = start.diff(record.fingerprint)
         if diffs:
             retire(directory, record, f"its start differs: {_say(diffs)}")
@@ -118,7 +122,6 @@ def take_over(directory: Path, start: Fingerprint, url: str) -> Record | None:
         except (OSError, TimeoutError) as exc:
             retire(directory, record, f"it could not be woken ({exc})")
             return None
-        (directory / f"{record.pid}.json").unlink(missing_ok=True)
         logger.info("Woke a parked engine for this start (pid %d) in %.3f s; serving at %s", record.pid,
                     time.perf_counter() - began, url)
         return record
@@ -126,7 +129,8 @@ def take_over(directory: Path, start: Fingerprint, url: str) -> Record | None:
 
 
 def retire(directory: Path, record: Record, why: str) -> None:
-    logger.info("Retiring the parked engine at %s (pid %d): %s", record.url, record.pid, why)
+    what = "parked engine" if not record.front else "engine"
+    logger.info("Retiring the %s at %s (pid %d): %s", what, record.url, record.pid, why)
     _stop(record.pid)
     (directory / f"{record.pid}.json").unlink(missing_ok=True)
     Path(record.log).unlink(missing_ok=True)
@@ -137,7 +141,9 @@ def wake(directory: Path, record: Record) -> float:
     began = time.perf_counter()
     _post(f"{record.url}/wake_up", timeout=WAKE_TIMEOUT_S)
     _wait_health(record.url, WAKE_TIMEOUT_S)
-    (directory / f"{record.pid}.json").unlink(missing_ok=True)
+    path = directory / f"{record.pid}.json"
+    path.with_suffix(".tmp").write_text(json.dumps(asdict(dataclasses.replace(record, level=0, parked_at=0.0))))
+    path.with_suffix(".tmp").replace(path)
     return time.perf_counter() - began
 
 
@@ -157,9 +163,29 @@ class Front:
         self.level, self.log, self.child, self.offset, self.idle_s = level, log, child, log_from, idle_s
         self._signal = 0
 
+    @property
+    def path(self) -> Path:
+        return self.directory / f"{self.pid}.json"
+
+    def _record(self, level: int, keys: tuple[str, ...] = ()) -> None:
+        """Write this server's record (awake: this launcher in front; parked: ``level``), and make sure one
+        watcher follows it."""
+        old = _read(self.path) if self.path.exists() else None
+        watcher = old.watcher if old is not None and _alive(old.watcher) else 0
+        record = Record(self.pid, self.url, self.engine, self.start.to_wire(), level, str(self.log),
+                        time.time() if level else 0.0, self.idle_s, keys, 0 if level else os.getpid(), watcher)
+        if not watcher:
+            watcher = subprocess.Popen([sys.executable, "-m", "hotweights.standby.parked", str(self.path)],
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                       start_new_session=True).pid
+            record = dataclasses.replace(record, watcher=watcher)
+        self.path.with_suffix(".tmp").write_text(json.dumps(asdict(record)))
+        self.path.with_suffix(".tmp").replace(self.path)
+
     def run(self) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
+        self._record(0)
         with open(self.log, "rb") as f:
             f.seek(self.offset)
             while True:
@@ -167,6 +193,7 @@ class Front:
                 code = self._exit_code()
                 if code is not None:
                     self._copy(f)
+                    self.path.unlink(missing_ok=True)
                     return code
                 if self._signal:
                     return self._park(f)
@@ -193,15 +220,10 @@ class Front:
             logger.info("could not park the engine (%s); stopping it", exc)
             _stop(self.pid)
             self._copy(f)
+            self.path.unlink(missing_ok=True)
             return self._exit_code() or 0
         self._copy(f)
-        record = Record(self.pid, self.url, self.engine, self.start.to_wire(), self.level, str(self.log), time.time(),
-                        self.idle_s, tuple(_parked_keys(self.directory.parent, self.pid)))
-        path = self.directory / f"{self.pid}.json"
-        path.with_suffix(".tmp").write_text(json.dumps(asdict(record)))
-        path.with_suffix(".tmp").replace(path)
-        subprocess.Popen([sys.executable, "-m", "hotweights.standby.parked", str(path)], stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self._record(self.level, tuple(_parked_keys(self.directory.parent, self.pid)))
         logger.info("Parked the engine at %s (pid %d, level %d): the same start wakes it (`hotweights parked` "
                     "lists it, `hotweights parked --retire %d` stops it)", self.url, self.pid, self.level, self.pid)
         return 0
@@ -284,26 +306,30 @@ def _session_of(pid: int) -> int:
 
 
 def watch(path: Path, interval_s: float = 1.0) -> str:
-    """The watcher of one park: retire the engine after its idle time or once the keeper holds none of its
-    entries; return (why) when the record goes or changes (a wake, a retirement, another park)."""
+    """The watcher of one server: stop it when its launcher is gone without parking it; retire it, parked, after
+    its idle time or once the keeper holds none of its entries; return (why) when it or its record is gone."""
     from ..client import connect
     from ..errors import HotweightsError
     from ..paths import daemon_paths
 
-    first = _read(path)
     while True:
         time.sleep(interval_s)
         try:
             record = _read(path)
         except (OSError, ValueError, TypeError):
             return "the record is gone"
-        if record.parked_at != first.parked_at:
-            return "parked again"
+        if record.watcher not in (0, os.getpid()):
+            return "another watcher follows it"
         if not _alive(record.pid):
             path.unlink(missing_ok=True)
             return "the engine is gone"
         why = ""
-        if time.time() - record.parked_at > record.idle_s:
+        if record.front:
+            if not _alive(record.front):
+                why = "its launcher went away without parking it"
+        elif not record.level:
+            pass  # woken where it is (hotweights parked --wake): it serves until retired
+        elif time.time() - record.parked_at > record.idle_s:
             why = f"parked for {record.idle_s:.0f} s (--park-idle-s)"
         elif record.keys:
             try:
