@@ -96,3 +96,15 @@ def lock_holder(path: Path) -> int | None:
 def is_locked(path: Path) -> bool:
     """Whether a process holds ``path``'s lock (it exists and cannot be taken now)."""
     return lock_holder(path) is not None
+
+
+def pid_alive(pid: int, *, others: bool = True) -> bool:
+    """Whether process ``pid`` exists; ``others``: what to say of another user's process (it exists, but is not
+    ours to signal)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return others
+    return True

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from ..key import CacheKey, FieldDiff
 from ..manifest import Manifest
 from ..protocol import EntryRow
+from ..unix import pid_alive
 from ..wire import close_fds
 
 
@@ -154,7 +155,7 @@ class Registry:
         """Rows, bytes per device (host copies count as ``cpu``), bytes held by parked engines per device."""
         with self._lock:
             for notes in self._parked.values():
-                for pid in [p for p in notes if not _alive(p)]:
+                for pid in [p for p in notes if not pid_alive(p)]:
                     del notes[pid]
             rows = []
             for key in dict.fromkeys([*self._entries, *self._host]):
@@ -172,16 +173,6 @@ class Registry:
             if r.host_nbytes:
                 per_device["cpu"] = per_device.get("cpu", 0) + r.host_nbytes
         return rows, per_device, parked_by
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _dup_all(fds: list[int]) -> list[int]:

@@ -20,8 +20,10 @@ tensor access over them faults.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -123,20 +125,31 @@ def _map_again(h: Held) -> str:
                       f"(released?): preload it again (hotweights preload) and wake this engine, or stop it")
 
 
-def _from_entry(client: Client, h: Held) -> bool:
-    """Map the keeper's entry of ``h.key`` at ``h``'s addresses; False when it holds none."""
-    reply = client.attach(h.key)
+@contextlib.contextmanager
+def _attached(client: Client, h: Held, tier: str) -> Generator[list[int] | None, None, None]:
+    """The fds of ``tier``'s copy of ``h.key`` (laid out as ``h`` was, else WeightsGone), None when the keeper
+    has none; a taken fd is set to -1 by the caller, the others are closed on the way out."""
+    reply = client.attach(h.key, tier=tier)
     fds = reply.take_fds() if reply.pools else []
     try:
         answer = reply.answer()
         if answer.outcome is not Outcome.OK:
+            yield None
+        else:
+            _same_layout(h, answer.manifest)
+            yield fds
+    finally:
+        close_fds([fd for fd in fds if fd >= 0])
+
+
+def _from_entry(client: Client, h: Held) -> bool:
+    """Map the keeper's entry of ``h.key`` at ``h``'s addresses; False when it holds none."""
+    with _attached(client, h, "device") as fds:
+        if fds is None:
             return False
-        _same_layout(h, answer.manifest)
         for i, (address, spec) in enumerate(zip(h.addresses, h.manifest.pools)):
             fd, fds[i] = fds[i], -1
             backend(spec.device).remap(address, fd, spec)
-    finally:
-        close_fds([fd for fd in fds if fd >= 0])
     h.mapped = True
     return True
 
@@ -144,15 +157,11 @@ def _from_entry(client: Client, h: Held) -> bool:
 def _from_host_copy(client: Client, h: Held) -> bool | None:
     """Fill a new entry of ``h.key`` from its host copy, publish it, map it: True; None when there is no
     copy; False when another process published the entry first (the caller maps that one)."""
-    reply = client.attach(h.key, tier="host")
-    fds = reply.take_fds() if reply.pools else []
-    try:
-        answer = reply.answer()
-        if answer.outcome is not Outcome.OK:
-            return None
-        _same_layout(h, answer.manifest)
-        from ..pools import cpu
+    from ..pools import cpu
 
+    with _attached(client, h, "host") as fds:
+        if fds is None:
+            return None
         device = backend(h.manifest.key.device)
         made = []
         for i, spec in enumerate(h.manifest.pools):
@@ -162,8 +171,6 @@ def _from_host_copy(client: Client, h: Held) -> bool | None:
             _upload(host, pool.as_tensor())
             del host
             made.append(pool)
-    finally:
-        close_fds([fd for fd in fds if fd >= 0])
     exported = [pool.export() for pool in made]
     try:
         client.publish(h.manifest, exported)

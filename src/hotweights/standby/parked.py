@@ -45,9 +45,16 @@ from pathlib import Path
 from typing import Any
 
 from ..key import FieldDiff
+from ..unix import pid_alive
 from .fingerprint import Fingerprint
 
 logger = logging.getLogger(__name__)
+
+
+def _alive(pid: int) -> bool:
+    return pid_alive(pid, others=False)  # another user's process: not ours to wake or retire
+
+
 WAKE_TIMEOUT_S = 60.0
 
 
@@ -372,16 +379,6 @@ def _wait_health(url: str, timeout_s: float) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{url}/health did not answer 200 within {timeout_s:.0f} s")
         time.sleep(0.02)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return False  # not this user's: not ours to wake or retire
-    return True
 
 
 def _stop(pid: int, grace_s: float = 20.0) -> None:
