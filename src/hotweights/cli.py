@@ -155,12 +155,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import dataclasses
 
     from .paths import daemon_paths
-    from .standby import parked
+    from .standby import front, parked
 
     start = dataclasses.asdict(config) | {"model": os.path.realpath(config.model)}
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
-    argv = parked.strip_flag(parked.strip_flag(sys.argv[1:], "--park-on-exit"), "--park-idle-s")
-    return parked.run_front(daemon_paths(config.attach.socket_dir).directory, "hotweights",
+    argv = front.strip_flag(front.strip_flag(sys.argv[1:], "--park-on-exit"), "--park-idle-s")
+    return front.run_front(daemon_paths(config.attach.socket_dir).directory, "hotweights",
                             parked.start_fingerprint("hotweights", start, ("hotweights", "torch", "transformers")),
                             f"http://{host}:{config.port}", [sys.executable, "-m", "hotweights", *argv],
                             dict(os.environ), args.park_on_exit, args.park_idle_s)
@@ -218,7 +218,7 @@ def cmd_vllm(args: argparse.Namespace) -> int:
     from .engines.vllm import launcher, preflight
     from .engines.vllm.start import VllmStart
 
-    from .standby.parked import flag_value, strip_flag
+    from .standby.front import flag_value, strip_flag
 
     argv = strip_flag(strip_flag(args.vllm_args, "--park-on-exit"), "--park-idle-s")  # hotweights' own flags
     park = int(flag_value(args.vllm_args, "--park-on-exit", "1") or 0)

@@ -64,7 +64,7 @@ def run(start: VllmStart, *, park: int = 0, park_idle_s: float = 3600.0) -> int:
 def _run_parked(start: VllmStart, cmd: list[str], env: dict[str, str], level: int, idle_s: float) -> int:
     import importlib.metadata
 
-    from ...standby import parked
+    from ...standby import front, parked
 
     if level not in (1, 2):
         raise ValueError(f"--park-on-exit takes level 1 (weights kept mapped) or 2 (unmapped), got {level}")
@@ -79,5 +79,5 @@ def _run_parked(start: VllmStart, cmd: list[str], env: dict[str, str], level: in
         cmd = [*cmd, "--enable-sleep-mode"]
     url = start.health_url.removesuffix("/health")
     fingerprint = parked.start_fingerprint("vllm", {"argv": list(start.argv)}, SPEC.packages, SPEC.env_prefixes)
-    return parked.run_front(start.socket_dir, "vllm", fingerprint, url, cmd, {**env, "VLLM_SERVER_DEV_MODE": "1"},
+    return front.run_front(start.socket_dir, "vllm", fingerprint, url, cmd, {**env, "VLLM_SERVER_DEV_MODE": "1"},
                             level, idle_s)

@@ -1,0 +1,80 @@
+"""The watcher of one server a ``--park-on-exit`` launcher started (``python -m hotweights.standby.watch RECORD``,
+torch-free): stops it when its launcher is gone without parking it, retires it parked after its idle time
+or once the keeper holds none of its entries (``parked.py``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from .parked import alive, read_record, retire
+
+
+def parked_keys(daemon_dir: Path, session: int) -> list[str]:
+    """Short keys of the entries the keeper lists a process of ``session`` as parked on."""
+    from ..client import connect
+    from ..errors import HotweightsError
+    from ..paths import daemon_paths
+
+    try:
+        with connect(daemon_paths(daemon_dir)) as client:
+            rows = client.status().rows()
+    except (HotweightsError, OSError):
+        return []
+    return [r.key for r in rows if any(_session_of(int(note.split(":")[0])) == session
+                                       for note in r.parked.split(",") if note)]
+
+
+def _session_of(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[3])  # state ppid pgrp session
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def watch(path: Path, interval_s: float = 1.0) -> str:
+    """The watcher of one server: stop it when its launcher is gone without parking it; retire it, parked, after
+    its idle time or once the keeper holds none of its entries; return (why) when it or its record is gone."""
+    from ..client import connect
+    from ..errors import HotweightsError
+    from ..paths import daemon_paths
+
+    while True:
+        time.sleep(interval_s)
+        try:
+            record = read_record(path)
+        except (OSError, ValueError, TypeError):
+            return "the record is gone"
+        if record.watcher not in (0, os.getpid()):
+            return "another watcher follows it"
+        if not alive(record.pid):
+            path.unlink(missing_ok=True)
+            return "the engine is gone"
+        why = ""
+        if record.front:
+            if not alive(record.front):
+                why = "its launcher went away without parking it"
+        elif not record.level:
+            pass  # woken where it is (hotweights parked --wake): it serves until retired
+        elif time.time() - record.parked_at > record.idle_s:
+            why = f"parked for {record.idle_s:.0f} s (--park-idle-s)"
+        elif record.keys:
+            try:
+                with connect(daemon_paths(path.parent.parent)) as client:
+                    held = {r.key for r in client.status().rows() if r.nbytes or r.host_nbytes}
+                if not held & set(record.keys):
+                    why = "the keeper no longer holds its weights (released)"
+            except (HotweightsError, OSError):  # a keeper that is restarting is not a released entry
+                pass
+        if why:
+            retire(path.parent, record, why)
+            return why
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    watch(Path(sys.argv[1]))
