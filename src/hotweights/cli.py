@@ -202,10 +202,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    model, config = _model_dir(args.model), _extra_config(args)  # said at once, before torch is imported
     from .engines.transformers import generate
 
-    result = generate(_model_dir(args.model), args.prompt, max_tokens=args.max_tokens, dtype=args.dtype,
-                      device=args.device, config=_extra_config(args), load_format=args.load_format)
+    result = generate(model, args.prompt, max_tokens=args.max_tokens, dtype=args.dtype,
+                      device=args.device, config=config, load_format=args.load_format)
     report = result.report
     _emit(args, {"source": report.source, "weights_s": report.weights_s, "build_s": report.build_s,
                  "total_s": result.total_s, "key": report.key_short, "completion": result.text,
