@@ -197,3 +197,11 @@ def test_help_states_each_default_once(command):
     blocks = re.split(r"\n  (?=-)", text.split("options:", 1)[1])
     twice = [b.split()[0] for b in blocks if b.count("(default") > 1 or "(None" in b or "(default: None)" in b]
     assert not twice, f"{command} --help states a default twice for {twice}"
+
+
+@pytest.mark.parametrize("args", [[], ["--help"], ["-h"]])
+def test_hotweights_vllm_help_is_its_own_and_points_to_vllms(args):
+    """No vLLM needed: what hotweights adds (the strict check, the standby, --park-on-exit), then where vLLM's is."""
+    done = run_cli("vllm", *args)
+    assert done.returncode == 0, done.stderr
+    assert "--park-on-exit [1|2]" in done.stdout and "vLLM's own options: hotweights vllm serve --help" in done.stdout

@@ -216,6 +216,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_vllm(args: argparse.Namespace) -> int:
+    if args.vllm_args in ([], ["-h"], ["--help"]):  # hotweights' part; vLLM's own: hotweights vllm serve --help
+        from .cli_parser import VLLM_HELP
+
+        print(VLLM_HELP)
+        return 0
     from .engines.vllm import launcher, preflight
     from .engines.vllm.start import VllmStart
 

@@ -47,6 +47,23 @@ def resolve_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     args.model = given.pop()
 
 
+VLLM_HELP = """\
+usage: hotweights vllm ARGS...   (e.g. hotweights vllm serve MODEL --load-format hotweights ...)
+
+Runs vLLM's own CLI with ARGS in this interpreter, every argument passed on untouched, with:
+  - a strict start (--load-format hotweights, {"fallback": false}) that the daemon cannot serve (no daemon, an
+    untrusted one, no entry of the model) fails first, with the strict message, in well under a second;
+  - serve starts from a warm standby (vLLM already imported) when one fits, and prepares one for the next start
+    (hotweights standby; HOTWEIGHTS_VLLM_STANDBY=off turns it off).
+
+hotweights' own flags, taken out of ARGS:
+  --park-on-exit [1|2]   Ctrl-C parks the server (vLLM's sleep mode; level 2 also unmaps the weights) and the
+                         next run of the same start wakes it in about a second (hotweights parked lists them)
+  --park-idle-s S        a parked server retires after S seconds (3600), or when its weights are released
+
+vLLM's own options: hotweights vllm serve --help."""
+
+
 def split_vllm(argv: list[str]) -> tuple[list[str], list[str] | None]:
     """``[--global-options] vllm ARGS...`` -> (what argparse parses, ARGS); ARGS is None for other
     commands. vLLM's arguments bypass argparse, which cannot take a remainder that starts with an option."""
@@ -205,12 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the receipts as one JSON line")
 
     sub.add_parser("vllm", help="start vLLM with ARGS (hotweights vllm serve MODEL ...), a strict start checked first",
-                   description="hotweights vllm ARGS... becomes `python -m vllm.entrypoints.cli.main ARGS...` (the "
-                               "same interpreter, exec), every argument passed on untouched. A strict start "
-                               "(--load-format hotweights, {\"fallback\": false}) that the daemon cannot serve (no "
-                               "daemon, an untrusted one, no entry of the model) fails here first, with the strict "
-                               "message, in well under a second: vLLM's own plugin check runs only after vLLM's "
-                               "import.")
+                   description=VLLM_HELP)
 
     p = sub.add_parser("standby", help="the warm vLLM standby of this interpreter: is it ready, does it fit",
                        description="hotweights vllm serve starts from a warm standby (vLLM imported) when one fits, "
