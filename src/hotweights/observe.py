@@ -213,8 +213,20 @@ def observe(label: str, command: list[str], *, out_dir: Path, health_url: str = 
 
 
 def post(url: str, timeout_s: float = 120) -> bytes:
-    """An empty POST (``/sleep``, ``/wake_up``); its body. HTTPError (an OSError) when it is refused."""
-    import urllib.request
+    """An empty POST (``/sleep``, ``/wake_up``); its body. OSError naming the status and the body when refused."""
+    import urllib.error
 
-    with urllib.request.urlopen(urllib.request.Request(url, method="POST", data=b""), timeout=timeout_s) as r:
-        return bytes(r.read())
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="POST", data=b""), timeout=timeout_s) as r:
+            return bytes(r.read())
+    except urllib.error.HTTPError as exc:
+        raise OSError(f"{url} answered {exc.code}: {exc.read()[:300]!r}") from None
+
+
+def wait_healthy(base_url: str, timeout_s: float, interval_s: float = 0.02) -> None:
+    """Until ``base_url``/health answers 200; TimeoutError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not _healthy(f"{base_url}/health"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{base_url}/health did not answer 200 within {timeout_s:.0f} s")
+        time.sleep(interval_s)

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .fingerprint import Fingerprint
-from .parked import Record, alive, parked_dir, post, read_record, stop, take_over
+from ..observe import post
+from .parked import Record, alive, parked_dir, read_record, stop, take_over
 from .watch import parked_keys
 
 logger = logging.getLogger("hotweights.standby.parked")
@@ -85,7 +86,7 @@ class Front:
 
     def _park(self, f: Any) -> int:
         try:
-            post(f"{self.url}/sleep?level={self.level}", timeout=120)
+            post(f"{self.url}/sleep?level={self.level}", 120)
         except OSError as exc:
             logger.info("could not park the engine (%s); stopping it", exc)
             stop(self.pid)

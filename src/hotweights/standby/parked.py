@@ -36,13 +36,12 @@ import logging
 import os
 import signal
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ..key import FieldDiff
+from ..observe import post, wait_healthy
 from ..unix import pid_alive
 from .fingerprint import Fingerprint
 
@@ -122,8 +121,8 @@ def take_over(directory: Path, start: Fingerprint, url: str) -> Record | None:
             return None
         began = time.perf_counter()
         try:
-            post(f"{url}/wake_up", timeout=WAKE_TIMEOUT_S)
-            _wait_health(url, WAKE_TIMEOUT_S)
+            post(f"{url}/wake_up", WAKE_TIMEOUT_S)
+            wait_healthy(url, WAKE_TIMEOUT_S)
         except (OSError, TimeoutError) as exc:
             retire(directory, record, f"it could not be woken ({exc})")
             return None
@@ -144,8 +143,8 @@ def retire(directory: Path, record: Record, why: str) -> None:
 def wake(directory: Path, record: Record) -> float:
     """Wake ``record``'s engine where it is (it serves on, with no launcher in front); the seconds it took."""
     began = time.perf_counter()
-    post(f"{record.url}/wake_up", timeout=WAKE_TIMEOUT_S)
-    _wait_health(record.url, WAKE_TIMEOUT_S)
+    post(f"{record.url}/wake_up", WAKE_TIMEOUT_S)
+    wait_healthy(record.url, WAKE_TIMEOUT_S)
     path = directory / f"{record.pid}.json"
     path.with_suffix(".tmp").write_text(json.dumps(asdict(dataclasses.replace(record, level=0, parked_at=0.0))))
     path.with_suffix(".tmp").replace(path)
@@ -155,29 +154,6 @@ def wake(directory: Path, record: Record) -> float:
 def _say(diffs: list[FieldDiff]) -> str:
     text = "; ".join(str(d) for d in diffs[:4])
     return text + (f"; ... and {len(diffs) - 4} more" if len(diffs) > 4 else "")
-
-
-def post(url: str, timeout: float) -> None:
-    req = urllib.request.Request(url, method="POST", data=b"")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            r.read()
-    except urllib.error.HTTPError as exc:
-        raise OSError(f"{url} answered {exc.code}: {exc.read()[:300]!r}") from None
-
-
-def _wait_health(url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{url}/health did not answer 200 within {timeout_s:.0f} s")
-        time.sleep(0.02)
 
 
 def stop(pid: int, grace_s: float = 20.0) -> None:
