@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,11 +30,11 @@ PROMPT = {"prompt": "The weight cache", "max_tokens": 8, "temperature": 0}
 
 
 class Launcher:
-    def __init__(self, model: Path, sock: Path, port: int, log: Path, *args: str) -> None:
+    def __init__(self, model: Path, sock: Path, port: int, log: Path, *args: str, **config: float) -> None:
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = log
         self.started = time.perf_counter()
-        extra = json.dumps({"socket_dir": str(sock), "fallback": False})
+        extra = json.dumps({"socket_dir": str(sock), "fallback": False, **config})
         self.proc = subprocess.Popen([sys.executable, "-m", "hotweights", "serve", str(model), "--port", str(port),
                                       "--served-model-name", "tiny", "--model-loader-extra-config", extra,
                                       "--park-on-exit", *args], stdout=open(log, "wb"), stderr=subprocess.STDOUT)
@@ -98,6 +99,7 @@ def keeper(models):
     yield sock
     run_cli("parked", "--retire", "all", "--socket-dir", str(sock))
     daemon.stop()
+    shutil.rmtree(sock, ignore_errors=True)
 
 
 def test_ctrl_c_parks_the_same_start_wakes_it_and_another_start_retires_it(models, keeper, tmp_path):
@@ -151,6 +153,29 @@ def test_a_parked_server_retires_when_its_weights_are_released_or_its_idle_time_
     assert record["level"] == 2
     assert run_cli("release", "--all", "--socket-dir", str(sock)).returncode == 0
     assert gone(record["pid"]) and parked(sock) == []  # its weights left the keeper: it retired
+
+
+def test_a_wake_that_cannot_map_its_weights_says_why_and_leaves_it_parked(models, keeper, tmp_path):
+    """A deep-parked server whose keeper does not answer (stopped, SIGSTOP: slower than the engine's 1 s
+    timeout): ``parked --wake`` says why in one line and the server stays parked (a keeper that does not
+    answer is not a released entry); once it answers again the same command wakes it."""
+    sock = keeper
+    deep = Launcher(models["small"], sock, free_port(), tmp_path / "deep.log", "--park-on-exit", "2",
+                    state_timeout_s=1.0)
+    status, expected = complete(deep.url)
+    assert status == 200 and deep.interrupt() == 0
+    (record,) = parked(sock)
+    daemon_pid = int((sock / "daemon.lock").read_text())
+    os.kill(daemon_pid, signal.SIGSTOP)
+    try:
+        done = run_cli("parked", "--wake", str(record["pid"]), "--socket-dir", str(sock))
+    finally:
+        os.kill(daemon_pid, signal.SIGCONT)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.startswith(f"could not wake pid {record['pid']}: ") and "(it is still parked)" in done.stdout
+    assert complete(deep.url) == (503, "engine_sleeping")
+    assert run_cli("parked", "--wake", str(record["pid"]), "--socket-dir", str(sock)).returncode == 0
+    assert complete(deep.url) == (200, expected)
 
 
 def test_vllm_cpu_build_refuses_park_on_exit_in_one_line(models):

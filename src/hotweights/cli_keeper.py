@@ -153,7 +153,12 @@ def cmd_parked(args: argparse.Namespace) -> int:
             return 1
         for record in chosen:
             if args.wake is not None:
-                seconds = parked.wake(directory, record)
+                try:
+                    seconds = parked.wake(directory, record)
+                except (OSError, TimeoutError) as exc:
+                    _emit(args, {"woke": None, "pid": record.pid, "error": parked.wake_refusal(record, exc)},
+                          f"could not wake pid {record.pid}: {parked.wake_refusal(record, exc)}")
+                    return 1
                 _emit(args, {"woke": record.pid, "seconds": round(seconds, 3)},
                      f"woke pid {record.pid} in {seconds:.3f} s; it serves at {record.url} (its log: {record.log})")
             else:

@@ -124,7 +124,7 @@ def take_over(directory: Path, start: Fingerprint, url: str) -> Record | None:
             post(f"{url}/wake_up", WAKE_TIMEOUT_S)
             wait_healthy(url, WAKE_TIMEOUT_S)
         except (OSError, TimeoutError) as exc:
-            retire(directory, record, f"it could not be woken ({exc})")
+            retire(directory, record, f"it could not be woken ({wake_refusal(record, exc)})")
             return None
         logger.info("Woke a parked engine for this start (pid %d) in %.3f s; serving at %s", record.pid,
                     time.perf_counter() - began, url)
@@ -149,6 +149,28 @@ def wake(directory: Path, record: Record) -> float:
     path.with_suffix(".tmp").write_text(json.dumps(asdict(dataclasses.replace(record, level=0, parked_at=0.0))))
     path.with_suffix(".tmp").replace(path)
     return time.perf_counter() - began
+
+
+def wake_refusal(record: Record, exc: Exception) -> str:
+    """Why a wake failed, for a person: the engine's own refusal line from its log when it wrote one (vLLM's
+    server answers a failed wake with a bare 500), else the error; and whether it is still parked."""
+    try:
+        lines = Path(record.log).read_text(errors="replace").splitlines()[-400:]
+    except OSError:
+        lines = []
+    said = next((x[x.index("hotweights: "):] for x in reversed(lines) if "hotweights: cannot wake" in x), str(exc))
+    still = _is_sleeping(record.url)
+    return said + ("" if still is None else " (it is still parked)" if still else " (it is awake)")
+
+
+def _is_sleeping(url: str) -> bool | None:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/is_sleeping", timeout=5) as r:
+            return bool(json.loads(r.read()).get("is_sleeping"))
+    except (OSError, ValueError):
+        return None
 
 
 def _say(diffs: list[FieldDiff]) -> str:
