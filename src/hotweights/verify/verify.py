@@ -2,8 +2,9 @@
 
 Steps: environment record -> a disk start with the checkpoint evicted from the page cache
 (``disk_cold``, unless ``cold=False``) -> the disk baseline (page cache warm) -> preload -> warm1
-and warm2 with the fallback disabled -> the park drill (embedded engine: park, memory while parked,
-wake, the same answer; a deep park, the keeper's pools unmapped, wake, the same answer) -> memory at
+and warm2 with the fallback disabled -> the park drill (the embedded engine, and vLLM on a GPU with
+``--enable-sleep-mode``: park, memory while parked, wake, the same answer; a deep park, the weights
+unmapped, wake, the same answer) -> memory at
 four points -> drills (no daemon + fallback on, no daemon + fallback off, dtype mismatch) -> verdict.
 Each check is a ``Check`` that can fail on its own and says why in one line. Every server run is an ``observe`` run
 with its own log and JSON receipt under ``--out``.
@@ -73,14 +74,16 @@ class Procedure:
         return subprocess.run([sys.executable, "-m", "hotweights", *args], capture_output=True, text=True)
 
     def serve(self, label: str, *, load_format: str, extra: dict | None = None, dtype: str | None = None,
-              measure: str | None = None, during: Callable[[str, int], None] | None = None) -> Run:
+              measure: str | None = None, during: Callable[[str, int], None] | None = None,
+              flags: tuple[str, ...] = ()) -> Run:
         require_free_port(self.config.port)  # else /health may answer from a server we did not start
         print(f"verify: {label}: starting the server ({self.config.engine}, load format {load_format})",
               file=sys.stderr, flush=True)
         template = self.config.engine_cmd or ENGINE_CMDS[self.config.engine]
         cmd = self._fmt(template, load_format=load_format, extra=json.dumps(extra or {}), dtype=dtype or self.dtype)
+        cmd += flags
         url = f"http://127.0.0.1:{self.config.port}"
-        env = self._engine_env()
+        env = self._engine_env() | ({"VLLM_SERVER_DEV_MODE": "1"} if "--enable-sleep-mode" in flags else {})
         page_cache = page_cache_resident(self.config.model)
         with Observed(label, cmd, out_dir=self.out, health_url=url + "/health", env=env) as obs:
             receipt = obs.wait_ready(timeout_s=self.config.timeout_s, interval_s=self.config.interval_s)
@@ -125,8 +128,8 @@ class Procedure:
                 self.memory["daemon_only"] = self._memory()
                 for label in ("warm1", "warm2"):
                     self.warm(label)
-                if self.config.engine == "hotweights":  # vLLM's CPU build has no sleep mode
-                    self.park_drill()
+                if self.config.engine == "hotweights" or (self.config.device != "cpu" and not self.config.engine_cmd):
+                    self.park_drill()  # vLLM's CPU build has no sleep mode
                 self.memory["engine_stopped"] = self._memory()
             self.drills()
         finally:
@@ -233,14 +236,22 @@ class Procedure:
                            answer == base and unmapped,
                            f"parked in {parked_s:.3f} s, woke in {woke_s:.3f} s, "
                            + ("identical" if answer == base else f"disk={base!r} woken={answer!r}")
-                           + ("" if level == 1 else f"; {mapped} pool mappings while parked"))
+                           + ("" if level == 1 or self.config.device != "cpu"  # GPU pools do not show in maps
+                              else f"; {mapped} pool mappings while parked"))
 
         strict = {"socket_dir": str(self.socket_dir), "fallback": False}
-        run = self.serve("park", load_format="hotweights", extra=strict, during=steps)
-        parked = [e for e in run.evidence if PARKED_RE.search(e)]
+        vllm = self.config.engine == "vllm"
+        run = self.serve("park", load_format="hotweights", extra=strict, during=steps,
+                         flags=("--enable-sleep-mode",) if vllm else ())
+        parked = [PARKED_RE.search(e) for e in run.evidence if PARKED_RE.search(e)]
         woke = [e for e in run.evidence if WOKE_RE.search(e)]
-        self.check("park drill: Parked and Woke evidence", run.ready and len(parked) == 2 and len(woke) == 2,
-                   f"{len(parked)} Parked and {len(woke)} Woke lines" if run.ready else _why(run))
+        ranks = self.config.tp_size if vllm else 1  # every vLLM worker parks and wakes on its own
+        said = [m.group(5) for m in parked if m] == ["weights kept mapped"] * ranks + ["weights unmapped"] * ranks
+        self.check("park drill: Parked and Woke evidence",
+                   run.ready and len(parked) == 2 * ranks and len(woke) == 2 * ranks and said,
+                   f"{len(parked)} Parked and {len(woke)} Woke lines"
+                   + ("" if said else "; the level 1 lines must keep the weights mapped, the level 2 ones unmap them")
+                   if run.ready else _why(run))
 
     def drills(self) -> None:
         self._run_cli("stop", "--socket-dir", str(self.socket_dir))
