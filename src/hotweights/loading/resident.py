@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -183,25 +184,45 @@ def _from_host_copy(client: Client, h: Held) -> bool | None:
     return _from_entry(client, h)
 
 
-STAGE_BYTES = 256 << 20
+STAGE_BYTES = 64 << 20
+UPLOAD_THREADS = max(1, min(16, os.cpu_count() or 1))
 
 
-def _upload(host: torch.Tensor, dst: torch.Tensor) -> None:
-    """``dst.copy_(host)``; to a GPU through two pinned staging buffers, so torch's threads copy pageable
-    memory into one while the GPU reads the other (a pageable copy goes at a fraction of the link's speed)."""
+def _upload(host: torch.Tensor, dst: torch.Tensor, threads: int = UPLOAD_THREADS) -> None:
+    """``dst.copy_(host)``; to a GPU by ``threads`` workers over contiguous slices, each with two pinned
+    staging buffers and its own stream: it copies pageable memory into one buffer (``memmove``, which
+    lets go of the GIL) while the GPU reads the other. A pageable ``copy_`` goes at a fraction of the
+    link's speed, and one thread's memcpy (page faults on a fresh mapping included) is the limit of one
+    staging pair (``benchmarks/host_upload.py`` measures the variants)."""
     if not dst.is_cuda or host.numel() <= STAGE_BYTES:
         dst.copy_(host)
         return
+    from concurrent.futures import ThreadPoolExecutor
+
+    chunks = -(-host.numel() // STAGE_BYTES)
+    threads = max(1, min(threads, chunks))
+    per = -(-chunks // threads) * STAGE_BYTES
+    ranges = [(at, min(at + per, host.numel())) for at in range(0, host.numel(), per)]
+    with ThreadPoolExecutor(len(ranges), thread_name_prefix="hotweights-upload") as pool:
+        for done in [pool.submit(_upload_range, host, dst, lo, hi) for lo, hi in ranges]:
+            done.result()
+
+
+def _upload_range(host: torch.Tensor, dst: torch.Tensor, lo: int, hi: int) -> None:
+    import ctypes
+
     import torch
 
+    torch.cuda.set_device(dst.device)
     stream = torch.cuda.Stream(dst.device)
     stages = [torch.empty(STAGE_BYTES, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
     done = [torch.cuda.Event(), torch.cuda.Event()]
-    for i, at in enumerate(range(0, host.numel(), STAGE_BYTES)):
-        n = min(STAGE_BYTES, host.numel() - at)
+    src = host.data_ptr()
+    for i, at in enumerate(range(lo, hi, STAGE_BYTES)):
+        n = min(STAGE_BYTES, hi - at)
         stage, event = stages[i % 2], done[i % 2]
         event.synchronize()  # the GPU has read this stage's previous chunk
-        stage[:n].copy_(host[at: at + n])
+        ctypes.memmove(stage.data_ptr(), src + at, n)
         with torch.cuda.stream(stream):
             dst[at: at + n].copy_(stage[:n], non_blocking=True)
             event.record(stream)

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""A deep-parked engine's wake from the host copy, the copy alone (GPU): host memfd -> a new CUDA pool.
+
+What ``loading/resident.py`` does on a wake whose weights come from the keeper's host copy: map the
+copy's memfd (a fresh ``MAP_PRIVATE`` mapping each round, so its page faults are counted, as in a
+wake), allocate a CUDA pool, copy. Variants, interleaved, ``--repeat`` rounds each:
+
+- ``before``: the code before this benchmark (one thread, two 256 MiB pinned stages, torch's ``copy_``
+  into them);
+- ``threads_N``: ``resident._upload`` with N workers (each: two 64 MiB pinned stages, ``memmove``, its
+  own stream), N in ``--threads``;
+- ``pageable``: ``dst.copy_(host)`` straight from the mapping;
+- ``registered``: ``cudaHostRegister`` of the mapping (timed apart: it is paid once) and the copy after.
+
+Each round checks the copy (several whole 64 MiB slices at random places and the tail equal to the
+host's). Prints one JSON object: medians per variant, GB/s, and every round.
+
+Run (GPU):  python3 benchmarks/host_upload.py --gib 16 --repeat 5 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+
+import torch
+
+from hotweights.loading import resident
+from hotweights.manifest import PoolSpec
+from hotweights.pools import cpu, cuda
+from hotweights.pools.devices import resolve_device
+
+
+def before(host: torch.Tensor, dst: torch.Tensor) -> None:
+    stage_bytes = 256 << 20
+    stream = torch.cuda.Stream(dst.device)
+    stages = [torch.empty(stage_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+    done = [torch.cuda.Event(), torch.cuda.Event()]
+    for i, at in enumerate(range(0, host.numel(), stage_bytes)):
+        n = min(stage_bytes, host.numel() - at)
+        stage, event = stages[i % 2], done[i % 2]
+        event.synchronize()
+        stage[:n].copy_(host[at: at + n])
+        with torch.cuda.stream(stream):
+            dst[at: at + n].copy_(stage[:n], non_blocking=True)
+            event.record(stream)
+    stream.synchronize()
+
+
+def registered(host: torch.Tensor, dst: torch.Tensor) -> float:
+    """Register, copy, unregister; the registration's seconds (the caller times the whole)."""
+    cudart = torch.cuda.cudart()
+    began = time.perf_counter()
+    err = cudart.cudaHostRegister(host.data_ptr(), host.numel(), 0)
+    register_s = time.perf_counter() - began
+    if int(err) != 0:
+        raise RuntimeError(f"cudaHostRegister failed: {err}")
+    try:
+        dst.copy_(host, non_blocking=True)
+        torch.cuda.synchronize()
+    finally:
+        cudart.cudaHostUnregister(host.data_ptr())
+    return register_s
+
+
+def same(host: torch.Tensor, dst: torch.Tensor, rng: random.Random) -> bool:
+    step = 64 << 20
+    starts = [rng.randrange(0, max(1, host.numel() - step)) for _ in range(4)] + [max(0, host.numel() - step)]
+    return all(torch.equal(dst[a: a + step].cpu(), host[a: a + step]) for a in starts)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gib", type=float, default=16.0)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--threads", default="1,2,4,8,16")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    nbytes = int(args.gib * 2**30) // (2 << 20) * (2 << 20)
+    made = cpu.create(nbytes)
+    view = made.as_tensor()
+    base = torch.randint(0, 256, (64 << 20,), dtype=torch.uint8)
+    for i, at in enumerate(range(0, nbytes, 64 << 20)):  # random bytes, with each slice's number at its head
+        n = min(64 << 20, nbytes - at)
+        view[at: at + n].copy_(base[:n])
+        view[at: at + 8].copy_(torch.tensor(list(i.to_bytes(8, "little")), dtype=torch.uint8))
+    del view
+    fd = made.export()
+    variants = ["before", *[f"threads_{t}" for t in args.threads.split(",")], "pageable", "registered"]
+    rng = random.Random(7)
+    rows = []
+    for r in range(args.repeat):
+        for name in rng.sample(variants, len(variants)):
+            host = cpu.import_pool(os.dup(fd), PoolSpec(nbytes, "cpu"))
+            pool = cuda.create(nbytes, resolve_device("cuda:0").pool_device)
+            dst = pool.as_tensor()
+            torch.cuda.synchronize()
+            began = time.perf_counter()
+            extra = {}
+            if name == "before":
+                before(host, dst)
+            elif name == "pageable":
+                dst.copy_(host)
+                torch.cuda.synchronize()
+            elif name == "registered":
+                extra["register_s"] = round(registered(host, dst), 3)
+            else:
+                resident._upload(host, dst, threads=int(name.split("_")[1]))
+            seconds = time.perf_counter() - began
+            rows.append({"round": r, "variant": name, "seconds": round(seconds, 3), **extra,
+                         "same_bytes": same(host, dst, rng)})
+            del dst, host
+            pool.close()
+    os.close(fd)
+    medians = {}
+    for name in variants:
+        times = [x["seconds"] for x in rows if x["variant"] == name]
+        med = statistics.median(times)
+        medians[name] = {"seconds": round(med, 3), "GBps": round(nbytes / med / 1e9, 1)}
+        if name == "registered":
+            medians[name]["register_s"] = statistics.median(x["register_s"] for x in rows if x["variant"] == name)
+    result = {"gib": round(nbytes / 2**30, 2), "repeat": args.repeat, "cpus": os.cpu_count(),
+              "default_threads": resident.UPLOAD_THREADS, "median": medians,
+              "all_same_bytes": all(x["same_bytes"] for x in rows), "rounds": rows,
+              "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "command": "python3 benchmarks/host_upload.py " + " ".join(sys.argv[1:])}
+    print(json.dumps(result) if args.json else json.dumps(result, indent=1))
+    return 0 if result["all_same_bytes"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
