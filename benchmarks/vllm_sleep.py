@@ -90,7 +90,8 @@ def entry_key(sock: str) -> tuple[str, int]:
 
 def zero_copy(args: argparse.Namespace, base: list[str], out: Path) -> dict:
     sock = tempfile.mkdtemp(prefix="hw-sleep-", dir="/tmp")
-    subprocess.run([sys.executable, "-m", "hotweights", "daemon", "--detach", "--socket-dir", sock], check=True)
+    subprocess.run([sys.executable, "-m", "hotweights", "daemon", "--detach", "--socket-dir", sock], check=True,
+                   stdout=subprocess.DEVNULL)
     pre = hw("preload", "--engine", "vllm", "--model", str(args.model), "--socket-dir", sock, "--json",
              *[f"--vllm-arg={a}" for a in base])
     if pre.returncode != 0:

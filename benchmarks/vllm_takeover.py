@@ -8,8 +8,13 @@ line (vLLM's ``/health`` answers 200 while it sleeps, so it cannot tell a take-o
 answer (asked once it is awake), then SIGINT. Prints one JSON object; ``same_answer`` says whether every answer
 equals the first.
 
+``--drills`` then, with the last engine parked: a second start on another port with
+``--gpu-memory-utilization`` ``--beside-util`` (its budget line counts the parked engine, ``budget_line``);
+``hotweights parked --wake`` of the parked one while the second runs (``refusal``: refused in one line, still
+parked, when the two cannot fit); the second stopped; the same wake again (it answers the same).
+
 Run (GPU, vLLM staged per ../shared/gpu-vllm/README.md):
-    python3 benchmarks/vllm_takeover.py --model M --repeat 5 --json [--eager] [--level 1|2]
+    python3 benchmarks/vllm_takeover.py --model M --repeat 5 --json [--eager] [--level 1|2] [--drills]
 """
 
 from __future__ import annotations
@@ -40,6 +45,57 @@ def wait_health(url: str, proc: subprocess.Popen, timeout_s: float) -> float:
     raise SystemExit(f"not ready: rc={proc.poll()}")
 
 
+def hw(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hotweights", *args], capture_output=True, text=True)
+
+
+def gpu_used_mib() -> int:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True).stdout
+    return int(out.split()[0])
+
+
+def beside_drills(args: argparse.Namespace, base: list[str], sock: str, out: Path, expected: str) -> dict:
+    """With one engine parked: a second start beside it, a wake refused while both cannot fit, the wake after."""
+    (record,) = json.loads(hw("parked", "--json", "--socket-dir", sock).stdout)["parked"]
+    result: dict = {"parked_pid": record["pid"], "parked_level": record["level"], "gpu_mib_parked": gpu_used_mib()}
+    status = json.loads(hw("status", "--json", "--socket-dir", sock).stdout)
+    result["keeper_parked_by_device"] = status.get("parked_by_device")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    beside = [a if a != "0.5" else args.beside_util for a in base]
+    cmd = [sys.executable, "-m", "hotweights", "vllm", "serve", str(args.model), "--port", str(port), *beside,
+           "--load-format", "hotweights", "--model-loader-extra-config",
+           json.dumps({"socket_dir": sock, "fallback": False})]
+    log = out / "beside.log"
+    began = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    try:
+        result["beside_ready_s"] = round(wait_health(url, proc, 600) - began, 3)
+        result["beside_same_answer"] = complete(url, "The weight cache", model=str(args.model)) == expected
+        result["gpu_mib_both"] = gpu_used_mib()
+        began = time.perf_counter()
+        refused = hw("parked", "--wake", str(record["pid"]), "--socket-dir", sock)
+        result["refusal"] = {"rc": refused.returncode, "seconds": round(time.perf_counter() - began, 3),
+                             "said": (refused.stdout + refused.stderr).strip()[-600:]}
+    except SystemExit as exc:
+        result["beside_error"] = str(exc)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(120)
+    text = log.read_text(errors="replace")
+    result["budget_line"] = next((x[-300:] for x in text.splitlines() if "held by parked engines" in x), None)
+    result["beside_kv_line"] = next((x[-160:] for x in text.splitlines() if "KV cache size" in x), None)
+    began = time.perf_counter()
+    woke = hw("parked", "--wake", str(record["pid"]), "--json", "--socket-dir", sock)
+    result["wake_after"] = {"rc": woke.returncode, "seconds": round(time.perf_counter() - began, 3),
+                            "said": woke.stdout.strip()[-300:]}
+    if woke.returncode == 0:
+        result["wake_after"]["same_answer"] = complete(record["url"], "The weight cache",
+                                                       model=str(args.model)) == expected
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", type=Path, required=True)
@@ -47,6 +103,8 @@ def main() -> int:
     parser.add_argument("--level", type=int, default=1)
     parser.add_argument("--eager", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--drills", action="store_true")
+    parser.add_argument("--beside-util", default="0.85")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="hw-takeover-"))
@@ -54,7 +112,8 @@ def main() -> int:
     sock = tempfile.mkdtemp(prefix="hw-to-", dir="/tmp")
     base = ["--dtype", "bfloat16", "--max-model-len", "512", "--gpu-memory-utilization", "0.5",
             *(["--enforce-eager"] if args.eager else [])]
-    subprocess.run([sys.executable, "-m", "hotweights", "daemon", "--detach", "--socket-dir", sock], check=True)
+    subprocess.run([sys.executable, "-m", "hotweights", "daemon", "--detach", "--socket-dir", sock], check=True,
+                   stdout=subprocess.DEVNULL)
     pre = subprocess.run([sys.executable, "-m", "hotweights", "preload", "--engine", "vllm", "--model", str(args.model),
                           "--socket-dir", sock, *[f"--vllm-arg={a}" for a in base]], capture_output=True, text=True)
     if pre.returncode != 0:
@@ -88,8 +147,9 @@ def main() -> int:
                      "command_to_first_answer_s": round(answer_start + answer_s - began, 3),
                      "park_exit_s": round(time.perf_counter() - park_began, 3), "exit_code": code,
                      "took_over": "Woke a parked engine for this start" in text})
-    subprocess.run([sys.executable, "-m", "hotweights", "parked", "--retire", "all", "--socket-dir", sock])
-    subprocess.run([sys.executable, "-m", "hotweights", "stop", "--socket-dir", sock])
+    drills = beside_drills(args, base, sock, out, answers[0]) if args.drills else None
+    hw("parked", "--retire", "all", "--socket-dir", sock)
+    hw("stop", "--socket-dir", sock)
     takeovers = runs[1:]
     result = {"model": args.model.name, "eager": args.eager, "level": args.level, "repeat": args.repeat,
               "first_start_s": runs[0]["ready_s"],
@@ -103,6 +163,7 @@ def main() -> int:
               "answer": answers[0], "runs": runs,
               "lines": [x[-200:] for t in outputs for x in t.splitlines()
                         if "Woke a parked" in x or "Parked the engine" in x or "Parked " in x][:8],
+              "drills": drills,
               "command": "python3 benchmarks/vllm_takeover.py " + " ".join(sys.argv[1:]).replace(str(args.model), "M")}
     print(json.dumps(result) if args.json else json.dumps(result, indent=1))
     return 0 if result["same_answer"] and result["all_took_over"] else 1
