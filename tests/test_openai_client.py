@@ -8,6 +8,7 @@ naming the field, never ignored. Run: pytest tests/test_openai_client.py
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 
 import openai
@@ -87,12 +88,71 @@ def test_an_unknown_model_is_not_found(client):
     with pytest.raises(openai.NotFoundError) as err:
         client.completions.create(prompt="ab", model="gpt-4o", max_tokens=2)
     assert err.value.status_code == 404 and err.value.body["param"] == "model"
+    assert err.value.body["type"] == "NotFoundError" and err.value.body["code"] == 404  # vLLM's values
+    assert err.value.body["message"] == "The model `gpt-4o` does not exist. Valid aliases: tiny."
+
+
+def test_every_error_is_json_in_vllms_shape(warm_server):
+    for method, path, status, kind in (("GET", "/v1/models/tiny", 404, "Not Found"),
+                                       ("GET", "/v1/completions", 405, "Method Not Allowed")):
+        req = urllib.request.Request(warm_server.url + path, method=method)
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=10)
+        assert err.value.code == status
+        assert json.loads(err.value.read()) == {"error": {"message": kind, "type": kind, "param": None,
+                                                          "code": status}}
+
+
+def test_completion_logprobs_are_each_tokens_with_the_steps_most_likely(client):
+    reply = client.completions.create(prompt="ab", logprobs=3, **GREEDY)
+    lp, n = reply.choices[0].logprobs, reply.usage.completion_tokens
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+    assert len(lp.tokens) in (n, n + 1)  # a last end-of-sequence token is reported too, as vLLM does
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        # keyed by text: byte tokens that decode alike (U+FFFD) share a key, so up to k + 1 keys
+        assert logprob <= 0 and top[token] == logprob and 1 <= len(top) <= 4
+        assert logprob >= max(top.values()) - 1e-5  # greedy: the chosen token is the most likely one
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert client.completions.create(prompt="ab", logprobs=3, **GREEDY).choices[0].logprobs == lp
+    streamed = list(client.completions.create(prompt="ab", logprobs=3, stream=True, **GREEDY))
+    assert [t for c in streamed for t in c.choices[0].logprobs.token_logprobs] == lp.token_logprobs
+    assert [o for c in streamed for o in c.choices[0].logprobs.text_offset] == lp.text_offset
+
+
+def test_chat_logprobs_carry_bytes_and_top_logprobs(client):
+    reply = client.chat.completions.create(messages=[{"role": "user", "content": "hi"}], logprobs=True,
+                                           top_logprobs=2, **GREEDY)
+    content = reply.choices[0].logprobs.content
+    assert len(content) in (reply.usage.completion_tokens, reply.usage.completion_tokens + 1)
+    for entry in content:
+        assert entry.bytes == list(entry.token.encode()) and len(entry.top_logprobs) == 2
+        assert abs(entry.logprob - entry.top_logprobs[0].logprob) < 1e-5
+    plain = client.chat.completions.create(messages=[{"role": "user", "content": "hi"}], **GREEDY)
+    assert plain.choices[0].logprobs is None and plain.choices[0].message == reply.choices[0].message
+
+
+def test_a_stream_sends_one_chunk_per_token_and_a_chat_stream_names_the_role_first(client):
+    whole = client.completions.create(prompt="ab", **GREEDY)
+    chunks = list(client.completions.create(prompt="ab", stream=True, **GREEDY))
+    extra = 1 if whole.choices[0].finish_reason == "stop" else 0  # the end-of-sequence step
+    assert len(chunks) == whole.usage.completion_tokens + extra
+    chat = list(client.chat.completions.create(messages=[{"role": "user", "content": "hi"}], stream=True, **GREEDY))
+    assert chat[0].choices[0].delta.role == "assistant" and chat[0].choices[0].delta.content == ""
+    assert chat[-1].choices[0].finish_reason in ("stop", "length") and len(chat) >= 2
+
+
+def test_an_answer_ending_inside_a_utf8_character_holds_its_bytes_back(client):
+    """The byte-level demo tokenizer: forcing byte 0xE2 (the first of a 3-byte character) as the only token."""
+    forced = {"prompt": "ab", "model": "tiny", "max_tokens": 1, "temperature": 0, "logit_bias": {"226": 100}}
+    reply = client.completions.create(**forced)
+    assert reply.usage.completion_tokens == 1 and reply.choices[0].text == ""  # not U+FFFD, as vLLM does
+    assert "".join(c.choices[0].text for c in client.completions.create(stream=True, **forced)) == ""
 
 
 @pytest.mark.parametrize("kw, param", [
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs=true
     ({"extra_body": {"guided_json": {}}}, "guided_json"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages.0.content.0"),

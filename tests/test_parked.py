@@ -71,7 +71,7 @@ def complete(url: str) -> tuple[int, str]:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read())["choices"][0]["text"]
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())["error"]["code"]
+        return e.code, json.loads(e.read())["error"]["message"].split(";")[0]
 
 
 def parked(sock: Path) -> list[dict]:
@@ -110,7 +110,7 @@ def test_ctrl_c_parks_the_same_start_wakes_it_and_another_start_retires_it(model
     assert first.interrupt() == 0 and "Parked the engine at" in first.output()
     (record,) = parked(sock)
     assert record["level"] == 1 and record["pid"] != first.proc.pid  # the server outlived its launcher
-    assert complete(first.url) == (503, "engine_sleeping")  # it keeps the port, parked
+    assert complete(first.url) == (503, "the engine is sleeping")  # it keeps the port, parked
 
     second = Launcher(models["small"], sock, port, tmp_path / "2.log")
     woke = f"Woke a parked engine for this start (pid {record['pid']})"
@@ -173,7 +173,7 @@ def test_a_wake_that_cannot_map_its_weights_says_why_and_leaves_it_parked(models
         os.kill(daemon_pid, signal.SIGCONT)
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout.startswith(f"could not wake pid {record['pid']}: ") and "(it is still parked)" in done.stdout
-    assert complete(deep.url) == (503, "engine_sleeping")
+    assert complete(deep.url) == (503, "the engine is sleeping")
     assert run_cli("parked", "--wake", str(record["pid"]), "--socket-dir", str(sock)).returncode == 0
     assert complete(deep.url) == (200, expected)
 

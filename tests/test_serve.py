@@ -123,7 +123,8 @@ def test_seeded_sampling_is_reproducible(warm_server):
     ({"prompt": []}, "prompt"),
     ({"prompt": [[1], []]}, "prompt"),
     ({"prompt": [10**9]}, "prompt"),
-    ({"prompt": "x", "logprobs": 2}, "logprobs"),  # not implemented: refused, never silently ignored
+    ({"prompt": "x", "logprobs": 21}, "logprobs"),  # more than vLLM's default limit
+    ({"prompt": "x", "logprobs": 1, "echo": True}, "logprobs"),  # the prompt's logprobs: not served
     ({"prompt": "x", "suffix": "y"}, "suffix"),
     ({"prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
@@ -134,12 +135,13 @@ def test_seeded_sampling_is_reproducible(warm_server):
 def test_bad_requests_get_400_with_an_openai_error(warm_server, body, param):
     status, data = warm_server.post("/v1/completions", body)
     assert status == 400
-    assert data["error"]["type"] == "invalid_request_error" and data["error"]["param"] == param
+    assert data["error"]["type"] == "BadRequestError" and data["error"]["param"] == param
+    assert data["error"]["code"] == 400  # vLLM's shape: the status as the code
 
 
 def test_a_body_that_is_not_json_gets_400_naming_it(warm_server):
     status, data = warm_server.post("/v1/chat/completions", b'{"messages": [')
-    assert status == 400 and data["error"]["type"] == "invalid_request_error"
+    assert status == 400 and data["error"]["type"] == "BadRequestError"
     assert data["error"]["message"].startswith("invalid request: Invalid JSON") and data["error"]["param"] is None
 
 

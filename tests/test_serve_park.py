@@ -75,7 +75,8 @@ def test_a_park_refuses_generation_and_a_wake_answers_the_same(parked):
     assert call(server, "POST", "/sleep?level=1")[0] == 200
     assert call(server, "GET", "/is_sleeping") == (200, {"is_sleeping": True})
     status, body = server.post("/v1/completions", PROMPT)
-    assert status == 503 and body["error"]["code"] == "engine_sleeping"
+    assert status == 503 and body["error"]["type"] == "ServiceUnavailableError" and body["error"]["code"] == 503
+    assert body["error"]["message"].startswith("the engine is sleeping; POST /wake_up first")
     assert call(server, "GET", "/health")[0] == 503  # it cannot serve: a balancer should look elsewhere
     assert pool_mappings(server.proc.pid) == mapped  # level 1: the weights stay mapped
     assert call(server, "POST", "/wake_up")[0] == 200 and answer(server) == expected
@@ -122,7 +123,7 @@ def test_a_wake_whose_entry_is_gone_stays_parked_and_says_why(parked):
     assert call(server, "POST", "/sleep?level=2")[0] == 200
     assert run_cli("release", "--all", "--socket-dir", str(sock)).returncode == 0
     status, body = call(server, "POST", "/wake_up")
-    assert status == 503 and body["error"]["code"] == "wake_failed"
+    assert status == 503 and body["error"]["type"] == "ServiceUnavailableError"
     assert "Weight cache unusable (" in body["error"]["message"] and "stays parked" in body["error"]["message"]
     assert call(server, "GET", "/is_sleeping") == (200, {"is_sleeping": True})
     status, body = call(server, "POST", "/sleep?level=3")

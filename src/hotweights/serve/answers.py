@@ -1,6 +1,7 @@
 """The answers of the OpenAI-compatible endpoints, made from the engine's jobs (``engine.py``): a plain
 answer collected while the client stays, a stream of server-sent events that cancels its jobs however it
-ends, the usage, and each request's time to first token and end-to-end latency.
+ends (one event per token, a chat stream's first one naming the role, as vLLM sends them), logprobs in
+OpenAI's two shapes, the usage, and each request's time to first token and end-to-end latency.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from .engine import Job
-from .generate import Chunk, SamplingParams
+from .generate import Chunk, Logprob, SamplingParams
 from .metrics import ServerMetrics
 
 
@@ -32,6 +33,38 @@ class Plan:
     prompt_tokens: int
     rid: str
     created: int
+
+
+Decode = Callable[[list[int]], str]
+
+
+def completion_logprobs(scored: list[Logprob], decode: Decode, offset: int = 0) -> dict[str, list[Any]]:
+    """A completion choice's ``logprobs``: each token's text, logprob and offset in the choice's text, and
+    the step's most likely tokens with the chosen one always among them (up to k + 1, as OpenAI says)."""
+    tokens = [decode([s.token]) for s in scored]
+    offsets = []
+    for text in tokens:
+        offsets.append(offset)
+        offset += len(text)
+    # keyed by text, as OpenAI's shape is: tokens that decode alike share a key; the chosen one's value wins
+    top = [{**{decode([t]): lp for t, lp in s.top}, decode([s.token]): s.logprob} for s in scored]
+    return {"text_offset": offsets, "token_logprobs": [s.logprob for s in scored], "tokens": tokens,
+            "top_logprobs": top}
+
+
+def chat_logprobs(scored: list[Logprob], decode: Decode) -> dict[str, list[Any]]:
+    """A chat choice's ``logprobs``: ``content``, one entry per token with its bytes and the step's top k."""
+    def entry(token: int, logprob: float) -> dict[str, Any]:
+        text = decode([token])
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {"content": [{**entry(s.token, s.logprob), "top_logprobs": [entry(t, lp) for t, lp in s.top]}
+                        for s in scored]}
+
+
+def logprobs_of(kind: str, chunks: list[Chunk], decode: Decode, offset: int = 0) -> dict[str, list[Any]]:
+    scored = [lp for c in chunks for lp in c.logprobs]
+    return chat_logprobs(scored, decode) if kind == "chatcmpl" else completion_logprobs(scored, decode, offset)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -96,7 +129,7 @@ async def collect(request: Request, jobs: list[Job], on_chunk: Callable[[], None
         gone.cancel()
 
 
-async def sse(plan: Plan, jobs: list[Job], model_name: str, clock: Clock) -> AsyncIterator[str]:
+async def sse(plan: Plan, jobs: list[Job], model_name: str, clock: Clock, decode: Decode) -> AsyncIterator[str]:
     """Server-sent events: each choice's chunks in turn (its index on each), then the usage when asked. A
     stream cut short by a shutdown ends without ``[DONE]``."""
     obj = "chat.completion.chunk" if plan.kind == "chatcmpl" else "text_completion"
@@ -107,16 +140,23 @@ async def sse(plan: Plan, jobs: list[Job], model_name: str, clock: Clock) -> Asy
                                       **extra}) + "\n\n"
 
     completion_tokens = 0
-    for (index, _, echo, _), job in zip(plan.jobs, jobs):
-        first, finished = True, False
+    for (index, _, echo, params), job in zip(plan.jobs, jobs):
+        finished, offset = False, 0
+        if plan.kind == "chatcmpl":
+            yield event([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                          "finish_reason": None}])
         async for chunk in with_echo(echo, job.chunks()):
             clock.chunk()
+            logprobs = None if params.logprobs is None else logprobs_of(plan.kind, [chunk], decode, offset)
             if plan.kind == "chatcmpl":
-                delta = {"role": "assistant", "content": chunk.text} if first else {"content": chunk.text}
-                choice = {"index": index, "delta": delta, "finish_reason": chunk.finish_reason}
+                choice = {"index": index, "delta": {"content": chunk.text}, "logprobs": logprobs,
+                          "finish_reason": chunk.finish_reason}
             else:
-                choice = {"index": index, "text": chunk.text, "finish_reason": chunk.finish_reason, "logprobs": None}
-            first, finished = False, chunk.finish_reason is not None
+                choice = {"index": index, "text": chunk.text, "logprobs": logprobs,
+                          "finish_reason": chunk.finish_reason}
+                if logprobs and logprobs["tokens"]:  # by the tokens reported: held-back text lags them
+                    offset = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
+            finished = chunk.finish_reason is not None
             completion_tokens += chunk.num_tokens if chunk.finish_reason else 0
             yield event([choice])
         if not finished:

@@ -11,7 +11,7 @@ that import counts as ``listening``.
 The model is ``engines.native.Decoder`` where it covers the architecture, so serving
 imports nothing of transformers (``--model-impl``).
 
-Not covered: batching, logprobs, tools, structured output, authentication (binds 127.0.0.1).
+Not covered: batching, prompt logprobs, tools, structured output, authentication (binds 127.0.0.1).
 """
 
 from __future__ import annotations

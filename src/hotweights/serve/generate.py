@@ -2,14 +2,17 @@
 
 Greedy decoding (temperature 0) is deterministic; sampling uses a generator seeded
 per request. Logit bias and the presence/frequency penalties (OpenAI's definitions) change the
-logits before either; ``top_k`` and ``top_p`` narrow sampling only. Text is streamed as it
-becomes printable: a byte-level tokenizer can end a step in the middle of a UTF-8
-character, so a trailing U+FFFD is held back.
+logits before either; ``top_k`` and ``top_p`` narrow sampling only. One chunk per generated token,
+as vLLM streams: its text is what became printable (a byte-level tokenizer can end a step in the
+middle of a UTF-8 character: trailing U+FFFD is held back, and never shown if the answer ends there,
+as vLLM does). With ``logprobs`` set, each chunk carries its token's log-probability and the
+``logprobs`` most likely tokens of that step, from the model's own logits (before bias, penalties
+and temperature: vLLM's default ``raw_logprobs``).
 
 Not thread-safe: one caller at a time (the server's engine thread, ``engine.py``). ``should_stop``
 is asked before every decoding step, so a caller that gave up ends the generation within one step.
 
-Not covered: batching several requests, beam search, logprobs.
+Not covered: batching several requests, beam search, prompt logprobs.
 """
 
 from __future__ import annotations
@@ -31,6 +34,14 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None  # None: none; k >= 0: each token's and the k most likely ones'
+
+
+@dataclass(frozen=True, slots=True)
+class Logprob:
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # the step's most likely tokens, most likely first
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +49,7 @@ class Chunk:
     text: str  # new text since the previous chunk
     finish_reason: str | None = None  # "stop" | "length" on the last chunk
     num_tokens: int = 0  # tokens generated so far (final on the last chunk)
+    logprobs: tuple[Logprob, ...] = ()  # this chunk's token (asked for with SamplingParams.logprobs)
 
 
 # ``step(ids [1, n], past) -> (logits of the last position [vocab], past)``
@@ -89,26 +101,26 @@ class Generator:
         past = None
         out: list[int] = []
         sent = ""
-        for _ in range(params.max_tokens):
+        for n in range(1, params.max_tokens + 1):
             if should_stop():
                 return
             logits, past = self.step(ids, past)
             token = self._pick(_adjusted(logits.float(), params, out), params, gen)
+            scored = () if params.logprobs is None else (_logprob(logits, token, params.logprobs),)
             if token in self.eos_ids:
-                yield Chunk("", "stop", len(out))
+                yield Chunk("", "stop", len(out), scored)
                 return
             out.append(token)
             text = self.tokenizer.decode(out)
             hit = _find_stop(text, params.stop)
             if hit is not None:
-                yield Chunk(text[len(sent):hit], "stop", len(out))
+                yield Chunk(text[len(sent):hit], "stop", len(out), scored)
                 return
-            if len(text) > len(sent) and not text.endswith("\ufffd"):
-                yield Chunk(text[len(sent):], None, len(out))
-                sent = text
+            shown = text.rstrip("\ufffd")  # an incomplete UTF-8 character: held back until it completes
+            new = shown[len(sent):] if len(shown) > len(sent) else ""
+            yield Chunk(new, "length" if n == params.max_tokens else None, len(out), scored)
+            sent = shown if new else sent
             ids = torch.tensor([[token]], device=self.device)
-        text = self.tokenizer.decode(out)
-        yield Chunk(text[len(sent):], "length", len(out))
 
     @staticmethod
     def _pick(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
@@ -135,6 +147,13 @@ def _adjusted(logits: torch.Tensor, params: SamplingParams, out: list[int]) -> t
         counts = torch.bincount(torch.tensor(out, device=logits.device), minlength=logits.numel()).to(logits.dtype)
         logits = logits - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).to(logits.dtype)
     return logits
+
+
+def _logprob(logits: torch.Tensor, token: int, k: int) -> Logprob:
+    scores = torch.log_softmax(logits.float(), dim=-1)
+    top = torch.topk(scores, k) if k else None
+    pairs = tuple(zip(top.indices.tolist(), top.values.tolist())) if top is not None else ()
+    return Logprob(token, float(scores[token]), pairs)
 
 
 def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:

@@ -2,9 +2,11 @@
 
 What a greedy/sampling decoder can serve is served: prompts as text, token ids or lists of
 either, chat content as a string or text parts, ``n``, ``echo``, penalties, ``top_k``,
-``logit_bias``, ``stream_options.include_usage``. What it cannot (tools, structured output,
-logprobs, images, ...) is refused with 400 naming the field, and so is a field this server does
-not know: a request is never answered as if a field it sent had been read.
+``logit_bias``, ``stream_options.include_usage``, logprobs (completions: ``logprobs: k``; chat:
+``logprobs: true`` with ``top_logprobs: k``; k at most 20, vLLM's default limit). What it cannot
+(tools, structured output, the prompt's logprobs, images, ...) is refused with 400 naming the
+field, and so is a field this server does not know: a request is never answered as if a field
+it sent had been read.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+
+
 class BadRequest(Exception):
     """A request that is well-formed but cannot be served: 400, or ``status`` (404: no such model)."""
 
-    def __init__(self, message: str, param: str | None = None, *, status: int = 400, code: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, *, status: int = 400) -> None:
         super().__init__(message)
-        self.param, self.status, self.code = param, status, code
+        self.param, self.status = param, status
 
 
 class Body(BaseModel):
@@ -48,8 +53,6 @@ class Sampling(Body):
     stream_options: StreamOptions | None = None
     user: str | None = None  # the caller's end-user id, for its own records; no effect on the answer
     # in the API, not served here: refused unless absent or off (``refuse_unserved``)
-    logprobs: bool | int | None = None
-    top_logprobs: int | None = None
     best_of: int | None = None
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
@@ -59,20 +62,23 @@ class Sampling(Body):
     function_call: Any = None
 
     def refuse_unserved(self) -> None:
-        off = {"logprobs": self.logprobs in (None, False, 0), "top_logprobs": self.top_logprobs in (None, 0),
-               "best_of": self.best_of in (None, 1, self.n), "tools": not self.tools,
+        off = {"best_of": self.best_of in (None, 1, self.n), "tools": not self.tools,
                "tool_choice": self.tool_choice in (None, "none"), "functions": not self.functions,
                "function_call": self.function_call in (None, "none"),
                "response_format": self.response_format in (None, {"type": "text"})}
         for name, ok in off.items():
             if not ok:
                 raise BadRequest(f"{name} is not supported by this server (it decodes text only: greedy or "
-                                 f"sampled; no logprobs, tools or structured output)", name)
+                                 f"sampled; no tools or structured output)", name)
         if self.stream_options is not None and not self.stream:
             raise BadRequest("stream_options is only allowed with stream=true", "stream_options")
         if self.stream_options is not None and self.stream_options.continuous_usage_stats:
             raise BadRequest("stream_options.continuous_usage_stats is not supported by this server (include_usage "
                              "is)", "stream_options.continuous_usage_stats")
+
+    def top_logprobs_wanted(self) -> int | None:
+        """How many of each step's most likely tokens to report with each token's logprob; None: no logprobs."""
+        return None
 
     def bias(self, vocab_size: int) -> dict[int, float]:
         out: dict[int, float] = {}
@@ -88,6 +94,12 @@ class CompletionRequest(Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False  # the prompt's text before the completion's
     suffix: str | None = None  # refused when given: no fill-in-the-middle here
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def top_logprobs_wanted(self) -> int | None:
+        if self.logprobs is not None and self.echo:
+            raise BadRequest("logprobs with echo (the prompt's logprobs) is not supported by this server", "logprobs")
+        return self.logprobs
 
     def prompts(self, vocab_size: int) -> list[str | list[int]]:
         """Each prompt, as text or as token ids (checked against the vocabulary)."""
@@ -126,6 +138,13 @@ class ChatRequest(Sampling):
     # no legacy default of 16: a chat completion may use the rest of the context, as OpenAI's and vLLM's do
     max_tokens: int | None = Field(default=None, ge=1)
     messages: list[Message] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def top_logprobs_wanted(self) -> int | None:
+        if self.top_logprobs and not self.logprobs:
+            raise BadRequest("top_logprobs needs logprobs=true", "top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def dialog(self) -> list[dict[str, str]]:
         return [{"role": m.role, "content": m.text(f"messages.{i}"), **({"name": m.name} if m.name else {})}

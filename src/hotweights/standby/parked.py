@@ -5,7 +5,7 @@ Runs in the hotweights CLI process, torch-free. With ``--park-on-exit`` the serv
 own session, writing to a log file that the launcher copies to its own output; the launcher stays in
 front. Ctrl-C, SIGTERM or SIGHUP to the launcher parks the server (``POST /sleep?level=N``), records it in
 ``<daemon dir>/parked/<pid>.json`` and returns 0; the server keeps its port and waits (``503
-engine_sleeping`` to generations). Without ``--park-on-exit`` nothing of this happens: Ctrl-C stops and
+the engine is sleeping`` to generations). Without ``--park-on-exit`` nothing of this happens: Ctrl-C stops and
 frees everything, as always.
 
 The next launch of a start on that address reads the record:
