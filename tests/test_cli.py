@@ -205,3 +205,13 @@ def test_hotweights_vllm_help_is_its_own_and_points_to_vllms(args):
     done = run_cli("vllm", *args)
     assert done.returncode == 0, done.stderr
     assert "--park-on-exit [1|2]" in done.stdout and "vLLM's own options: hotweights vllm serve --help" in done.stdout
+
+
+def test_hotweights_vllm_preload_answers_with_the_hotweights_command_that_does_it():
+    """``vllm preload`` is vLLM 0.32's own cache (GPU only): no vLLM is run, the equivalent is said, exit 2."""
+    done = run_cli("vllm", "preload", "--model", "/m/Qwen3-8B", "-tp", "2", "--max-model-len", "512",
+                   "--enforce-eager", "--weight-cache-socket-dir", "/tmp/x")
+    assert done.returncode == 2 and done.stdout == ""
+    assert ("hotweights preload --engine vllm --model /m/Qwen3-8B --tensor-parallel-size 2 "
+            "--vllm-arg=--max-model-len=512 --vllm-arg=--enforce-eager\n") in done.stderr
+    assert "hotweights vllm serve /m/Qwen3-8B --tensor-parallel-size 2 --load-format hotweights" in done.stderr

@@ -221,8 +221,12 @@ def cmd_vllm(args: argparse.Namespace) -> int:
 
         print(VLLM_HELP)
         return 0
+    from .engines.vllm.start import VllmStart, preload_instead
+
+    if args.vllm_args[0] == "preload":  # vLLM 0.32's own weight cache: say what does it here
+        print(preload_instead(args.vllm_args[1:]), file=sys.stderr)
+        return 2
     from .engines.vllm import launcher, preflight
-    from .engines.vllm.start import VllmStart
 
     from .standby.front import flag_value, strip_flag
 

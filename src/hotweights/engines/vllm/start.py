@@ -91,3 +91,31 @@ class VllmStart:
             model = ["--model", rest.pop(0)] if rest and not rest[0].startswith("-") else []
             return API_SERVER, [*model, *rest]
         return "vllm.entrypoints.cli.main", list(self.argv)
+
+
+def preload_instead(argv: list[str]) -> str:
+    """What to run instead of ``vllm preload ARGS`` (vLLM 0.32's own weight cache, GPU only): the hotweights
+    preload of the same model and flags, and the start that uses it."""
+    model, keep, rest, i = None, [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        flag, _, inline = arg.partition("=")
+        value = inline or (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else "")
+        step = 1 if inline or not value else 2
+        if not arg.startswith("-"):
+            model = model or arg
+        elif flag == "--model":
+            model = value
+        elif flag in ("--dtype", "--tensor-parallel-size", "-tp"):
+            keep.append(f"{'--tensor-parallel-size' if flag == '-tp' else flag} {value}")
+        elif not flag.startswith("--weight-cache-"):  # vLLM's daemon settings: none needed here
+            rest.append(f"--vllm-arg={flag}={value}" if value else f"--vllm-arg={flag}")
+        i += step if arg.startswith("-") else 1
+    model = model or "MODEL"
+    tp = next((k for k in keep if k.startswith("--tensor")), "")
+    return (f"hotweights: `vllm preload` is vLLM's own weight cache (vLLM >= 0.32, GPU only, "
+            f"--load-format ipc_cache). With hotweights the same is:\n"
+            f"    hotweights preload --engine vllm --model {' '.join([model, *keep, *rest])}\n"
+            f"and for every start:\n"
+            f"    hotweights vllm serve {' '.join([model, *([tp] if tp else [])])} --load-format hotweights ...\n"
+            f"(run `vllm preload` itself to use vLLM's cache instead)")
