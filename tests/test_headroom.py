@@ -102,3 +102,20 @@ def test_a_preload_larger_than_its_cgroup_allows_is_refused_in_one_line(models, 
         assert "keeper process: oom_score_adj -900" in daemon.log()
     else:
         assert "oom_score_adj stays 0 (Permission denied: lowering it needs CAP_SYS_RESOURCE" in daemon.log()
+
+
+def test_a_preload_over_the_daemons_budget_is_refused_before_it_reads(models, socket_dir, tmp_path):
+    """``daemon --max-bytes``: the refusal comes before the read (no file digest was computed), in one line."""
+    from conftest import DaemonProc
+
+    d = DaemonProc(socket_dir, "--max-bytes", "1M")
+    try:
+        r = run_cli("preload", "--model", str(models["small"]), "--socket-dir", str(socket_dir),
+                    env={"HOTWEIGHTS_CACHE_DIR": str(tmp_path / "digests")})
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1, r.stderr
+        assert "would exceed the daemon budget of 1.0 MiB (0.0 MiB in use): nothing was read" in lines[0]
+        assert not any((tmp_path / "digests").glob("*")), "the checkpoint was read (its digests were cached)"
+        assert json.loads(run_cli("status", "--json", "--socket-dir", str(socket_dir)).stdout)["entries"] == []
+    finally:
+        d.stop()

@@ -104,6 +104,20 @@ def check_fits(ckpt: Checkpoint, dtype: str, device: str, index: int | None) -> 
                       f"release entries (hotweights release KEY), or preload another dtype or device")
 
 
+def check_budget(ckpt: Checkpoint, dtype: str, max_bytes: int, in_use: int) -> None:
+    """Raise WontFit, before a byte is read, when the daemon's budget (``--max-bytes``) cannot take the pools
+    (the daemon checks it again, exactly, on publish)."""
+    need = needed_bytes(ckpt, dtype)
+    if max_bytes and in_use + need > max_bytes:
+        raise WontFit(f"{ckpt.directory.name} as {dtype} needs {_size(need)}, which would exceed the daemon budget "
+                      f"of {_size(max_bytes)} ({_size(in_use)} in use): nothing was read or cached. Release an "
+                      f"entry (hotweights release KEY) or raise --max-bytes")
+
+
+def _size(n: int) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB // 8 else f"{n / 2**20:.1f} MiB"
+
+
 def lower_priority_for_the_oom_killer(score: int = 500) -> None:
     """Make this process (a loader) the OOM killer's first choice over the keeper and the engines: a loader
     that dies loses only its own work; the daemon's death loses every entry. Raising one's own

@@ -34,7 +34,7 @@ from ..pools.devices import Device, resolve_device
 from .attach import AttachResult, attach_tensors
 from .checkpoint import Checkpoint, checkpoint_key, open_checkpoint, target_dtype
 from .digest import DigestCache
-from .headroom import WontFit, check_fits
+from .headroom import WontFit, check_budget, check_fits
 from .publish import DEFAULT_POOL_BYTES, PoolWriter, publish
 from .reader import Staging, plan_segments
 
@@ -87,6 +87,8 @@ def preload(model_dir: str | os.PathLike[str], *, dtype: str = "auto", device: s
             if entry := client.entry(key):
                 logger.info("already cached: key=%s model=%s", key.short, key.model)
                 return _cached(key, entry, 0.0, client.socket_path)
+        status = client.status()
+        check_budget(ckpt, dtype, status.max_bytes, sum(r.nbytes + r.host_nbytes for r in status.rows()))
     check_fits(ckpt, dtype, dev.kind, dev.index)  # before a byte is read: one line, not an OOM kill
     start = time.perf_counter()
     writer, key = fill_from_disk(ckpt, dtype, dev, pool_bytes=pool_bytes, progress=progress, cache=cache)
