@@ -73,10 +73,14 @@ def test_streaming_matches_non_streaming(warm_server):
     assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
 
 
-def test_max_completion_tokens_is_honoured(warm_server):
+def test_max_completion_tokens_is_honoured_and_each_request_gets_an_access_log_line(warm_server):
     _, data = warm_server.post("/v1/completions", {"prompt": "Hello", "max_completion_tokens": 3, "max_tokens": 16,
                                                    "temperature": 0})
     assert data["usage"]["completion_tokens"] == 3
+    deadline = time.monotonic() + 10
+    while '"POST /v1/completions HTTP/1.1" 200' not in warm_server.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert '"POST /v1/completions HTTP/1.1" 200' in warm_server.log()  # uvicorn's line, as vLLM's server writes
 
 
 def test_the_first_streamed_chat_chunk_names_the_role(warm_server):

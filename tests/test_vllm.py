@@ -16,6 +16,8 @@ import time
 import pytest
 from conftest import VLLM_PYTHON, needs_vllm, run_cli, serve_vllm
 
+from hotweights import evidence
+
 
 pytestmark = needs_vllm(VLLM_PYTHON)
 serve = serve_vllm
@@ -28,10 +30,11 @@ def vllm_model(tmp_path_factory):
     return write_demo_model(tmp_path_factory.mktemp("vllm") / "small", "small")
 
 
-@pytest.mark.timeout(1200)  # seven vLLM starts
-def test_baseline_cold_warm_restart_preload_and_stream_answer_identically(vllm_model, socket_dir, tmp_path):
-    """auto -> cold write-through (engine layout) -> warm -> warm restart -> `preload --engine vllm`
-    -> warm -> plain preload (checkpoint layout, streamed): one answer throughout."""
+@pytest.mark.timeout(1200)  # six vLLM starts
+def test_baseline_cold_warm_preload_and_stream_answer_identically(vllm_model, socket_dir, tmp_path):
+    """auto -> cold write-through (engine layout) -> warm -> `preload --engine vllm` (which leaves a warm
+    standby) -> `hotweights vllm serve`, from that standby -> plain preload (checkpoint layout, streamed):
+    one answer throughout."""
     sock = str(socket_dir)
     extra = lambda **kw: json.dumps({"socket_dir": sock, **kw})  # noqa: E731
     try:
@@ -43,16 +46,17 @@ def test_baseline_cold_warm_restart_preload_and_stream_answer_identically(vllm_m
         assert "falling back to disk loading" in cold_log and "Published 52 tensors" in cold_log
         answers = [a, b]
 
-        def warm(label: str) -> str:
+        def warm(label: str, launcher: bool = False) -> str:
             obs, answer = serve(label, vllm_model, tmp_path, "--load-format", "hotweights",
-                                "--model-loader-extra-config", extra(fallback=False))
+                                "--model-loader-extra-config", extra(fallback=False), launcher=launcher)
             log = obs.log_text()
             assert "Mapped 52 tensors (0.01 GiB) from weight cache daemon" in log and "(mode=zero_copy)" in log
             assert "Built the vLLM model from 55 cached engine-layout tensors" in log
             assert "falling back to disk loading" not in log and "Streamed" not in log
+            assert bool(evidence.STANDBY_USED_RE.search(log)) == launcher, log[-3000:]
             return answer
 
-        answers += [warm("warm"), warm("warm_restart")]
+        answers.append(warm("warm"))
 
         assert run_cli("release", "--all", "--socket-dir", sock).returncode == 0
         pre = run_cli("preload", "--engine", "vllm", "--model", str(vllm_model), "--dtype", "bfloat16",
@@ -60,7 +64,9 @@ def test_baseline_cold_warm_restart_preload_and_stream_answer_identically(vllm_m
                       "--vllm-arg=--max-model-len=256", "--json", env={"VLLM_CPU_KVCACHE_SPACE": "1"}, timeout=400)
         assert pre.returncode == 0, pre.stderr
         assert [r["num_tensors"] for r in json.loads(pre.stdout)["published"]] == [52]
-        answers.append(warm("after_preload_engine_vllm"))
+        assert json.loads(pre.stdout)["standby"] == "prepared"  # for the first start after it
+        wait_for_standby(socket_dir)
+        answers.append(warm("after_preload_engine_vllm", launcher=True))
 
         assert run_cli("release", "--all", "--socket-dir", sock).returncode == 0
         preloaded = run_cli("preload", "--model", str(vllm_model), "--dtype", "bfloat16", "--socket-dir", sock)
@@ -74,6 +80,19 @@ def test_baseline_cold_warm_restart_preload_and_stream_answer_identically(vllm_m
         assert answers[0] and len(set(answers)) == 1, answers
     finally:
         run_cli("stop", "--socket-dir", sock)
+        subprocess.run([VLLM_PYTHON, "-m", "hotweights", "standby", "--stop", "--socket-dir", sock],
+                       capture_output=True, timeout=60)
+
+
+def wait_for_standby(sock, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = subprocess.run([VLLM_PYTHON, "-m", "hotweights", "standby", "--socket-dir", str(sock), "--json"],
+                               capture_output=True, text=True, timeout=60)
+        if json.loads(state.stdout)["ready"]:
+            return
+        time.sleep(1)
+    raise AssertionError(f"the preload left no standby that became ready: {state.stdout}")
 
 
 def test_strict_without_daemon_fails_fast(vllm_model, socket_dir, tmp_path):

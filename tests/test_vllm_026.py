@@ -31,7 +31,7 @@ def test_vllm_026_engine_layout_zero_copy_answers_like_disk_and_strict_fails(mod
         _, disk = serve("disk026", model, tmp_path, "--load-format", "auto", python=VLLM026_PYTHON)
         pre = run_cli("preload", "--engine", "vllm", "--model", str(model), "--dtype", "bfloat16", "--socket-dir", sock,
                       "--vllm-python", VLLM026_PYTHON, "--vllm-arg=--enforce-eager", "--vllm-arg=--max-model-len=256",
-                      "--json", env={"VLLM_CPU_KVCACHE_SPACE": "1"}, timeout=600)
+                      "--json", env={"VLLM_CPU_KVCACHE_SPACE": "1", "HOTWEIGHTS_VLLM_STANDBY": "off"}, timeout=600)
         assert pre.returncode == 0, pre.stderr[-3000:]
         assert json.loads(pre.stdout)["published"][0]["num_tensors"] > 0
         obs, warm = serve("warm026", model, tmp_path, "--load-format", "hotweights", "--model-loader-extra-config",

@@ -104,9 +104,13 @@ def _preload_vllm(args: argparse.Namespace) -> int:
     lines = [f"Published {r['num_tensors']} tensors ({r['gib']:.2f} GiB) to weight cache: {r['model']} "
              f"[{r['key']}] on {r['device']} (layout vllm)" for r in result.published]
     lines += [f"Already cached (engine layout), {result.already_cached} rank(s)"] if result.already_cached else []
+    standby = {"prepared": "a warm standby is importing vLLM for it", "ready": "a warm standby is there for it",
+               "off": "no standby (HOTWEIGHTS_VLLM_STANDBY=off)"}[result.standby]
     _emit(args, {"engine": "vllm", "published": result.published, "already_cached": result.already_cached,
-                 "seconds": result.seconds, "log": result.log, "started_up": result.started_up},
-          "\n".join(lines + [f"vLLM run: {result.seconds:.1f} s, log {result.log}"]))
+                 "seconds": result.seconds, "log": result.log, "started_up": result.started_up,
+                 "standby": result.standby},
+          "\n".join(lines + [f"vLLM run: {result.seconds:.1f} s, log {result.log}",
+                              f"The next `hotweights vllm serve` of this model starts from the cache; {standby}"]))
     return 0
 
 
@@ -147,6 +151,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = ServeConfig(model=_model_dir(args.model), host=args.host, port=args.port, dtype=args.dtype,
                          device=args.device, served_model_name=args.served_model_name,
                          max_model_len=args.max_model_len, load_format=args.load_format, model_impl=args.model_impl,
+                         access_log=not args.disable_uvicorn_access_log,
                          attach=AttachConfig.from_dict(_extra_config(args)))
     if not args.park_on_exit:
         from .serve.app import run

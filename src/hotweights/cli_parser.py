@@ -186,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-loader-extra-config", default="{}",
                    help="JSON: mode, fallback, socket_dir, socket_path, connect_timeout_s, state_timeout_s, "
                         "publish, rehash")
+    p.add_argument("--disable-uvicorn-access-log", action="store_true",
+                   help="no line per request (vLLM's flag of the same name)")
     _park_flags(p)
 
     p = sub.add_parser("observe", help="start a server command, time it to /health, write LABEL.log/.json",

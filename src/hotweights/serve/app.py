@@ -212,5 +212,9 @@ def run(config: ServeConfig) -> int:
             super().handle_exit(sig, frame)
 
     logger.info("serving: model=%s url=http://%s:%d", name, config.host, config.port)
-    Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_GRACE_S)).run(sockets=[sock])
+    server = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+                            access_log=config.access_log)
+    if config.access_log:  # uvicorn's own notices stay at warning; a line per request, as vLLM's server writes
+        logging.getLogger("uvicorn.access").setLevel(logging.INFO)
+    Server(server).run(sockets=[sock])
     return 0

@@ -19,6 +19,7 @@ class ServeConfig:
     max_model_len: int | None = None
     load_format: str = "hotweights"
     model_impl: str = "auto"  # auto | native | transformers (engines/native.py covers the Llama family)
+    access_log: bool = True  # a line per request, as vLLM's uvicorn writes (--disable-uvicorn-access-log)
     attach: AttachConfig = field(default_factory=AttachConfig)
 
     def __post_init__(self) -> None:

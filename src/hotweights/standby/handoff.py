@@ -164,9 +164,10 @@ def _unusable_on_failure(sock: Any, what: str) -> Generator[None, None, None]:
 
 
 def prepare(engine: EngineSpec, directory: Path, environ: dict[str, str], *,
-            after: tuple[int, str] | None = None) -> bool:
+            after: tuple[int, str] | None = None, python: str | None = None) -> bool:
     """Start a standby for the next start, detached (engines may end their own process tree on exit),
-    unless one holds the lock already. True if one was started.
+    unless one holds the lock already. True if one was started. ``python``: the interpreter it is for
+    (this one by default; a standby serves starts of its own interpreter only).
 
     ``after``: the start in progress (its pid, its health URL). The standby imports only once that start
     is ready (or gone), so that the two do not compete for the CPU. It is not niced for that: a server
@@ -175,7 +176,8 @@ def prepare(engine: EngineSpec, directory: Path, environ: dict[str, str], *,
     paths = standby_paths(directory, engine.name)
     if is_locked(paths.lock):
         return False  # one is alive (or importing, or waiting)
-    cmd = [sys.executable, "-m", "hotweights.standby.zygote", "--engine", engine.name, "--socket-dir", str(directory)]
+    cmd = [python or sys.executable, "-m", "hotweights.standby.zygote", "--engine", engine.name,
+           "--socket-dir", str(directory)]
     if after is not None:
         cmd += ["--after-pid", str(after[0]), "--after-url", after[1]]
     spawn_detached(cmd, environ, paths.log)

@@ -9,7 +9,10 @@ vLLM mapped; vLLM's log is read only to say why it failed. Then vLLM is left to 
 so that what it compiles lands in its compile cache (the cache's key does not hold the load format:
 the next ``--load-format hotweights`` start with the same flags loads it instead of compiling), then
 it is stopped. The daemon is started
-detached beforehand, because vLLM kills its whole process tree on exit.
+detached beforehand, because vLLM kills its whole process tree on exit. Last, a warm standby of the
+Python that ran vLLM is prepared (``standby/handoff.prepare``, as a start leaves one; not with
+``HOTWEIGHTS_VLLM_STANDBY=off``), so that the first ``hotweights vllm serve`` after the preload is a
+standby start too.
 
 Which Python runs vLLM: ``--vllm-python``, else ``$HOTWEIGHTS_VLLM_PYTHON``, else this one.
 The worker's log is kept (``--log``) and its tail shown on failure.
@@ -40,6 +43,7 @@ class VllmPreloadResult:
     seconds: float
     log: str
     started_up: bool  # vLLM finished its start-up (and saved its compile cache) before it was stopped
+    standby: str  # "prepared", "ready" (one was there already), or why none was: "off"
 
 
 def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_dir: str | None = None,
@@ -95,7 +99,18 @@ def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_di
     out = [{"num_tensors": r.num_tensors, "gib": r.tensor_nbytes / GIB, "model": r.model, "key": r.key,
             "device": r.device} for r in sorted(published, key=lambda r: r.tp)]
     return VllmPreloadResult(out, len({r.tp for r in mapped} - {r.tp for r in published}), time.monotonic() - start,
-                             str(obs.log_path), started_up)
+                             str(obs.log_path), started_up, _leave_standby(paths.directory, python))
+
+
+def _leave_standby(directory: Path, python: str) -> str:
+    """A standby for the first start after this preload, in the Python that ran vLLM (vLLM is stopped: the
+    standby's import competes with nothing)."""
+    from ...standby import handoff
+    from .standby import SPEC
+
+    if os.environ.get(handoff.DISABLE_ENV, "").lower() in ("off", "0", "false"):
+        return "off"
+    return "prepared" if handoff.prepare(SPEC, directory, dict(os.environ), python=python) else "ready"
 
 
 def _engine_rows(paths: DaemonPaths, model: str, tp_size: int) -> list[EntryRow]:
