@@ -86,8 +86,11 @@ def test_a_standby_start_serves_like_a_plain_one_and_stops_with_its_launcher(vll
         # 2. from the standby: the same answer; Ctrl-C to the launcher stops the server and frees the port
         warm, port = launch("warm", vllm_model, tmp_path, socket_dir)
         assert warm.wait_ready(timeout_s=300, interval_s=0.5).ready, warm.log_text()[-3000:]
-        assert evidence.STANDBY_USED_RE.search(warm.log_text()), warm.log_text()[-3000:]
+        used = evidence.STANDBY_USED_RE.search(warm.log_text())
+        assert used, warm.log_text()[-3000:]
         assert answer(port, vllm_model) == expected
+        title = Path(f"/proc/{used.group(1)}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        assert " -m vllm.entrypoints." in title and str(vllm_model) in title, title  # in ps, as a plain start
         warm.proc.send_signal(signal.SIGINT)  # the launcher alone, as its terminal's Ctrl-C would reach it
         assert warm.proc.wait(60) in (0, 130, -signal.SIGINT), warm.log_text()[-3000:]
         assert port_is_free(port), "the server outlived its launcher's Ctrl-C"

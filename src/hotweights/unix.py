@@ -1,11 +1,12 @@
 """Process plumbing that the keeper and the standby share: who is at the other end of a Unix socket, a
-process detached from its caller, and a pid lock file.
+process detached from its caller, a pid lock file, a process title.
 
 Linux only (``SO_PEERCRED``, ``flock``). Stdlib only: the keeper imports it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import os
 import socket
@@ -108,3 +109,14 @@ def pid_alive(pid: int, *, others: bool = True) -> bool:
     except PermissionError:
         return others
     return True
+
+
+def set_process_title(title: str) -> None:
+    """The process title (``ps``, ``/proc/PID/cmdline``) through setproctitle where installed (vLLM depends on
+    it), else only the short name (``PR_SET_NAME``)."""
+    import importlib
+
+    try:
+        importlib.import_module("setproctitle").setproctitle(title)
+    except ImportError:
+        ctypes.CDLL(None).prctl(15, title.rsplit("/", 1)[-1].encode()[:15], 0, 0, 0)  # PR_SET_NAME

@@ -15,9 +15,8 @@ dies with it too, ``PR_SET_PDEATHSIG``) or retired (asked to stop, or its socket
 Fork safety, checked before every fork and reported in ``Ready``: no CUDA context; one Python thread
 (no Python lock is held by a thread the child does not get; the accept loop is single-threaded by
 design); no event loop. Native threads may exist: OpenBLAS's pool shuts itself down around ``fork``
-(``pthread_atfork``). The child takes the launcher's environment, working directory and stdio before
-the engine's code runs, as ``python -m MODULE ARGS`` would; what the engine read at import time is
-what the fingerprint pins.
+(``pthread_atfork``). The child takes the launcher's environment, working directory, stdio and process
+title before the engine's code runs, as ``python -m MODULE ARGS`` has; the fingerprint pins the rest.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ from pathlib import Path
 
 from ..errors import ProtocolError
 from ..paths import ensure_socket_dir
-from ..unix import peer_credentials, take_pid_lock
+from ..unix import peer_credentials, set_process_title, take_pid_lock
 from ..wire import close_fds
 from .engine import EngineSpec, spec
 from .handoff import standby_paths
@@ -241,6 +240,7 @@ def _fork_server(msg: Start, fds: list[int], conn: socket.socket) -> int:
         os.environ.update(msg.env)
         sys.path[0] = msg.cwd  # what ``python -m`` puts first
         sys.argv = [msg.module, *msg.args]
+        set_process_title(f"{sys.executable} -m {msg.module} {' '.join(msg.args)}")  # in ps, what a plain start shows
         logging.getLogger().handlers.clear()  # the standby's own log handler wrote to its log file
         code = 0
         runpy.run_module(msg.module, run_name="__main__", alter_sys=True)
