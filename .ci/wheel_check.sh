@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0+cpu}
+TORCH_INDEX=${TORCH_INDEX-https://download.pytorch.org/whl/cpu}
 work=$(mktemp -d "${TMPDIR:-/tmp}/hw-wheel-XXXXXX")
 trap '"$work/venv/bin/hotweights" stop --socket-dir "$work/sock" >/dev/null 2>&1 || true; kill "${serve_pid:-0}" 2>/dev/null || true; rm -rf "$work"' EXIT
 step() { printf '\n== %s\n' "$*"; }
@@ -31,7 +32,7 @@ if $hw verify --model "$work/tiny" --out "$work/v" > "$work/verify.txt" 2>&1; th
 cat "$work/verify.txt"; grep -q "hotweights\[serve\]" "$work/verify.txt"; ! grep -q Traceback "$work/verify.txt"
 
 step "[engine]: torch (the CPU build: install it first, or pip picks a CUDA build), preload"
-$pip install -q "$TORCH_SPEC"
+$pip install -q "$TORCH_SPEC" ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX" --retries 1}
 $pip install -q "$wheel[engine]"
 $hw demo-model "$work/tiny" --size tiny
 $hw preload --model "$work/tiny" --socket-dir "$work/sock"
