@@ -1,5 +1,7 @@
 """The Kubernetes manifests in ``deploy/kubernetes/`` validate against the API schemas (kubernetes-validate,
-strict: an unknown field is an error). A cluster cannot run here; the README says what was tried.
+strict: an unknown field is an error); the Dockerfiles of the images they name (``deploy/docker/``) pass
+hadolint. A cluster cannot run here, nor can an image be built (no container runtime on this machine):
+the README says what was tried.
 
 Run: pytest tests/test_deploy.py
 """
@@ -7,6 +9,11 @@ Run: pytest tests/test_deploy.py
 from __future__ import annotations
 
 from pathlib import Path
+
+import re
+import shutil
+import subprocess
+import sys
 
 import kubernetes_validate
 import pytest
@@ -35,3 +42,34 @@ def test_the_keeper_and_the_engine_run_as_one_uid_and_share_the_socket_directory
     assert paths[0] == paths[1] == "/run/hotweights"
     assert "resources" not in keeper_pod["containers"][0] or "nvidia.com/gpu" not in str(
         keeper_pod["containers"][0]["resources"])  # the keeper requests no GPU
+
+
+def pods():
+    docs = [list(yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / name).read_text()))[-1]
+            for name in ("hotweights-daemonset.yaml", "vllm-deployment.yaml")]
+    return [d["spec"]["template"]["spec"] for d in docs]
+
+
+def test_the_engine_keeps_its_file_digests_on_the_node_where_the_keeper_made_them_private():
+    """Without a persisted digest cache every new engine container hashes the whole checkpoint again."""
+    keeper, engine = pods()
+    (vllm,) = engine["containers"]
+    env = {e["name"]: e["value"] for e in vllm["env"]}
+    mounts = {m["name"]: m["mountPath"] for m in vllm["volumeMounts"]}
+    assert env["HOTWEIGHTS_CACHE_DIR"] == mounts["digests"]
+    host = {pod_name: next(v["hostPath"]["path"] for v in pod["volumes"] if v["name"] == "digests")
+            for pod_name, pod in (("keeper", keeper), ("engine", engine))}
+    assert host["keeper"] == host["engine"]
+    init = " ".join(keeper["initContainers"][0]["command"])
+    assert "chown 1000:1000" in init and host["keeper"] in init.split("chmod", 1)[1]  # 0700, the uid's
+
+
+def test_the_dockerfiles_pass_hadolint_and_build_the_images_the_manifests_name():
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
+    files = sorted((ROOT / "deploy" / "docker").glob("*.Dockerfile"))
+    assert [f.name for f in files] == ["engine.Dockerfile", "keeper.Dockerfile"]
+    done = subprocess.run([hadolint, *map(str, files)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    tags = {re.search(r"docker build -f deploy/docker/(\S+) -t (\S+) \.", f.read_text()).group(2) for f in files}
+    keeper, engine = pods()
+    assert {keeper["containers"][0]["image"], engine["containers"][0]["image"]} == tags
