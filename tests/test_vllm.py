@@ -14,13 +14,15 @@ import subprocess
 import time
 
 import pytest
-from conftest import VLLM_PYTHON, needs_vllm, run_cli, serve_vllm
+from conftest import ENGINE_IN_PROCESS, VLLM_PYTHON, needs_vllm, run_cli, serve_vllm, serve_vllm_in_process
 
 from hotweights import evidence
 
 
 pytestmark = needs_vllm(VLLM_PYTHON)
-serve = serve_vllm
+
+serve = serve_vllm_in_process  # these tests are about loading
+serve_default = serve_vllm  # vLLM's own process layout, for the DP and TP tests
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +63,8 @@ def test_baseline_cold_warm_preload_and_stream_answer_identically(vllm_model, so
         assert run_cli("release", "--all", "--socket-dir", sock).returncode == 0
         pre = run_cli("preload", "--engine", "vllm", "--model", str(vllm_model), "--dtype", "bfloat16",
                       "--socket-dir", sock, "--vllm-python", VLLM_PYTHON, "--vllm-arg=--enforce-eager",
-                      "--vllm-arg=--max-model-len=256", "--json", env={"VLLM_CPU_KVCACHE_SPACE": "1"}, timeout=400)
+                      "--vllm-arg=--max-model-len=256", "--json",
+                      env={"VLLM_CPU_KVCACHE_SPACE": "1", **ENGINE_IN_PROCESS}, timeout=400)
         assert pre.returncode == 0, pre.stderr
         assert [r["num_tensors"] for r in json.loads(pre.stdout)["published"]] == [52]
         assert json.loads(pre.stdout)["standby"] == "prepared"  # for the first start after it
@@ -137,7 +140,7 @@ def test_data_parallel_ranks_each_hit_the_cache(vllm_model, daemon, tmp_path):
     """Replicas of a dense model hold identical bytes: DP is not in the key, every rank attaches."""
     sock = str(daemon.paths.directory)
     assert run_cli("preload", "--model", str(vllm_model), "--socket-dir", sock).returncode == 0
-    obs, answer = serve("dp2", vllm_model, tmp_path, "--data-parallel-size", "2", "--load-format", "hotweights",
+    obs, answer = serve_default("dp2", vllm_model, tmp_path, "--data-parallel-size", "2", "--load-format", "hotweights",
                         "--model-loader-extra-config", json.dumps({"socket_dir": sock, "fallback": False}))
     log = obs.log_text()
     assert log.count("Mapped 47 tensors (0.01 GiB) from weight cache daemon") == 2, log[-3000:]
@@ -158,10 +161,10 @@ def test_tensor_parallel_2_each_rank_publishes_and_maps_its_engine_layout(vllm_m
     assert len(json.loads(pre.stdout)["published"]) == 2
     entries = json.loads(run_cli("status", "--json", "--socket-dir", sock).stdout)["entries"]
     assert sorted(e["tp"] for e in entries) == ["0/2", "1/2"] and {e["layout"] for e in entries} == {"vllm/0.32.0"}
-    _, base = serve("tp2_baseline", vllm_model, tmp_path, "--tensor-parallel-size", "2", "--load-format", "auto",
-                    env=bind)
-    obs, warm = serve("tp2_warm", vllm_model, tmp_path, "--tensor-parallel-size", "2", "--load-format", "hotweights",
-                      "--model-loader-extra-config", json.dumps({"socket_dir": sock, "fallback": False}), env=bind)
+    tp2 = ("--tensor-parallel-size", "2", "--load-format")
+    _, base = serve_default("tp2_baseline", vllm_model, tmp_path, *tp2, "auto", env=bind)
+    obs, warm = serve_default("tp2_warm", vllm_model, tmp_path, *tp2, "hotweights", "--model-loader-extra-config",
+                              json.dumps({"socket_dir": sock, "fallback": False}), env=bind)
     log = obs.log_text()
     assert log.count("(mode=zero_copy)") == 2 and "falling back to disk loading" not in log, log[-3000:]
     assert base and warm == base

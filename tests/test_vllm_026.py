@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import VLLM026_PYTHON, needs_vllm, run_cli
-from conftest import serve_vllm as serve
+from conftest import ENGINE_IN_PROCESS, VLLM026_PYTHON, needs_vllm, run_cli
+from conftest import serve_vllm_in_process as serve
 
 pytestmark = needs_vllm(VLLM026_PYTHON, "HOTWEIGHTS_VLLM026_PYTHON")
 
@@ -31,7 +31,8 @@ def test_vllm_026_engine_layout_zero_copy_answers_like_disk_and_strict_fails(mod
         _, disk = serve("disk026", model, tmp_path, "--load-format", "auto", python=VLLM026_PYTHON)
         pre = run_cli("preload", "--engine", "vllm", "--model", str(model), "--dtype", "bfloat16", "--socket-dir", sock,
                       "--vllm-python", VLLM026_PYTHON, "--vllm-arg=--enforce-eager", "--vllm-arg=--max-model-len=256",
-                      "--json", env={"VLLM_CPU_KVCACHE_SPACE": "1", "HOTWEIGHTS_VLLM_STANDBY": "off"}, timeout=600)
+                      "--json", timeout=600,
+                      env={"VLLM_CPU_KVCACHE_SPACE": "1", "HOTWEIGHTS_VLLM_STANDBY": "off", **ENGINE_IN_PROCESS})
         assert pre.returncode == 0, pre.stderr[-3000:]
         assert json.loads(pre.stdout)["published"][0]["num_tensors"] > 0
         obs, warm = serve("warm026", model, tmp_path, "--load-format", "hotweights", "--model-loader-extra-config",

@@ -34,8 +34,10 @@ WRITE_THROUGH_FAILED = (WT_PUBLISH_FAILED, WT_PUBLISH_REFUSED, WT_SKIPPED)
 
 
 def is_evidence(line: str) -> bool:
-    """A line that says what the cache did (the grep ``Mapped|weight cache|falling back``, any case), or a park."""
-    return any(k in line for k in ("Mapped", "weight cache", "Weight cache", "falling back", "Parked ", "Woke "))
+    """A line that says what the cache did (the grep ``Mapped|weight cache|falling back``, any case), a park, or
+    whether a vLLM start came from a warm standby."""
+    return any(k in line for k in ("Mapped", "weight cache", "Weight cache", "falling back", "Parked ", "Woke ",
+                                   "warm standby"))
 
 
 def daemon_ready(socket_path: str, pid: int) -> str:

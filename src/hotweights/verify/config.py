@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 ENGINE_CMDS = {
     "hotweights": "{python} -m hotweights serve {model} --port {port} --dtype {dtype} --device {device} "
                   "--load-format {load_format} --model-loader-extra-config {extra}",
-    "vllm": "{vllm_python} -m vllm.entrypoints.openai.api_server --model {model} --port {port} --dtype {dtype} "
+    # what users run on every restart: the launcher (its strict preflight, the warm standby), vLLM behind it
+    "vllm": "{vllm_python} -m hotweights vllm serve {model} --port {port} --dtype {dtype} "
             "--tensor-parallel-size {tp} --load-format {load_format} --model-loader-extra-config {extra} "
             "--enforce-eager",
 }

@@ -107,6 +107,11 @@ def saved_sentence(receipts: dict) -> str | None:
         return "page cache state unknown" if pc is None else f"{pc:.0%} of the checkpoint in the page cache"
 
     text = f"Warm start ready in {w:.2f} s; disk start {d:.2f} s with the page cache warm ({state(disk)})"
+    if receipts["env"].get("engine") == "vllm":
+        used = [any("Started vLLM from a warm standby" in e for e in r.get("evidence", [])) for r in (warm, disk)]
+        which = ("both" if all(used) else "the warm start only" if used[0] else "the disk one only" if used[1]
+                 else "neither")
+        text += f" (from a warm standby: {which})"
     if cold:
         text += f" and {float(cold['elapsed_s']):.2f} s with it evicted first ({state(cold)}: read from the drive)"
 
@@ -124,6 +129,11 @@ def saved_sentence(receipts: dict) -> str | None:
         text += (f"; the other {rest:.2f} s of the warm start{f' ({others})' if others else ''} are paid by every "
                  f"start, cached or not")
     floor, device = receipts["env"].get("floor_s"), str(receipts["env"].get("device", ""))
+    if w >= d:  # said plainly: a PASS is about the cache being used and right, not about this start's time
+        why = ("vLLM's CPU build compiles again on every start, which no cache keeps" if
+               receipts["env"].get("engine") == "vllm" and not device.startswith("cuda") else
+               "the rest of the start outweighs the weights here")
+        text += f". The cache did not make this start faster ({w:.2f} s vs {d:.2f} s from disk): {why}"
     if floor:
         what = "importing torch and creating a CUDA context" if device.startswith("cuda") else "importing torch"
         text += f" (the floor, a fresh python {what}, took {floor:.2f} s)"
