@@ -89,8 +89,12 @@ def test_a_standby_start_serves_like_a_plain_one_and_stops_with_its_launcher(vll
         used = evidence.STANDBY_USED_RE.search(warm.log_text())
         assert used, warm.log_text()[-3000:]
         assert answer(port, vllm_model) == expected
-        title = Path(f"/proc/{used.group(1)}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        assert " -m vllm.entrypoints." in title and str(vllm_model) in title, title  # in ps, as a plain start
+        supervisor = used.group(1)  # the standby stays as the server's supervisor; the server is its child
+        titles = [Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                  for child in Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()]
+        # in ps as a plain start: our title (python -m vllm.entrypoints... MODEL ...) until vLLM sets its own
+        assert any(t.startswith("VLLM") or f" -m vllm.entrypoints.openai.api_server --model {vllm_model}" in t
+                   for t in titles) and not any("hotweights.standby" in t for t in titles), titles
         warm.proc.send_signal(signal.SIGINT)  # the launcher alone, as its terminal's Ctrl-C would reach it
         assert warm.proc.wait(60) in (0, 130, -signal.SIGINT), warm.log_text()[-3000:]
         assert port_is_free(port), "the server outlived its launcher's Ctrl-C"
