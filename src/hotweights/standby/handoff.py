@@ -106,6 +106,7 @@ def _hello(engine: EngineSpec, directory: Path, connect_timeout_s: float,
         raise StandbyUnusable(f"no standby prepared yet (no {directory})") from None
     except TrustError as exc:
         raise StandbyUnusable(f"untrusted socket dir: {exc}") from None
+    _wait_while_importing(paths.lock, paths.socket)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     sock.settimeout(connect_timeout_s)
     with _unusable_on_failure(sock, "standby unreachable"):
@@ -123,6 +124,34 @@ def _hello(engine: EngineSpec, directory: Path, connect_timeout_s: float,
         assert isinstance(ready, Ready)
         diffs = engine.fingerprint().diff(Fingerprint.from_wire(ready.fingerprint))
         return sock, ready, [str(d) for d in diffs]
+
+
+IMPORT_WAIT_S = 60.0  # a standby importing its engine is ready sooner than a plain start imports it again
+
+
+def _wait_while_importing(lock: Path, sock: Path, timeout_s: float = IMPORT_WAIT_S) -> None:
+    """When a standby holds its lock but does not answer yet because it is importing (the start it followed,
+    if any, is gone: a preload's standby, or one prepared by the previous start), wait for it: a plain start
+    would import the same modules again, beside it. One waiting on a start that still runs is not waited for."""
+    pid = lock_holder(lock) if not sock.exists() else 0
+    if not pid:
+        return
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return
+    after = int(argv[argv.index(b"--after-pid") + 1]) if b"--after-pid" in argv else 0
+    if after and Path(f"/proc/{after}").exists():
+        return
+    import socket
+
+    logger.info("Waiting for the warm standby (pid %d), which is importing its engine", pid)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as probe:
+            if probe.connect_ex(str(sock)) == 0:  # listening: it has imported (a connection it just drops)
+                return
+        time.sleep(0.1)
 
 
 def hand_over(engine: EngineSpec, directory: Path, module: str, args: list[str], env: dict[str, str], *,

@@ -67,7 +67,8 @@ class Procedure:
 
     def _engine_env(self) -> dict[str, str]:
         # vLLM's CPU build reserves most of the RAM for its KV cache unless told otherwise
-        kv_space = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+        kv_space = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+                    "HOTWEIGHTS_SOCKET_DIR": str(self.socket_dir)}  # its standbys too: never the user's directory
         return kv_space if self.config.engine == "vllm" else {}
 
     def _run_cli(self, *args: str) -> subprocess.CompletedProcess:
