@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +18,12 @@ from hotweights.client import connect
 from hotweights.errors import DaemonUnavailable
 from hotweights.observe import free_port
 from hotweights.paths import DaemonPaths
+
+# a suite started as a background job of a non-interactive shell inherits SIGINT ignored, and so would every
+# server it starts (exec keeps an ignored signal): the tests that send Ctrl-C would then wait out their grace
+# or see uvicorn re-raise an ignored signal (exit 0). Caught here, it is the default again in every child.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True, scope="session")
