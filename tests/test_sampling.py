@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from hotweights.serve.generate import SamplingParams, _adjusted
 from hotweights.serve.schema import BadRequest, ChatRequest, CompletionRequest
@@ -40,7 +41,7 @@ def test_text_parts_join_and_other_parts_are_refused_by_position():
 
 
 @pytest.mark.parametrize("fields, param", [
-    ({"tool_choice": "required"}, "tool_choice"), ({"best_of": 3}, "best_of"), ({"top_logprobs": 1}, "top_logprobs"),
+    ({"tool_choice": "required"}, "tool_choice"), ({"best_of": 3}, "best_of"),
     ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options.continuous_usage_stats"),
 ])
 def test_fields_of_the_api_it_does_not_serve_are_refused(fields, param):
@@ -48,3 +49,20 @@ def test_fields_of_the_api_it_does_not_serve_are_refused(fields, param):
         CompletionRequest(prompt="x", **fields).refuse_unserved()
     assert err.value.param == param
     CompletionRequest(prompt="x", tool_choice="none", best_of=1, response_format={"type": "text"}).refuse_unserved()
+
+
+def test_logprobs_are_asked_as_each_api_spells_them():
+    """Completions: ``logprobs: k``; chat: ``logprobs: true`` and ``top_logprobs: k``; k at most 20 (vLLM's)."""
+    assert CompletionRequest(prompt="x", logprobs=3).top_logprobs_wanted() == 3
+    assert CompletionRequest(prompt="x").top_logprobs_wanted() is None
+    chat = [{"role": "user", "content": "hi"}]
+    assert ChatRequest(messages=chat, logprobs=True, top_logprobs=2).top_logprobs_wanted() == 2
+    assert ChatRequest(messages=chat, logprobs=True).top_logprobs_wanted() == 0
+    assert ChatRequest(messages=chat).top_logprobs_wanted() is None
+    for bad, param in ((ChatRequest(messages=chat, top_logprobs=2), "top_logprobs"),
+                       (CompletionRequest(prompt="x", logprobs=1, echo=True), "logprobs")):
+        with pytest.raises(BadRequest) as err:
+            bad.top_logprobs_wanted()
+        assert err.value.param == param
+    with pytest.raises(ValidationError):
+        CompletionRequest(prompt="x", logprobs=21)
