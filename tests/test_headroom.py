@@ -114,7 +114,7 @@ def test_a_preload_over_the_daemons_budget_is_refused_before_it_reads(models, so
                     env={"HOTWEIGHTS_CACHE_DIR": str(tmp_path / "digests")})
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 1 and len(lines) == 1, r.stderr
-        assert "would exceed the daemon budget of 1.0 MiB (0.0 MiB in use): nothing was read" in lines[0]
+        assert "would exceed the daemon budget of 1.00 MiB (0 bytes in use): nothing was read" in lines[0]
         assert not any((tmp_path / "digests").glob("*")), "the checkpoint was read (its digests were cached)"
         assert json.loads(run_cli("status", "--json", "--socket-dir", str(socket_dir)).stdout)["entries"] == []
     finally:

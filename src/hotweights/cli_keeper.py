@@ -156,8 +156,9 @@ def cmd_parked(args: argparse.Namespace) -> int:
                 try:
                     seconds = parked.wake(directory, record)
                 except (OSError, TimeoutError) as exc:
-                    _emit(args, {"woke": None, "pid": record.pid, "error": parked.wake_refusal(record, exc)},
-                          f"could not wake pid {record.pid}: {parked.wake_refusal(record, exc)}")
+                    why = parked.wake_refusal(record, exc)  # reads its log and asks the server: once
+                    _emit(args, {"woke": None, "pid": record.pid, "error": why},
+                          f"could not wake pid {record.pid}: {why}")
                     return 1
                 _emit(args, {"woke": record.pid, "seconds": round(seconds, 3)},
                      f"woke pid {record.pid} in {seconds:.3f} s; it serves at {record.url} (its log: {record.log})")

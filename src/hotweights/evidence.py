@@ -33,6 +33,14 @@ WT_SKIPPED = "write-through skipped"
 WRITE_THROUGH_FAILED = (WT_PUBLISH_FAILED, WT_PUBLISH_REFUSED, WT_SKIPPED)
 
 
+def size_text(nbytes: int) -> str:
+    """Bytes as a person reads them: GiB, MiB, or bytes (the unit ``--max-bytes 8G`` takes)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):.2f} {unit}"
+    return f"{nbytes} bytes"
+
+
 def is_evidence(line: str) -> bool:
     """A line that says what the cache did (the grep ``Mapped|weight cache|falling back``, any case), a park, or
     whether a vLLM start came from a warm standby."""

@@ -23,6 +23,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from ..evidence import size_text
 from ..key import CacheKey, FieldDiff
 from ..manifest import Manifest
 from ..protocol import EntryRow
@@ -77,8 +78,8 @@ class Registry:
                 refusal = ("bad_manifest", f"the {tier} tier of {manifest.key.short} must have the tensors and pools "
                                            f"of its other tier, and does not")
             elif max_bytes and in_use + manifest.nbytes > max_bytes:
-                refusal = ("budget", f"entry of {_size(manifest.nbytes)} would exceed the daemon budget of "
-                                     f"{_size(max_bytes)} ({_size(in_use)} in use); release an entry or raise "
+                refusal = ("budget", f"entry of {size_text(manifest.nbytes)} would exceed the daemon budget of "
+                                     f"{size_text(max_bytes)} ({size_text(in_use)} in use); release an entry or raise "
                                      f"--max-bytes")
             if refusal:
                 close_fds(fds)
@@ -185,11 +186,3 @@ def _dup_all(fds: list[int]) -> list[int]:
         close_fds(dups)
         raise
     return dups
-
-
-def _size(nbytes: int) -> str:
-    """Bytes as a person reads them: GiB, MiB, or bytes (the unit ``--max-bytes 8G`` takes)."""
-    for unit, shift in (("GiB", 30), ("MiB", 20)):
-        if nbytes >= 1 << shift:
-            return f"{nbytes / (1 << shift):.2f} {unit}"
-    return f"{nbytes} bytes"

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import HotweightsError
+from ..evidence import size_text
 from ..manifest import DTYPE_ITEMSIZE
 from .checkpoint import Checkpoint, target_dtype
 
@@ -109,13 +110,9 @@ def check_budget(ckpt: Checkpoint, dtype: str, max_bytes: int, in_use: int) -> N
     (the daemon checks it again, exactly, on publish)."""
     need = needed_bytes(ckpt, dtype)
     if max_bytes and in_use + need > max_bytes:
-        raise WontFit(f"{ckpt.directory.name} as {dtype} needs {_size(need)}, which would exceed the daemon budget "
-                      f"of {_size(max_bytes)} ({_size(in_use)} in use): nothing was read or cached. Release an "
+        raise WontFit(f"{ckpt.directory.name} as {dtype} needs {size_text(need)}, which would exceed the daemon budget "
+                      f"of {size_text(max_bytes)} ({size_text(in_use)} in use): nothing was read or cached. Release an "
                       f"entry (hotweights release KEY) or raise --max-bytes")
-
-
-def _size(n: int) -> str:
-    return f"{n / GIB:.2f} GiB" if n >= GIB // 8 else f"{n / 2**20:.1f} MiB"
 
 
 def lower_priority_for_the_oom_killer(score: int = 500) -> None:

@@ -47,7 +47,7 @@ def completion_logprobs(scored: list[Logprob], decode: Decode, offset: int = 0) 
         offsets.append(offset)
         offset += len(text)
     # keyed by text, as OpenAI's shape is: tokens that decode alike share a key; the chosen one's value wins
-    top = [{**{decode([t]): lp for t, lp in s.top}, decode([s.token]): s.logprob} for s in scored]
+    top = [{**{decode([t]): lp for t, lp in s.top}, text: s.logprob} for s, text in zip(scored, tokens)]
     return {"text_offset": offsets, "token_logprobs": [s.logprob for s in scored], "tokens": tokens,
             "top_logprobs": top}
 

@@ -244,10 +244,10 @@ class Procedure:
         vllm = self.config.engine == "vllm"
         run = self.serve("park", load_format="hotweights", extra=strict, during=steps,
                          flags=("--enable-sleep-mode",) if vllm else ())
-        parked = [PARKED_RE.search(e) for e in run.evidence if PARKED_RE.search(e)]
+        parked = [m for e in run.evidence if (m := PARKED_RE.search(e))]
         woke = [e for e in run.evidence if WOKE_RE.search(e)]
         ranks = self.config.tp_size if vllm else 1  # every vLLM worker parks and wakes on its own
-        said = [m.group(5) for m in parked if m] == ["weights kept mapped"] * ranks + ["weights unmapped"] * ranks
+        said = [m.group(5) for m in parked] == ["weights kept mapped"] * ranks + ["weights unmapped"] * ranks
         self.check("park drill: Parked and Woke evidence",
                    run.ready and len(parked) == 2 * ranks and len(woke) == 2 * ranks and said,
                    f"{len(parked)} Parked and {len(woke)} Woke lines"
