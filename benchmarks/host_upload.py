@@ -7,7 +7,7 @@ wake), allocate a CUDA pool, copy. Variants, interleaved, ``--repeat`` rounds ea
 
 - ``before``: the code before this benchmark (one thread, two 256 MiB pinned stages, torch's ``copy_``
   into them);
-- ``threads_N``: ``resident._upload`` with N workers (each: two 64 MiB pinned stages, ``memmove``, its
+- ``threads_N``: ``upload.upload`` with N workers (each: two 64 MiB pinned stages, ``memmove``, its
   own stream), N in ``--threads``;
 - ``pageable``: ``dst.copy_(host)`` straight from the mapping;
 - ``registered``: ``cudaHostRegister`` of the mapping (timed apart: it is paid once) and the copy after.
@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from hotweights.loading import resident
+from hotweights.loading import upload
 from hotweights.manifest import PoolSpec
 from hotweights.pools import cpu, cuda
 from hotweights.pools.devices import resolve_device
@@ -110,7 +110,7 @@ def main() -> int:
             elif name == "registered":
                 extra["register_s"] = round(registered(host, dst), 3)
             else:
-                resident._upload(host, dst, threads=int(name.split("_")[1]))
+                upload.upload(host, dst, threads=int(name.split("_")[1]))
             seconds = time.perf_counter() - began
             rows.append({"round": r, "variant": name, "seconds": round(seconds, 3), **extra,
                          "same_bytes": same(host, dst, rng)})
@@ -125,7 +125,7 @@ def main() -> int:
         if name == "registered":
             medians[name]["register_s"] = statistics.median(x["register_s"] for x in rows if x["variant"] == name)
     result = {"gib": round(nbytes / 2**30, 2), "repeat": args.repeat, "cpus": os.cpu_count(),
-              "default_threads": resident.UPLOAD_THREADS, "median": medians,
+              "default_threads": upload.THREADS, "median": medians,
               "all_same_bytes": all(x["same_bytes"] for x in rows), "rounds": rows,
               "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "command": "python3 benchmarks/host_upload.py " + " ".join(sys.argv[1:])}

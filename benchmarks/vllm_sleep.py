@@ -36,6 +36,7 @@ import urllib.request
 from pathlib import Path
 
 from hotweights.observe import Observed, complete, free_port
+from hotweights.verify.vllm_log import facts
 
 ROUNDS = ("level1", "level2", "host")
 
@@ -44,6 +45,27 @@ def gpu_used_mib() -> int:
     out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                          capture_output=True, text=True).stdout
     return int(out.split()[0])
+
+
+def apps_mib() -> dict[int, int]:
+    """GPU memory per process (``nvidia-smi``): a parked engine's residue is its processes' share. The keeper's
+    entries belong to no process (the keeper has no CUDA context; its fds hold them)."""
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True).stdout
+    return {int(p): int(m) for p, m in (line.split(",") for line in out.splitlines() if line.strip())}
+
+
+def bare_context_mib() -> int:
+    """What a process with only a CUDA context and torch's first allocation holds: the floor of a residue."""
+    proc = subprocess.Popen([sys.executable, "-c", "import torch, time; torch.zeros(1, device='cuda'); "
+                             "print('up', flush=True); time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    try:
+        proc.stdout.readline()
+        time.sleep(0.5)
+        return apps_mib().get(proc.pid, 0)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def host_used_mib() -> int:
@@ -73,12 +95,13 @@ def park_round(url: str, model: str, level: int, *, demote: tuple[str, str] | No
         if done.returncode != 0:
             raise SystemExit(f"demote failed: {done.stderr[-2000:]}")
         row["demote_s"] = json.loads(done.stdout)["seconds"]
-    parked_mib, host_mib = gpu_used_mib(), host_used_mib()
+    parked_mib, host_mib, apps = gpu_used_mib(), host_used_mib(), apps_mib()
     wake_s = post(f"{url}/wake_up")
     start = time.perf_counter()
     answer = complete(url, "The weight cache", model=model)
     row.update({"sleep_s": round(sleep_s, 3), "is_sleeping": sleeping, "parked_gpu_mib": parked_mib,
-                "parked_host_used_mib": host_mib, "wake_s": round(wake_s, 3),
+                "parked_host_used_mib": host_mib, "parked_processes_mib": sum(apps.values()),
+                "parked_per_process_mib": apps, "wake_s": round(wake_s, 3),
                 "first_answer_after_wake_s": round(time.perf_counter() - start, 3)})
     return row, answer
 
@@ -124,7 +147,9 @@ def zero_copy(args: argparse.Namespace, base: list[str], out: Path) -> dict:
     def med(name: str, field: str) -> float:
         return round(statistics.median(r[field] for r in runs if r["round"] == name and field in r), 3)
 
-    fields = ("sleep_s", "wake_s", "first_answer_after_wake_s", "parked_gpu_mib")
+    fields = ("sleep_s", "wake_s", "first_answer_after_wake_s", "parked_gpu_mib", "parked_processes_mib")
+    graphs = re.search(r"Graph capturing finished in [\d.]+ secs?, took ([\d.]+) GiB", log)
+    context = bare_context_mib()
     return {"ready_s": receipt.elapsed_s, "gpu_mib": {"daemon_only": before_engine, "engine_awake": awake_mib},
             "keeper_entry_mib": round(entry_bytes / 2**20),
             "median": {n: {f: med(n, f) for f in fields} for n in ROUNDS} | {"demote_s": med("host", "demote_s")},
@@ -132,6 +157,16 @@ def zero_copy(args: argparse.Namespace, base: list[str], out: Path) -> dict:
             "parked_residue_mib": {"level1": med("level1", "parked_gpu_mib") - before_engine,
                                    "level2": med("level2", "parked_gpu_mib") - before_engine,
                                    "host": med("host", "parked_gpu_mib")},
+            # what a parked engine's processes hold, split as far as can be seen from outside: a bare CUDA
+            # context (+ torch's first allocation) per process, the CUDA graphs vLLM says it captured, the rest
+            "residue_breakdown_mib": {
+                "processes": med("level2", "parked_processes_mib"),
+                "gpu_processes": len(runs[-1]["parked_per_process_mib"]), "bare_context_each": context,
+                "cuda_graphs": round(float(graphs.group(1)) * 1024) if graphs else None,
+                "rest": (med("level2", "parked_processes_mib") - context * len(runs[-1]["parked_per_process_mib"])
+                         - (round(float(graphs.group(1)) * 1024) if graphs else 0))},
+            "kv_cache_tokens": facts(log)["kv_cache_tokens"],
+            "pinned_staging_lines": [x[-120:] for x in log.splitlines() if "pinned staging ready" in x][:2],
             "same_answer": len(set(answers)) == 1, "answer": answers[0], "runs": runs,
             "keeper_after": [{k: e[k] for k in ("key", "nbytes", "host_nbytes", "parked")} for e in status["entries"]],
             "evidence": {"parked": len(re.findall(r"Parked \S+ \(level \d\)", log)),
@@ -156,6 +191,7 @@ def stock(args: argparse.Namespace, base: list[str], out: Path) -> dict:
         if not receipt.ready:
             return {"ready": False, "log_tail": obs.log_text()[-2000:]}
         answers.append(complete(url, "The weight cache", model=str(args.model)))
+        kv_tokens = facts(obs.log_text())["kv_cache_tokens"]
         awake_host = host_used_mib()
         for _ in range(max(1, args.stock_repeat)):
             row, answer = park_round(url, str(args.model), 1)
@@ -164,6 +200,7 @@ def stock(args: argparse.Namespace, base: list[str], out: Path) -> dict:
             answers.append(answer)
         obs.stop(grace_s=20)
     return {"ready_s": receipt.elapsed_s, "runs": runs, "same_answer": len(set(answers)) == 1, "answer": answers[0],
+            "kv_cache_tokens": kv_tokens,
             "median": {f: round(statistics.median(r[f] for r in runs), 3)
                        for f in ("sleep_s", "wake_s", "first_answer_after_wake_s", "parked_gpu_mib", "host_kept_mib")}}
 
@@ -188,6 +225,8 @@ def main() -> int:
     if args.stock:
         result["stock_disk"] = stock(args, base, out)
         result["same_answer_as_stock"] = result["stock_disk"].get("answer") == result["zero_copy"]["answer"]
+        kv = (result["stock_disk"].get("kv_cache_tokens"), result["zero_copy"]["kv_cache_tokens"])
+        result["same_kv_cache_as_stock"] = kv[0] == kv[1]
     result["command"] = "python3 benchmarks/vllm_sleep.py " + " ".join(sys.argv[1:]).replace(str(args.model), "M")
     print(json.dumps(result) if args.json else json.dumps(result, indent=1))
     z = result["zero_copy"]

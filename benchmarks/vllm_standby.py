@@ -11,16 +11,20 @@ Modes, interleaved per round, fresh processes, medians of ``--repeat``:
   engine-layout entry cached and a warm standby ready (prepared by the previous start; the
   benchmark waits, untimed, until it is ready);
 - ``cache``: stock ``vllm serve M --load-format hotweights {"fallback": false}`` (the cache without
-  the standby), with ``--modes``.
+  the standby), with ``--modes``;
+- ``standby_disk``: ``hotweights vllm serve M --load-format auto`` (the standby without the cache: weights
+  from disk, page cache warm), with ``--modes``.
 
 A mode named twice in ``--modes`` runs twice per round (``stock,launcher,launcher``: more restarts
 where a disk start is long). The rounds stop at the first start that was not ready (its log says why).
 
-Before the rounds: a daemon, ``hotweights preload --engine vllm`` (which now waits for vLLM's
-start-up, so that its compile is cached), then one untimed ``launcher`` start to prepare the
-first standby; each start records whether vLLM compiled afresh (``compiled``: the first start
-after the preload must not). Each start also records its phases from its own log
-(``verify/vllm_log.phases``), the KV cache vLLM sized, the greedy answer, and the evidence lines.
+Before the rounds: a daemon, ``hotweights preload --engine vllm`` (which waits for vLLM's start-up,
+so that its compile is cached, and leaves a warm standby), then the first ``launcher`` start
+(``first_launcher_start``: the README's flow literally, run right after the preload returns: it
+must find the preload's standby, and waits for it if it is still importing vLLM); each start
+records whether vLLM compiled afresh (``compiled``: the first start after the preload must not), its
+phases from its own log (``verify/vllm_log.phases``), the KV cache vLLM sized, the greedy answer, and
+the evidence lines.
 
 Run (GPU, vLLM staged per ../shared/gpu-vllm/README.md):
     python3 benchmarks/vllm_standby.py --model M --repeat 3 --json [--tensor-parallel-size 2]
@@ -70,7 +74,8 @@ def start(mode: str, label: str, model: Path, out: Path, base: list[str], sock: 
 
     cmd = {"stock": stock([*serve, "--load-format", "auto"]), "stock_cold": stock([*serve, "--load-format", "auto"]),
            "cache": stock([*serve, *strict]),
-           "launcher": [sys.executable, "-m", "hotweights", "vllm", *serve, *strict]}[mode]
+           "launcher": [sys.executable, "-m", "hotweights", "vllm", *serve, *strict],
+           "standby_disk": [sys.executable, "-m", "hotweights", "vllm", *serve, "--load-format", "auto"]}[mode]
     run = run_vllm(label, cmd, out=out, port=port, env=env, model=str(model), grace_s=30)
     log = run.pop("log")
     standby = evidence.STANDBY_USED_RE.search(log)
@@ -148,11 +153,11 @@ def main() -> int:
                      "--tensor-parallel-size", str(args.tensor_parallel_size), "--log", str(out / "preload.log"),
                      *[f"--vllm-arg={a}" for a in base[4:]], sock=sock)
         preload["wall_s"] = round(time.monotonic() - t, 1)
-        first = start("launcher", "first", args.model, out, base, sock, env)  # prepares the first standby
+        first = start("launcher", "first", args.model, out, base, sock, env)
         print(json.dumps(first), flush=True)
         for rnd in range(args.repeat):
             for i, mode in enumerate(args.modes.split(",")):
-                waited = wait_for_standby(sock) if mode == "launcher" else None
+                waited = wait_for_standby(sock) if mode in ("launcher", "standby_disk") else None
                 runs.append({"round": rnd, "standby_wait_s": waited,
                              **start(mode, f"{mode}{rnd}.{i}", args.model, out, base, sock, env)})
                 print(json.dumps(runs[-1]), flush=True)

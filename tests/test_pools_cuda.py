@@ -183,21 +183,27 @@ def test_a_deep_park_unmaps_and_maps_again_at_the_same_addresses_under_a_cuda_gr
     out.zero_()
     graph.replay()
     assert torch.equal(out, expected) and w.data_ptr() == ptr
+    # filled in place at the old address, and what it published is what the next engine maps
+    again = attach_tensors(key, AttachConfig(socket_dir=sock, fallback=False))
+    assert again.ok and torch.equal(again.tensors["model.layers.0.mlp.up_proj.weight"], w)
 
 
 def test_a_wake_from_the_host_copy_uploads_every_byte_in_place_through_several_workers():
-    """The host-copy wake's upload (several workers, pinned stages): a pool of an odd size lands bitwise."""
-    from hotweights.loading import resident
+    """The host-copy wake's upload (several workers, pinned stages, warmed ahead): a pool of an odd size lands
+    bitwise."""
+    from hotweights.loading import upload
     from hotweights.pools import cpu, cuda
 
-    nbytes = 5 * resident.STAGE_BYTES + 12345 * 4096
+    upload.warm_stages(threads=8)
+
+    nbytes = 5 * upload.STAGE_BYTES + 12345 * 4096
     made = cpu.create(nbytes)
     made.as_tensor().copy_(torch.randint(0, 256, (nbytes,), dtype=torch.uint8))
     host = cpu.import_pool(made.export(), PoolSpec(nbytes, "cpu"))
     for threads in (1, 3, 8):
         pool = cuda.create(nbytes, resolve_device("cuda:0").pool_device)
         dst = pool.as_tensor()
-        resident._upload(host, dst, threads=threads)
+        upload.upload(host, dst, threads=threads)
         assert torch.equal(dst.cpu(), host), threads
         del dst
         pool.close()

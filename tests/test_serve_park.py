@@ -163,8 +163,48 @@ def test_two_engines_woken_from_one_host_copy_map_the_same_entry(models, tmp_pat
         inodes = [memfd_inodes(s.proc.pid) for s in servers]
         assert inodes[0] and inodes[0] == inodes[1]  # both map the one entry the keeper holds again
         (row,) = status(sock)["entries"]
-        assert row["nbytes"] > 0 and row["num_attaches"] == 2  # the entry published back: one attach per engine
+        # the entry published back by one engine (filled in place: it maps what it published), attached by the other
+        assert row["nbytes"] > 0 and row["num_attaches"] == 1
     finally:
         for s in servers:
             s.stop()
         daemon.stop()
+
+
+def _mapping_at(address: int) -> str:
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if int(line.split("-", 1)[0], 16) == address:
+            return line
+    return ""
+
+
+def test_a_wake_fills_a_new_pool_at_the_old_address_and_a_failed_fill_leaves_nothing_there():
+    """``pools.cpu.fill_at`` (what a wake from a host copy does, the CPU stand-in): a fill that fails leaves the
+    address unmapped and no fd open; one that succeeds makes every old view valid again, over a sealed memfd."""
+    import fcntl
+    import os
+
+    from hotweights.manifest import PoolSpec
+    from hotweights.pools import cpu
+
+    spec = PoolSpec(1 << 20, "cpu")
+    made = cpu.create(spec.nbytes)
+    made.as_tensor().fill_(7)
+    view = cpu.import_pool(made.export(), spec)
+    address = view.data_ptr()
+    cpu.unmap(address, spec)
+    fds = len(os.listdir("/proc/self/fd"))
+
+    def broken(dst: object) -> None:
+        raise RuntimeError("the host copy went away")
+
+    with pytest.raises(RuntimeError, match="went away"):
+        cpu.fill_at(address, spec, broken)
+    assert len(os.listdir("/proc/self/fd")) == fds and "memfd" not in _mapping_at(address)
+    fd = cpu.fill_at(address, spec, lambda dst: dst.fill_(9))
+    try:
+        assert bool(view.eq(9).all()) and view.data_ptr() == address
+        assert "memfd:hotweights-pool" in _mapping_at(address)
+        assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_WRITE  # nobody writes it after publish
+    finally:
+        os.close(fd)

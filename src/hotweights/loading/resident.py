@@ -7,10 +7,10 @@ that captured a pointer into them, is valid again once ``map_again`` has mapped 
 
 - from the keeper's entry of the same key (its manifest must be the one mapped before: same tensors at
   the same offsets of pools of the same sizes): the source is ``gpu`` (or ``host`` for a cpu entry);
-- else from the key's host copy (``keeper/registry.py``): a new allocation on the entry's device is
-  filled from it and published back as the entry (the next engine shares it; an entry that another
-  waking engine published first is mapped instead, so one key never stands for two copies), then
-  mapped: the source is ``host``;
+- else from the key's host copy (``keeper/registry.py``): a new allocation on the entry's device, mapped
+  at the same addresses, is filled from it (``upload.py``) and published back as the entry (the next
+  engine shares it; when another waking engine published it first, ours is unmapped and that one mapped,
+  so one key never stands for two copies): the source is ``host``;
 - else ``WeightsGone``, and nothing was mapped: the caller stays parked and says what to do.
 
 ``host_copy`` makes the host copy of every entry this process maps (a process with the device's context
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from ..manifest import Manifest
 from ..pools import backend
 from ..replies import Outcome
 from ..wire import close_fds
+from . import upload
 
 if TYPE_CHECKING:
     import torch
@@ -85,7 +85,8 @@ def mapped_bytes() -> int:
 
 
 def unmap_all() -> int:
-    """Unmap every held entry, keeping the addresses; the bytes let go of."""
+    """Unmap every held entry, keeping the addresses; the bytes let go of. A GPU entry's wake may come from a
+    host copy: the upload's pinned staging is made ready meanwhile (``upload.warm_stages``)."""
     freed = 0
     for h in held():
         if not h.mapped:
@@ -94,6 +95,10 @@ def unmap_all() -> int:
             backend(spec.device).unmap(address, spec)
         h.mapped = False
         freed += h.manifest.nbytes
+        if h.manifest.key.device != "cpu":
+            from ..pools.devices import index_of_uuid
+
+            upload.warm_stages(index_of_uuid(h.manifest.key.device.split(":", 1)[1]))
     return freed
 
 
@@ -156,77 +161,33 @@ def _from_entry(client: Client, h: Held) -> bool:
 
 
 def _from_host_copy(client: Client, h: Held) -> bool | None:
-    """Fill a new entry of ``h.key`` from its host copy, publish it, map it: True; None when there is no
-    copy; False when another process published the entry first (the caller maps that one)."""
+    """Fill a new entry of ``h.key`` from its host copy at ``h``'s addresses and publish it: True; None when
+    there is no copy; False when another process published the entry first (nothing is left mapped: the
+    caller maps that one)."""
     from ..pools import cpu
 
     with _attached(client, h, "host") as fds:
         if fds is None:
             return None
         device = backend(h.manifest.key.device)
-        made = []
-        for i, spec in enumerate(h.manifest.pools):
-            fd, fds[i] = fds[i], -1
-            host = cpu.import_pool(fd, type(spec)(spec.nbytes, "cpu"))
-            pool = device.create(spec.nbytes, spec.device)
-            _upload(host, pool.as_tensor())
-            del host
-            made.append(pool)
-    exported = [pool.export() for pool in made]
-    try:
-        client.publish(h.manifest, exported)
-    except ProtocolError as exc:
-        if exc.code != "exists":
+        exported: list[int] = []
+        try:
+            for i, (address, spec) in enumerate(zip(h.addresses, h.manifest.pools)):
+                fd, fds[i] = fds[i], -1
+                host = cpu.import_pool(fd, type(spec)(spec.nbytes, "cpu"))
+                exported.append(device.fill_at(address, spec, lambda dst, host=host: upload.upload(host, dst)))
+                del host
+            client.publish(h.manifest, exported)
+        except BaseException as exc:
+            for address, spec in zip(h.addresses[:len(exported)], h.manifest.pools):
+                device.unmap(address, spec)
+            if isinstance(exc, ProtocolError) and exc.code == "exists":
+                return False  # another engine brought it back first: map that one (one key, one copy)
             raise
-        return False  # another engine brought it back first: map that one (one key, one copy)
-    finally:
-        close_fds(exported)
-    return _from_entry(client, h)
-
-
-STAGE_BYTES = 64 << 20
-UPLOAD_THREADS = max(1, min(16, os.cpu_count() or 1))
-
-
-def _upload(host: torch.Tensor, dst: torch.Tensor, threads: int = UPLOAD_THREADS) -> None:
-    """``dst.copy_(host)``; to a GPU by ``threads`` workers over contiguous slices, each with two pinned
-    staging buffers and its own stream: it copies pageable memory into one buffer (``memmove``, which
-    lets go of the GIL) while the GPU reads the other. A pageable ``copy_`` goes at a fraction of the
-    link's speed, and one thread's memcpy (page faults on a fresh mapping included) is the limit of one
-    staging pair (``benchmarks/host_upload.py`` measures the variants)."""
-    if not dst.is_cuda or host.numel() <= STAGE_BYTES:
-        dst.copy_(host)
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    chunks = -(-host.numel() // STAGE_BYTES)
-    threads = max(1, min(threads, chunks))
-    per = -(-chunks // threads) * STAGE_BYTES
-    ranges = [(at, min(at + per, host.numel())) for at in range(0, host.numel(), per)]
-    with ThreadPoolExecutor(len(ranges), thread_name_prefix="hotweights-upload") as pool:
-        for done in [pool.submit(_upload_range, host, dst, lo, hi) for lo, hi in ranges]:
-            done.result()
-
-
-def _upload_range(host: torch.Tensor, dst: torch.Tensor, lo: int, hi: int) -> None:
-    import ctypes
-
-    import torch
-
-    torch.cuda.set_device(dst.device)
-    stream = torch.cuda.Stream(dst.device)
-    stages = [torch.empty(STAGE_BYTES, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
-    done = [torch.cuda.Event(), torch.cuda.Event()]
-    src = host.data_ptr()
-    for i, at in enumerate(range(lo, hi, STAGE_BYTES)):
-        n = min(STAGE_BYTES, hi - at)
-        stage, event = stages[i % 2], done[i % 2]
-        event.synchronize()  # the GPU has read this stage's previous chunk
-        ctypes.memmove(stage.data_ptr(), src + at, n)
-        with torch.cuda.stream(stream):
-            dst[at: at + n].copy_(stage[:n], non_blocking=True)
-            event.record(stream)
-    stream.synchronize()
+        finally:
+            close_fds(exported)
+    h.mapped = True
+    return True
 
 
 def _same_layout(h: Held, manifest: Manifest | None) -> None:

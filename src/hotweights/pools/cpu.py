@@ -28,6 +28,7 @@ import functools
 import mmap
 import os
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -143,6 +144,22 @@ def view_at(address: int, spec: PoolSpec) -> torch.Tensor:
 def unmap(address: int, spec: PoolSpec) -> None:
     """Let go of the pages of the pool mapped at ``address``, keeping its address range."""
     _map_fixed(address, spec.nbytes, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x4000, -1)  # PROT_NONE, NORESERVE
+
+
+def fill_at(address: int, spec: PoolSpec, fill: Callable[[torch.Tensor], None]) -> int:
+    """A new pool of ``spec`` mapped at ``address`` (a pool unmapped there), filled by ``fill`` (a flat uint8
+    tensor over it), sealed and mapped as ``import_pool`` maps it: its fd, to publish. On an error nothing
+    stays mapped there."""
+    pool = Pool(spec.nbytes)
+    try:
+        _map_fixed(address, spec.nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, pool.fd)
+        fill(view_at(address, spec))
+        _map_fixed(address, spec.nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, pool.fd)
+        return pool.export()  # sealed: no writable shared mapping of it is left
+    except BaseException:
+        unmap(address, spec)
+        pool.close()
+        raise
 
 
 def remap(address: int, fd: int, spec: PoolSpec) -> None:

@@ -27,6 +27,7 @@ import logging
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -259,6 +260,34 @@ def remap(address: int, fd: int, spec: PoolSpec) -> None:
         mapping.remap(handle, read_only=True)
     finally:
         _check(_drv.cuMemRelease(handle), "cuMemRelease")
+
+
+def fill_at(address: int, spec: PoolSpec, fill: Callable[[torch.Tensor], None]) -> int:
+    """A new allocation of ``spec`` mapped read-write at ``address`` (a pool unmapped there), filled by
+    ``fill`` (a flat uint8 tensor over it), then made read-only: its fd, to publish. Filling in place spares
+    a second 16 GiB mapping and its teardown; on an error nothing stays mapped there."""
+    mapping = _mapping_at(address)
+    handle = _check(_drv.cuMemCreate(mapping.mapped_bytes, _prop(mapping.index), 0), "cuMemCreate")
+    fd = -1
+    try:
+        fd = int(_check(_drv.cuMemExportToShareableHandle(handle, _FD, 0), "cuMemExportToShareableHandle"))
+        mapping.remap(handle, read_only=False)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+    finally:
+        _check(_drv.cuMemRelease(handle), "cuMemRelease")  # the fd and the mapping hold the memory
+    try:
+        fill(mapping.as_tensor())
+        torch.cuda.synchronize(mapping.index)
+        access = _access(mapping.index, read_only=True)
+        _check(_drv.cuMemSetAccess(mapping.ptr, mapping.mapped_bytes, [access], 1), "cuMemSetAccess")
+    except BaseException:
+        mapping.unmap()
+        os.close(fd)
+        raise
+    return fd
 
 
 def available_bytes(device: str) -> int:

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# GPU (one H200, vLLM 0.26 staged per ../shared/gpu-vllm/README.md), one run for issue 30's and 31's open figures:
+# the CUDA pool tests (the in-place host wake); where a host wake's time goes now; the park benchmark (host wake
+# after the in-place fill and the staging pinned while parked, the residue broken down, the KV cache beside
+# stock vLLM's own sleep); the vLLM headline in one run: stock, the standby alone, the cache alone, both, and
+# the first start right after `preload --engine vllm` (its standby); verify --engine vllm through the launcher.
+#   OUT=DIR bash benchmarks/gpu_headline_session.sh
+set -uo pipefail
+source /tmp/gpu-vllm/env.sh
+OUT=${OUT:?set OUT}
+mkdir -p "$OUT"
+W=$(mktemp -d /tmp/hw-hl-XXXX)
+step() { echo "$(date +%T) $*" >> "$OUT/progress.txt"; }
+step pools
+python3 -m pytest -q -p no:cacheprovider tests/test_pools_cuda.py > "$OUT/pools_cuda.txt" 2>&1
+echo "pytest rc=$?" >> "$OUT/pools_cuda.txt"
+step models
+python3 -m hotweights demo-model "$W/m8b" --size 8b --gen-device cuda > /dev/null
+step profile
+python3 benchmarks/host_wake_profile.py "$W/m8b" --threads 16,16,16,16,16,16 > "$OUT/host_wake_profile.txt" 2>&1
+step park
+python3 benchmarks/vllm_sleep.py --model "$W/m8b" --repeat 5 --stock --out "$OUT/logs_park" --json \
+  > "$OUT/park_8b_graphs.json" 2> "$OUT/park_8b_graphs.err"
+echo "park rc=$?" >> "$OUT/park_8b_graphs.err"
+step headline
+python3 benchmarks/vllm_standby.py --model "$W/m8b" --repeat 3 --modes stock,standby_disk,cache,launcher \
+  --gpu-memory-utilization 0.85 --out "$OUT/logs_headline" --json > "$OUT/headline_8b.jsonl" 2> "$OUT/headline_8b.err"
+echo "headline rc=$?" >> "$OUT/headline_8b.err"
+step verify
+python3 -m hotweights demo-model "$W/m06" --size 0.6b --gen-device cuda > /dev/null
+python3 -m hotweights verify --engine vllm --device cuda --model "$W/m06" --dtype bfloat16 --port 8123 --no-cold-start \
+  --out "$OUT/verify_vllm" > "$OUT/verify.txt" 2>&1
+echo "verify rc=$?" >> "$OUT/verify.txt"
+step done
+touch "$OUT/done"
