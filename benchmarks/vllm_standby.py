@@ -144,6 +144,7 @@ def main() -> int:
             *(["--enforce-eager", "--max-model-len", "512"] if args.eager else []),
             *(["--gpu-memory-utilization", args.gpu_memory_utilization] if args.gpu_memory_utilization else [])]
     os.environ.update(env)
+    os.environ["HOTWEIGHTS_SOCKET_DIR"] = sock  # standby_disk names no socket_dir: its standby is found here too
     daemon = subprocess.Popen([sys.executable, "-m", "hotweights", "daemon", "--socket-dir", sock],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     runs: list[dict] = []

@@ -194,7 +194,7 @@ def test_a_wake_from_the_host_copy_uploads_every_byte_in_place_through_several_w
     from hotweights.loading import upload
     from hotweights.pools import cpu, cuda
 
-    upload.warm_stages(threads=8)
+    upload.warm_stages(0, threads=8)
 
     nbytes = 5 * upload.STAGE_BYTES + 12345 * 4096
     made = cpu.create(nbytes)

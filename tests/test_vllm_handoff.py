@@ -161,6 +161,17 @@ def test_a_standby_made_under_another_environment_is_refused_and_retired(socket_
     assert standby.wait(30) == 0
 
 
+def test_a_prepared_standby_holds_its_place_when_prepare_returns(socket_dir):
+    """The start right after a preload must see the standby the preload left, even one still importing: by
+    the time ``prepare`` returns, it holds its lock (``_wait_while_importing`` finds it)."""
+    try:
+        assert handoff.prepare(SPEC, socket_dir, dict(os.environ))
+        assert handoff.lock_holder(handoff.standby_paths(socket_dir, SPEC.name).lock)
+        assert not handoff.prepare(SPEC, socket_dir, dict(os.environ))  # one place, one standby
+    finally:
+        handoff.stop(SPEC, socket_dir)
+
+
 @pytest.mark.slow
 def test_a_prepared_standby_waits_for_the_start_and_its_server_keeps_the_launchers_priority(socket_dir, work):
     import http.server
