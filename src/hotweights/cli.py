@@ -17,6 +17,7 @@ from typing import Any
 from . import evidence
 from .cli_keeper import cmd_daemon, cmd_demote, cmd_parked, cmd_release, cmd_status, cmd_stop
 from .cli_parser import build_parser, resolve_model, split_vllm
+from .cli_switch import cmd_switch
 from .console import emit as _emit
 
 logger = logging.getLogger("hotweights")
@@ -117,7 +118,7 @@ def _preload_vllm(args: argparse.Namespace) -> int:
 def cmd_demo_model(args: argparse.Namespace) -> int:
     from .demo_model import write_demo_model
 
-    out = write_demo_model(args.directory, args.size, gen_device=args.gen_device)
+    out = write_demo_model(args.directory, args.size, gen_device=args.gen_device, seed=args.seed)
     print(f"wrote {args.size} demo model to {out}")
     return 0
 
@@ -265,5 +266,5 @@ COMMANDS = {
     "daemon": cmd_daemon, "preload": cmd_preload, "status": cmd_status, "release": cmd_release, "demote": cmd_demote,
     "stop": cmd_stop, "demo-model": cmd_demo_model, "inspect": cmd_inspect, "generate": cmd_generate,
     "serve": cmd_serve, "parked": cmd_parked, "observe": cmd_observe, "verify": cmd_verify, "vllm": cmd_vllm,
-    "standby": cmd_standby,
+    "standby": cmd_standby, "switch": cmd_switch,
 }

@@ -143,6 +143,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     _socket_dir(p)
 
+    p = sub.add_parser("switch", help="many models behind one port: a request's model wakes its engine, the others "
+                                      "park (--config FILE, or --model NAME=DIR ... [-- ENGINE ARGS])")
+    p.add_argument("action", nargs="?", default="serve", choices=["serve", "status"],
+                   help="serve (default) or status: each model's state, from a running switch")
+    p.add_argument("--config", default=None, help="TOML file: [switch] and one [[model]] table per model "
+                                                  "(docs/switch.md has a complete example)")
+    p.add_argument("--model", dest="models", action="append", default=[], metavar="NAME=DIR",
+                   help="the quick form: a model and its checkpoint (repeat; the first is the default)")
+    p.add_argument("--engine", default="hotweights", choices=["hotweights", "vllm"], help="the quick form's engine")
+    p.add_argument("--host", default=None, help="address of the front (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="port of the front (default 8000)")
+    p.add_argument("--max-awake", type=int, default=None, help="engines awake at once (default 1)")
+    p.add_argument("--request-timeout-s", type=float, default=None,
+                   help="how long a request waits for its model before a 503 (default 300)")
+    p.add_argument("--api-key", default=None, help="Bearer key the front asks for on /v1 (default: $VLLM_API_KEY)")
+    p.add_argument("--log-dir", default=None, help="where each engine's log goes (default: a new temporary directory)")
+    p.add_argument("--json", action="store_true", help="status: one JSON object")
+
     p = sub.add_parser("parked", help="the parked engines of this user (--park-on-exit): list, wake, retire")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--wake", type=int, metavar="PID", help="wake it where it is (it serves on, in the background)")
@@ -163,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("directory")
     p.add_argument("--size", default="tiny", choices=list(SHAPES))
     p.add_argument("--gen-device", default="cpu", help="where random weights are drawn (cuda is faster for 8b)")
+    p.add_argument("--seed", type=int, default=0, help="another model of the same shape with other bytes (several "
+                                                       "models for hotweights switch)")
 
     p = sub.add_parser("inspect", help="a checkpoint's cache key: arch, dtype, digests (reads no daemon)")
     _model(p)

@@ -74,19 +74,20 @@ def tensor_shapes(s: Shape) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
-def _make_tensor(name: str, shape: tuple[int, ...], dtype: str, device: str = "cpu"):
+def _make_tensor(name: str, shape: tuple[int, ...], dtype: str, device: str = "cpu", seed: int = 0):
     import torch
 
     if name.endswith("norm.weight"):
         return torch.ones(shape, dtype=getattr(torch, dtype))
-    gen = torch.Generator(device=device).manual_seed(zlib.crc32(name.encode()))
+    gen = torch.Generator(device=device).manual_seed(zlib.crc32(name.encode()) ^ (seed * 0x9E3779B1 & 0xFFFFFFFF))
     bound = 1.0 if "embed_tokens" in name else (3.0 / shape[-1]) ** 0.5
     t = torch.empty(shape, dtype=torch.float32, device=device).uniform_(-bound, bound, generator=gen)
     return t.to(getattr(torch, dtype)).cpu()
 
 
-def write_demo_model(directory: str | Path, size: str = "tiny", *, gen_device: str = "cpu") -> Path:
-    """Write the checkpoint, config and tokenizer; returns the directory.
+def write_demo_model(directory: str | Path, size: str = "tiny", *, gen_device: str = "cpu", seed: int = 0) -> Path:
+    """Write the checkpoint, config and tokenizer; returns the directory. ``seed``: another model of the same
+    shape with other bytes (0: the default model, as it always was).
 
     ``gen_device="cuda"`` draws the numbers on the GPU (much faster for ``8b``); the
     bytes are then deterministic per device type, not across them.
@@ -114,7 +115,7 @@ def write_demo_model(directory: str | Path, size: str = "tiny", *, gen_device: s
     weight_map: dict[str, str] = {}
     for i, group in enumerate(groups):
         fname = "model.safetensors" if len(groups) == 1 else f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
-        save_file({n: _make_tensor(n, shape, s.dtype, gen_device) for n, shape in group}, out / fname,
+        save_file({n: _make_tensor(n, shape, s.dtype, gen_device, seed) for n, shape in group}, out / fname,
                   metadata={"format": "pt"})
         os.chmod(out / fname, 0o666 & ~umask)  # safetensors writes 0600; the other files follow the umask
         weight_map.update({n: fname for n, _ in group})

@@ -61,10 +61,11 @@ class WeightCacheUnusable(HotweightsError):
 
 
 EXTRAS = {"torch": "engine", "safetensors": "engine", "transformers": "engine", "tokenizers": "engine",
-          "uvicorn": "serve", "pydantic": "serve", "starlette": "serve", "jinja2": "serve"}
+          "uvicorn": "serve", "pydantic": "serve", "starlette": "serve", "jinja2": "serve", "httpx": "serve"}
 
 
-COMMAND_EXTRAS = {"serve": "serve"}  # a command whose extra brings every module it needs (serve includes engine)
+# a command whose extra brings every module it needs (serve includes engine)
+COMMAND_EXTRAS = {"serve": "serve", "switch": "serve"}
 
 
 def missing_extra(module: str, command: str = "") -> str:

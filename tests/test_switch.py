@@ -1,0 +1,242 @@
+"""``hotweights switch``: real fronts in subprocesses, real embedded engines behind them (two demo models with
+different bytes), the official ``openai`` client. Routing by model, the batch that waited for a switch, a stream
+through a switch, a killed engine started again, the metrics, the API key, Ctrl-C freeing every port; the
+configuration's refusals.
+
+Run: pytest tests/test_switch.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from hotweights.observe import free_port
+from hotweights.switch import config as switch_config
+
+
+class Front:
+    def __init__(self, tmp: Path, models: dict[str, Path], *args: str, socket_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / f"front-{self.port}.log"
+        pairs = [x for name, path in models.items() for x in ("--model", f"{name}={path}")]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "hotweights", "switch", *pairs, "--port", str(self.port), "--log-dir",
+             str(tmp / f"logs-{self.port}"), *args, "--", "--max-model-len", "64"],
+            stdout=open(self.log, "wb"), stderr=subprocess.STDOUT, env={**os.environ, "HOTWEIGHTS_SOCKET_DIR":
+                                                                         str(socket_dir)})
+        deadline = time.monotonic() + 120
+        while not self.ready():
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()
+            time.sleep(0.2)
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def status(self, key: str = "") -> dict:
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        with urllib.request.urlopen(urllib.request.Request(self.url + "/switch/status", headers=headers)) as r:
+            return json.loads(r.read())
+
+    def state(self, name: str) -> dict:
+        return next(m for m in self.status()["models"] if m["name"] == name)
+
+    def client(self, key: str = "none"):
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+    def interrupt(self) -> int:
+        self.proc.send_signal(signal.SIGINT)
+        return self.proc.wait(60)
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def answer(client, model: str) -> tuple[str, list[float]]:
+    """The greedy text and its token logprobs: two demo models of one shape differ in the second."""
+    got = client.completions.create(model=model, prompt="The weight cache", max_tokens=6, temperature=0, logprobs=1)
+    assert got.model == model
+    return got.choices[0].text, [round(x, 4) for x in got.choices[0].logprobs.token_logprobs]
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory) -> dict[str, Path]:
+    from hotweights.demo_model import write_demo_model
+
+    root = tmp_path_factory.mktemp("switch-models")
+    return {"chat": write_demo_model(root / "chat", "tiny"), "coder": write_demo_model(root / "coder", "tiny", seed=1)}
+
+
+@pytest.fixture(scope="module")
+def keeper():
+    sock = Path(tempfile.mkdtemp(prefix="hwsw-", dir="/tmp"))
+    yield sock
+    run_cli("stop", "--socket-dir", str(sock))
+
+
+@pytest.fixture(scope="module")
+def front(two_models, keeper, tmp_path_factory):
+    f = Front(tmp_path_factory.mktemp("switch"), two_models, socket_dir=keeper)
+    deadline = time.monotonic() + 120  # /health is 200 once the default serves; the others may still start
+    while any(m["state"] == "starting" for m in f.status()["models"]):
+        assert time.monotonic() < deadline, f.status()
+        time.sleep(0.2)
+    yield f
+    if f.proc.poll() is None:
+        f.interrupt()
+
+
+@pytest.mark.slow
+def test_every_model_is_listed_started_and_cached_and_an_unknown_one_is_404(front):
+    import openai
+
+    client = front.client()
+    assert [m.id for m in client.models.list().data] == ["chat", "coder"]
+    with pytest.raises(openai.NotFoundError, match="The model `nobody` does not exist"):
+        client.completions.create(model="nobody", prompt="x", max_tokens=1)
+    states = {m["name"]: m["state"] for m in front.status()["models"]}
+    assert states == {"chat": "awake", "coder": "parked"}  # the default awake, the other started and parked
+    text = front.log.read_text()
+    assert "chat ready in" in text and "coder ready in" in text and "(cached; parked)" in text
+
+
+@pytest.mark.slow
+def test_requests_go_to_their_own_model_across_switches(front):
+    client = front.client()
+    chat, coder = answer(client, "chat"), answer(client, "coder")
+    assert chat[1] != coder[1]  # two models with different bytes answer differently
+    for name, expected in (("chat", chat), ("coder", coder), ("chat", chat), ("coder", coder)):
+        assert answer(client, name) == expected
+    assert front.state("coder")["wakes"] >= 2 and front.state("chat")["wakes"] >= 2
+    assert {m["state"] for m in front.status()["models"]} == {"awake", "parked"}  # max_awake 1
+
+
+@pytest.mark.slow
+def test_requests_that_arrive_together_are_each_answered_by_their_model(front):
+    client = front.client()
+    expected = {name: answer(client, name) for name in ("chat", "coder")}
+    got: list[tuple[str, tuple]] = []
+    names = ["chat", "coder"] * 4
+    threads = [threading.Thread(target=lambda n=n: got.append((n, answer(client, n)))) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == len(names) and all(a == expected[n] for n, a in got)
+
+
+@pytest.mark.slow
+def test_a_stream_through_a_switch_arrives_whole(front):
+    client = front.client()
+    answer(client, "chat")  # chat awake, coder parked
+    plain = client.chat.completions.create(model="coder", messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=6, temperature=0).choices[0].message.content
+    answer(client, "chat")
+    chunks = list(client.chat.completions.create(model="coder", messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=6, temperature=0, stream=True))
+    assert all(c.model == "coder" for c in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == plain
+
+
+@pytest.mark.slow
+def test_a_killed_engine_starts_again_on_its_next_request(front):
+    client = front.client()
+    expected = answer(client, "chat")
+    pid = front.state("chat")["pid"]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while front.state("chat")["state"] != "failed":
+        assert time.monotonic() < deadline, front.status()
+        time.sleep(0.1)
+    assert answer(client, "chat") == expected
+    row = front.state("chat")
+    assert row["state"] == "awake" and row["pid"] != pid
+    with urllib.request.urlopen(front.url + "/metrics") as r:
+        scrape = r.read().decode()
+    assert 'hotweights_switch_switches_total{model="chat",source="restart"} 1.0' in scrape
+    assert 'hotweights_switch_model_state{model="chat",state="awake"} 1.0' in scrape
+    assert "hotweights_switch_switch_seconds_bucket" in scrape and "hotweights_switch_waiting_requests" in scrape
+
+
+@pytest.mark.slow
+def test_status_prints_a_row_per_model(front):
+    done = run_cli("switch", "status", "--port", str(front.port))
+    assert done.returncode == 0, done.stderr
+    assert "chat *" in done.stdout and "coder" in done.stdout
+    assert json.loads(run_cli("switch", "status", "--port", str(front.port), "--json").stdout)["default"] == "chat"
+
+
+@pytest.mark.slow
+def test_an_api_key_guards_the_front_a_model_that_cannot_start_is_unavailable_and_ctrl_c_frees_every_port(
+        two_models, keeper, tmp_path):
+    import openai
+
+    (tmp_path / "broken").mkdir()  # no checkpoint in it: its engine cannot start
+    f = Front(tmp_path, {"chat": two_models["chat"], "broken": tmp_path / "broken"}, "--api-key", "sesame",
+              socket_dir=keeper)
+    with pytest.raises(openai.AuthenticationError):
+        f.client("wrong").models.list()
+    assert answer(f.client("sesame"), "chat")
+    deadline = time.monotonic() + 60
+    while f.status("sesame")["models"][1]["state"] != "failed":
+        assert time.monotonic() < deadline, f.status("sesame")
+        time.sleep(0.2)
+    with pytest.raises(openai.InternalServerError, match="broken: its engine exited with code"):
+        f.client("sesame").completions.create(model="broken", prompt="x", max_tokens=1)
+    assert answer(f.client("sesame"), "chat")  # the others serve
+    engine = f.status("sesame")["models"][0]
+    assert f.interrupt() in (0, 130)  # 130: uvicorn re-raises the SIGINT it caught, as a shell expects
+    assert "every engine stopped" in f.log.read_text()
+    assert port_free(f.port) and port_free(engine["port"])
+    with pytest.raises(ProcessLookupError):
+        os.kill(engine["pid"], 0)
+
+
+def _load(tmp_path: Path, text: str) -> switch_config.SwitchConfig:
+    path = tmp_path / "switch.toml"
+    path.write_text(text)
+    return switch_config.load(path)
+
+
+def test_the_config_file_names_what_is_wrong(tmp_path):
+    (tmp_path / "m").mkdir()
+    good = f'[switch]\nport = 9000\nmax_awake = 2\n[[model]]\nname = "a"\ncheckpoint = "{tmp_path / "m"}"\n'
+    config = _load(tmp_path, good + f'[[model]]\nname = "b"\ncheckpoint = "{tmp_path / "m"}"\ndefault = true\n'
+                                    'engine = "vllm"\nargs = ["--max-model-len", "512"]\npark_level = 2\n')
+    assert (config.port, config.max_awake, config.default.name) == (9000, 2, "b")
+    assert config.models[1].args == ("--max-model-len", "512") and config.models[1].park_level == 2
+    for text, message in (
+            (good + "[[model]]\nname = \"a\"\ncheckpoint = \"/\"\n", "a is named twice"),
+            (good.replace("port = 9000", "prot = 9000"), "unknown key 'prot'"),
+            (good + 'engine = "sglang"\n', "engine must be one of hotweights, vllm"),
+            (good.replace(str(tmp_path / "m"), "/nonexistent"), "checkpoint /nonexistent is not a directory"),
+            ("[switch]\n", "no model"),
+            (good + "park_level = 3\n", "park_level must be 1 or 2"),
+            (good.replace("max_awake = 2", "max_awake = 'two'"), "max_awake must be int"),
+            ("[model]\nname = 'a'\n", "models are [[model]] tables"),
+            ("[[model]\n", "not TOML")):
+        with pytest.raises(switch_config.ConfigError, match=message.replace("[", r"\[")):
+            _load(tmp_path, text)
+    done = run_cli("switch", "--model", "nameonly")
+    assert done.returncode == 2 and "--model takes NAME=DIR, got 'nameonly'" in done.stderr
