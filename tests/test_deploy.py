@@ -73,3 +73,30 @@ def test_the_dockerfiles_pass_hadolint_and_build_the_images_the_manifests_name()
     tags = {re.search(r"docker build -f deploy/docker/(\S+) -t (\S+) \.", f.read_text()).group(2) for f in files}
     keeper, engine = pods()
     assert {keeper["containers"][0]["image"], engine["containers"][0]["image"]} == tags
+
+
+def test_the_switch_example_config_is_one_the_switch_takes(tmp_path):
+    """The ConfigMap's switch.toml parses with the switch's own loader (checkpoints made to exist here)."""
+    from hotweights.switch import config as switch_config
+
+    configmap = next(yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "switch-deployment.yaml").read_text()))
+    text = configmap["data"]["switch.toml"]
+    for directory in re.findall(r'checkpoint = "(/models/[^"]+)"', text):
+        (tmp_path / directory.lstrip("/")).mkdir(parents=True)
+        text = text.replace(f'"{directory}"', f'"{tmp_path / directory.lstrip("/")}"')
+    (tmp_path / "switch.toml").write_text(text)
+    config = switch_config.load(tmp_path / "switch.toml")
+    assert [m.name for m in config.models] == ["chat", "coder"] and config.default.name == "chat"
+    assert config.host == "0.0.0.0" and all(m.engine == "vllm" for m in config.models)
+
+
+def test_the_switch_docs_example_is_one_the_switch_takes(tmp_path):
+    from hotweights.switch import config as switch_config
+
+    text = (ROOT / "docs" / "switch.md").read_text().split("```toml\n", 1)[1].split("```", 1)[0]
+    for directory in set(re.findall(r'checkpoint = "(/models/[^"]+)"', text)):
+        (tmp_path / directory.lstrip("/")).mkdir(parents=True)
+        text = text.replace(f'"{directory}"', f'"{tmp_path / directory.lstrip("/")}"')
+    (tmp_path / "switch.toml").write_text(text)
+    config = switch_config.load(tmp_path / "switch.toml")
+    assert [m.name for m in config.models] == ["chat", "coder", "small"] and config.models[2].keep_awake

@@ -213,6 +213,25 @@ def test_an_api_key_guards_the_front_a_model_that_cannot_start_is_unavailable_an
         os.kill(engine["pid"], 0)
 
 
+@pytest.mark.slow
+def test_without_parking_a_switch_stops_one_engine_and_starts_the_other(two_models, keeper, tmp_path):
+    """What the vLLM CPU build gets (no sleep mode), and what llama-swap does: the same answers, engines stopped."""
+    f = Front(tmp_path, two_models, "--no-parking", socket_dir=keeper)
+    try:
+        deadline = time.monotonic() + 60
+        while f.state("coder")["state"] != "stopped":
+            assert time.monotonic() < deadline, f.status()
+            time.sleep(0.2)
+        client = f.client()
+        chat = answer(client, "chat")
+        coder = answer(client, "coder")
+        assert f.state("chat")["state"] == "stopped" and f.state("chat")["pid"] == 0
+        assert answer(client, "chat") == chat and answer(client, "coder") == coder
+        assert not f.state("coder")["parks"] and "coder ready in" in f.log.read_text()
+    finally:
+        f.interrupt()
+
+
 def _load(tmp_path: Path, text: str) -> switch_config.SwitchConfig:
     path = tmp_path / "switch.toml"
     path.write_text(text)

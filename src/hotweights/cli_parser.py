@@ -159,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long a request waits for its model before a 503 (default 300)")
     p.add_argument("--api-key", default=None, help="Bearer key the front asks for on /v1 (default: $VLLM_API_KEY)")
     p.add_argument("--log-dir", default=None, help="where each engine's log goes (default: a new temporary directory)")
+    p.add_argument("--no-parking", action="store_true",
+                   help="a switch stops the engine and starts the next one instead of parking it (for comparison)")
     p.add_argument("--json", action="store_true", help="status: one JSON object")
 
     p = sub.add_parser("parked", help="the parked engines of this user (--park-on-exit): list, wake, retire")

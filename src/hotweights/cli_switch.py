@@ -17,7 +17,8 @@ def cmd_switch(args: argparse.Namespace) -> int:
     if args.action == "status":
         return _status(args)
     options = {"host": args.host, "port": args.port, "max_awake": args.max_awake,
-               "request_timeout_s": args.request_timeout_s, "api_key": args.api_key}
+               "request_timeout_s": args.request_timeout_s, "api_key": args.api_key,
+               "parking": False if args.no_parking else None}
     engine_args = list(getattr(args, "cmd", []) or [])
     if args.config and (args.models or engine_args):
         raise ValueError("--config names every model; --model NAME=DIR and -- ENGINE ARGS are the quick form")
@@ -25,7 +26,8 @@ def cmd_switch(args: argparse.Namespace) -> int:
         if args.config:
             config = switch_config.load(args.config)
             config = switch_config.build({**{k: getattr(config, k) for k in ("host", "port", "max_awake",
-                                                                              "request_timeout_s", "api_key")},
+                                                                              "request_timeout_s", "api_key",
+                                                                              "socket_dir", "parking")},
                                           **{k: v for k, v in options.items() if v is not None}},
                                          list(config.models), args.config)
         else:

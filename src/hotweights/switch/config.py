@@ -7,6 +7,7 @@
     request_timeout_s = 300  # how long a request may wait for its model, then 503
     api_key = ""             # like vllm serve --api-key (else $VLLM_API_KEY): Bearer on /v1/*
     socket_dir = ""          # the keeper's (default: hotweights' default)
+    parking = true           # false: a switch stops the engine and starts the next one (llama-swap's way)
 
     [[model]]
     name = "chat"            # the API's model name
@@ -57,6 +58,7 @@ class SwitchConfig:
     request_timeout_s: float = 300.0
     api_key: str = ""
     socket_dir: str = ""
+    parking: bool = True
 
     @property
     def default(self) -> ModelConfig:
@@ -64,7 +66,7 @@ class SwitchConfig:
 
 
 _SWITCH_KEYS = {"host": str, "port": int, "max_awake": int, "request_timeout_s": (int, float), "api_key": str,
-                "socket_dir": str}
+                "socket_dir": str, "parking": bool}
 _MODEL_KEYS = {"name": str, "checkpoint": str, "engine": str, "args": list, "default": bool, "keep_awake": bool,
                "park_level": int, "deep_park_after_s": (int, float)}
 

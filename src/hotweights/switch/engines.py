@@ -44,12 +44,12 @@ class EngineError(RuntimeError):
 class Engine:
     """One model's server process."""
 
-    def __init__(self, model: ModelConfig, log_dir: Path, socket_dir: str = "") -> None:
+    def __init__(self, model: ModelConfig, log_dir: Path, socket_dir: str = "", parking: bool = True) -> None:
         self.model, self.socket_dir = model, socket_dir
         self.log_path = log_dir / f"{model.name.replace('/', '_')}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
-        self.parks = model.engine == "hotweights" or vllm_sleeps()
+        self.parks = parking and (model.engine == "hotweights" or vllm_sleeps())
         self.level = 0  # parked at
 
     @property

@@ -56,7 +56,7 @@ class Unavailable(Exception):
 class Switcher:
     def __init__(self, config: SwitchConfig, log_dir: Path, metrics: SwitchMetrics) -> None:
         self.config, self.metrics = config, metrics
-        self.models = {m.name: Model(m, Engine(m, log_dir, config.socket_dir)) for m in config.models}
+        self.models = {m.name: Model(m, Engine(m, log_dir, config.socket_dir, config.parking)) for m in config.models}
         self.lock = asyncio.Lock()
         self.ready = asyncio.Event()  # the default model serves
         self._switches: dict[str, asyncio.Task[None]] = {}
@@ -91,7 +91,8 @@ class Switcher:
             else:
                 await asyncio.to_thread(m.engine.park, m.config.park_level)
                 self._park_state(m)
-                note = m.state if m.engine.parks else "stopped: this engine has no sleep mode"
+                note = (m.state if m.engine.parks else "stopped: parking is off" if not self.config.parking
+                        else "stopped: this engine has no sleep mode")
             logger.info("switch: %s ready in %.1f s (%s; %s)", m.config.name, time.monotonic() - began, cached,
                         note)
         except EngineError as exc:

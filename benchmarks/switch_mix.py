@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""``hotweights switch`` under an A-B-A-C request mix: switch to first token, parking vs stopping and starting.
+
+N demo models of one shape with different bytes (``demo-model --seed``), one keeper, then per mode a front
+(``hotweights switch --model m0=... --model m1=...``) and the mix m0, m1, m0, m2, m0, m1, ... (every request
+asks for another model than the one before: each is a switch), one streamed completion at a time, timed
+from the request to its first streamed token. Modes, in turn: ``park`` (the front as shipped: the engine
+parks, the next wakes) and ``restart`` (``--no-parking``: the engine stops and the next starts, what
+llama-swap does with vLLM). Medians and p95 of ``--switches`` switches per mode, the same greedy answer per
+model checked across modes, the front's own switch lines, and (on a GPU) the memory each parked engine holds.
+
+Run: .venv/bin/python benchmarks/switch_mix.py --models 3 --switches 20 --json            (CPU, tiny models)
+     python3 benchmarks/switch_mix.py --size 8b --gen-device cuda --engine vllm \\
+         --engine-args "--max-model-len 512 --gpu-memory-utilization 0.25" --json         (GPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from hotweights.observe import free_port
+
+
+def first_token(url: str, model: str) -> tuple[float, str]:
+    """Seconds from sending a streamed completion to its first token, and the whole greedy text."""
+    body = json.dumps({"model": model, "prompt": "The weight cache", "max_tokens": 4, "temperature": 0,
+                       "stream": True}).encode()
+    req = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"content-type": "application/json"})
+    began, first, text = time.perf_counter(), None, []
+    with urllib.request.urlopen(req, timeout=600) as r:
+        for line in r:
+            if not line.startswith(b"data: {"):
+                continue
+            if first is None:
+                first = time.perf_counter() - began
+            text.append(json.loads(line[6:])["choices"][0]["text"])
+    return first if first is not None else float("nan"), "".join(text)
+
+
+def status(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(f"{url}/switch/status", timeout=5) as r:
+            return json.loads(r.read())
+    except OSError:
+        return None
+
+
+def p95(xs: list[float]) -> float:
+    return sorted(xs)[max(0, round(0.95 * len(xs)) - 1)]
+
+
+def apps_mib() -> dict[int, int]:
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True).stdout
+    return {int(p): int(m) for p, m in (x.split(",") for x in out.splitlines() if x.strip())}
+
+
+def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock: str, out: Path) -> dict:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    pairs = [x for name, path in models.items() for x in ("--model", f"{name}={path}")]
+    cmd = [sys.executable, "-m", "hotweights", "switch", *pairs, "--engine", args.engine, "--port", str(port),
+           "--log-dir", str(out / f"logs-{mode}"), *(["--no-parking"] if mode == "restart" else []),
+           "--", *shlex.split(args.engine_args)]
+    log = out / f"front-{mode}.log"
+    began = time.monotonic()
+    front = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                             env={**os.environ, "HOTWEIGHTS_SOCKET_DIR": sock})
+    try:
+        while not ((state := status(url)) and all(m["state"] != "starting" for m in state["models"])):
+            if front.poll() is not None or time.monotonic() - began > 1800:
+                raise SystemExit(f"{mode}: the front did not start: {log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        startup_s = time.monotonic() - began
+        names = list(models)
+        mix = [names[0] if i % 2 == 0 else names[1 + (i // 2) % (len(names) - 1)] for i in range(args.switches + 1)]
+        rows, answers = [], {}
+        parked_mib = None
+        for i, name in enumerate(mix):
+            seconds, text = first_token(url, name)
+            answers.setdefault(name, set()).add(text)
+            if i:  # the first request finds its model awake already
+                rows.append({"model": name, "first_token_s": round(seconds, 4)})
+            if i == 2 and args.gpu:
+                apps, state = apps_mib(), status(url) or {"models": []}
+                parked_mib = {m["name"]: apps.get(m["pid"], 0) for m in state["models"] if m["state"] != "awake"}
+        with urllib.request.urlopen(f"{url}/metrics") as r:
+            scrape = r.read().decode()
+    finally:
+        front.send_signal(signal.SIGINT)
+        front.wait(120)
+    times = [r["first_token_s"] for r in rows]
+    lines = [x.split("switch: ", 1)[1] for x in log.read_text().splitlines() if "switch: " in x]
+    return {"startup_s": round(startup_s, 1), "switches": len(rows),
+            "first_token_p50_s": round(statistics.median(times), 4), "first_token_p95_s": round(p95(times), 4),
+            "first_token_max_s": max(times), "rows": rows,
+            "answers": {k: sorted(v) for k, v in answers.items()}, "parked_engine_gpu_mib": parked_mib,
+            "switch_lines": lines[:12], "metrics_switches": [x for x in scrape.splitlines()
+                                                             if x.startswith("hotweights_switch_switches_total")]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", type=int, default=3)
+    parser.add_argument("--size", default="tiny")
+    parser.add_argument("--gen-device", default="cpu")
+    parser.add_argument("--engine", default="hotweights", choices=["hotweights", "vllm"])
+    parser.add_argument("--engine-args", default="--max-model-len 64")
+    parser.add_argument("--switches", type=int, default=20)
+    parser.add_argument("--modes", default="park,restart")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    args.gpu = args.gen_device == "cuda" or "cuda" in args.engine_args or args.engine == "vllm"
+    out = args.out or Path(tempfile.mkdtemp(prefix="hw-switch-"))
+    out.mkdir(parents=True, exist_ok=True)
+    from hotweights.demo_model import write_demo_model
+
+    models = {f"m{i}": write_demo_model(out / f"m{i}", args.size, gen_device=args.gen_device, seed=i)
+              for i in range(args.models)}
+    sock = tempfile.mkdtemp(prefix="hw-switch-sock-", dir="/tmp")
+    result: dict = {"models": args.models, "size": args.size, "engine": args.engine, "engine_args": args.engine_args}
+    try:
+        for mode in args.modes.split(","):
+            result[mode] = run_mode(mode, models, args, sock, out)
+            print(json.dumps({mode: {k: v for k, v in result[mode].items() if k != "rows"}}), file=sys.stderr)
+    finally:
+        subprocess.run([sys.executable, "-m", "hotweights", "stop", "--socket-dir", sock], capture_output=True)
+    modes = [m for m in args.modes.split(",") if m in result]
+    result["same_answers_across_modes"] = len({json.dumps(result[m]["answers"]) for m in modes}) == 1
+    if "park" in result and "restart" in result:
+        result["restart_over_park_p50"] = round(result["restart"]["first_token_p50_s"]
+                                                / result["park"]["first_token_p50_s"], 1)
+    result["command"] = "benchmarks/switch_mix.py " + " ".join(sys.argv[1:])
+    print(json.dumps(result) if args.json else json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
