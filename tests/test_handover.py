@@ -131,3 +131,44 @@ def scrape(port: int) -> str:
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         return r.read().decode()
+
+
+def test_a_keeper_under_init_is_upgraded_in_place_by_replace_and_init_stops_with_it(models, socket_dir, tmp_path):
+    """``daemon --init`` as a pod's PID 1 (here a child subreaper): ``daemon --replace --detach`` (what ``kubectl
+    exec`` runs) hands the entries to a new keeper, the old one exits, init stays; SIGTERM to init reaches the
+    keeper holding the lock, and init exits once none does."""
+    import os
+    import signal
+
+    sock = str(socket_dir)
+    log = open(tmp_path / "init.log", "wb")
+    init = subprocess.Popen([sys.executable, "-m", "hotweights", "daemon", "--init", "--socket-dir", sock],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while not status(sock).get("pid"):
+            assert init.poll() is None and time.monotonic() < deadline, (tmp_path / "init.log").read_text()
+            time.sleep(0.1)
+        first = status(sock)["pid"]
+        key = preload(models["tiny"], socket_dir=sock).key
+        assert run_cli("daemon", "--replace", "--detach", "--socket-dir", sock).returncode == 0
+        while status(sock).get("pid") in (first, None):
+            assert time.monotonic() < deadline + 30, (tmp_path / "init.log").read_text()
+            time.sleep(0.1)
+        time.sleep(1.0)
+        now = status(sock)
+        assert [e["key"] for e in now["entries"]] == [key.short]  # the cache went on, in the new keeper
+        assert init.poll() is None  # the container's main process outlived the old keeper
+        with pytest.raises(ProcessLookupError):
+            os.kill(first, 0)  # gone and reaped by init
+        assert attach_tensors(key, AttachConfig(socket_dir=sock, fallback=False)).ok
+        init.send_signal(signal.SIGTERM)
+        assert init.wait(30) == 0
+        assert run_cli("status", "--socket-dir", sock).returncode != 0  # the keeper stopped with it
+        text = (tmp_path / "init.log").read_text()
+        assert f"init: pid {first} exited (code 0)" in text and "init: no keeper holds" in text
+    finally:
+        if init.poll() is None:
+            init.kill()
+        run_cli("stop", "--socket-dir", sock)
+        log.close()

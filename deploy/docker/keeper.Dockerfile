@@ -9,4 +9,5 @@ RUN pip install --no-cache-dir /tmp/hotweights-0.1.0-py3-none-any.whl \
 # the uid the engines run as: the daemon serves its own uid only
 USER 1000
 ENTRYPOINT ["hotweights"]
-CMD ["daemon", "--socket-dir", "/run/hotweights"]
+# --init: PID 1 stays across `hotweights daemon --replace` (an in-place upgrade keeps the entries)
+CMD ["daemon", "--init", "--socket-dir", "/run/hotweights"]

@@ -18,6 +18,15 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     from .paths import daemon_paths, ensure_socket_dir
 
     paths = daemon_paths(args.socket_dir)
+    if getattr(args, "init", False):  # PID 1 of a container: the daemon as its child (keeper/init.py)
+        from .keeper.init import run_init
+
+        ensure_socket_dir(paths.directory)
+        argv = ["daemon", "--socket-dir", str(paths.directory)]
+        for name in ("max_bytes", "metrics_port", "metrics_host"):
+            if getattr(args, name) is not None:
+                argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+        return run_init([sys.executable, "-m", "hotweights", *argv], paths.lock)
     if args.replace:  # a daemon under a service manager is restarted by it (its fd store), not replaced from here
         from .keeper.handover import restart_managed, running_status
 

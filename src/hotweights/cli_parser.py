@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--detach", action="store_true",
                    help="double-fork into the background (no longer a descendant of the caller, so an engine "
                         "that kills its process tree on exit does not take the daemon with it)")
+    p.add_argument("--init", action="store_true",
+                   help="a container's PID 1: run the daemon as a child and stay while a daemon holds its lock, so "
+                        "`kubectl exec POD -- hotweights daemon --replace --detach` upgrades it in place")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics on this port (GET /metrics); 0: none "
                         "(default: 0; with --replace: the running daemon's)")
