@@ -183,7 +183,7 @@ def test_a_killed_engine_starts_again_on_its_next_request(front):
 def test_status_prints_a_row_per_model(front):
     done = run_cli("switch", "status", "--port", str(front.port))
     assert done.returncode == 0, done.stderr
-    assert "chat *" in done.stdout and "coder" in done.stdout
+    assert "chat *" in done.stdout and "coder" in done.stdout and "GPU MiB" in done.stdout
     assert json.loads(run_cli("switch", "status", "--port", str(front.port), "--json").stdout)["default"] == "chat"
 
 
@@ -259,3 +259,21 @@ def test_the_config_file_names_what_is_wrong(tmp_path):
             _load(tmp_path, text)
     done = run_cli("switch", "--model", "nameonly")
     assert done.returncode == 2 and "--model takes NAME=DIR, got 'nameonly'" in done.stderr
+
+
+def test_an_engines_gpu_memory_is_counted_over_its_process_tree():
+    """vLLM's engine core and workers are children of the server the switch started: status sums them all."""
+    from hotweights.switch.engines import process_tree
+
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, "
+                              "'-c', 'import time; time.sleep(30)']); time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 10
+        while len(process_tree(child.pid)) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert child.pid in process_tree(os.getpid()) and len(process_tree(child.pid)) == 2
+    finally:
+        for pid in process_tree(child.pid):
+            os.kill(pid, signal.SIGKILL)
+        child.wait()

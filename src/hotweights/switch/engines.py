@@ -37,6 +37,38 @@ def vllm_sleeps() -> bool:
     return True
 
 
+def gpu_mib_by_pid() -> dict[int, int]:
+    """GPU memory per process (``nvidia-smi``), {} where there is none."""
+    import shutil
+
+    if shutil.which("nvidia-smi") is None:
+        return {}
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+        return {int(p): int(m) for p, m in (x.split(",") for x in out.splitlines() if x.strip())}
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return {}
+
+
+def process_tree(pid: int) -> set[int]:
+    """``pid`` and its descendants (vLLM's engine core and workers are children of its API server)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        tree.add(p)
+        todo.extend(parents.get(p, []))
+    return tree
+
+
 class EngineError(RuntimeError):
     """An engine that would not start, park or wake; the message says why (its log's last lines)."""
 

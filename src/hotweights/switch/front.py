@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .config import SwitchConfig
+from .engines import gpu_mib_by_pid
 from .metrics import SwitchMetrics
 from .switcher import Switcher, Unavailable
 
@@ -70,8 +71,9 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None) -> Starlette:
     async def status(request: Request) -> Response:
         if not authorized(request):
             return error(401, "Unauthorized")
+        gpu = await asyncio.to_thread(gpu_mib_by_pid)
         return JSONResponse({"default": config.default.name, "max_awake": config.max_awake, "log_dir": str(log_dir),
-                             "models": [m.row() for m in switcher.models.values()]})
+                             "models": [m.row(gpu) for m in switcher.models.values()]})
 
     async def scrape(_request: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ModelConfig, SwitchConfig
-from .engines import AWAKE, DEEP, FAILED, PARKED, STARTING, STOPPED, Engine, EngineError
+from .engines import AWAKE, DEEP, FAILED, PARKED, STARTING, STOPPED, Engine, EngineError, process_tree
 from .metrics import SwitchMetrics
 
 logger = logging.getLogger("hotweights.switch")
@@ -42,8 +42,10 @@ class Model:
     error: str = ""
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def row(self) -> dict[str, Any]:
+    def row(self, gpu: dict[int, int]) -> dict[str, Any]:
+        held = sum(gpu.get(p, 0) for p in process_tree(self.engine.pid)) if gpu and self.engine.pid else None
         return {"name": self.config.name, "engine": self.config.engine, "state": self.state, "pid": self.engine.pid,
+                "gpu_mib": held,
                 "port": self.engine.port, "inflight": self.inflight, "waiting": self.waiting,
                 "last_used": self.last_used or None, "wakes": self.wakes, "parks": self.engine.parks,
                 "error": self.error or None, "log": str(self.engine.log_path)}
