@@ -5,17 +5,7 @@
 # stock vLLM's own sleep); the vLLM headline in one run: stock, the standby alone, the cache alone, both, and
 # the first start right after `preload --engine vllm` (its standby); verify --engine vllm through the launcher.
 #   OUT=DIR bash benchmarks/gpu_headline_session.sh
-set -uo pipefail
-source /tmp/gpu-vllm/env.sh
-OUT=${OUT:?set OUT}
-mkdir -p "$OUT"
-W=$(mktemp -d /tmp/hw-hl-XXXX)
-step() { echo "$(date +%T) $*" >> "$OUT/progress.txt"; }
-step pools
-python3 -m pytest -q -p no:cacheprovider tests/test_pools_cuda.py > "$OUT/pools_cuda.txt" 2>&1
-echo "pytest rc=$?" >> "$OUT/pools_cuda.txt"
-step models
-python3 -m hotweights demo-model "$W/m8b" --size 8b --gen-device cuda > /dev/null
+source "$(dirname "$0")/gpu_session_start.sh"
 step profile
 python3 benchmarks/host_wake_profile.py "$W/m8b" --threads 16,16,16,16,16,16 > "$OUT/host_wake_profile.txt" 2>&1
 step park

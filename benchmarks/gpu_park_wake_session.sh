@@ -4,17 +4,7 @@
 # plus the drills beside it (a second start counting the parked engine, a wake refused, the wake after); the
 # park benchmark again (host wake with the new upload) beside vLLM's own sleep; verify --engine vllm with its
 # park drill (0.6B).   OUT=DIR bash benchmarks/gpu_park_wake_session.sh
-set -uo pipefail
-source /tmp/gpu-vllm/env.sh
-OUT=${OUT:?set OUT}
-mkdir -p "$OUT"
-W=$(mktemp -d /tmp/hw-pw-XXXX)
-step() { echo "$(date +%T) $*" >> "$OUT/progress.txt"; }
-step pools
-python3 -m pytest -q -p no:cacheprovider tests/test_pools_cuda.py > "$OUT/pools_cuda.txt" 2>&1
-echo "pytest rc=$?" >> "$OUT/pools_cuda.txt"
-step models
-python3 -m hotweights demo-model "$W/m8b" --size 8b --gen-device cuda > /dev/null
+source "$(dirname "$0")/gpu_session_start.sh"
 python3 -m hotweights demo-model "$W/m06" --size 0.6b --gen-device cuda > /dev/null
 step upload
 python3 benchmarks/host_upload.py --gib 16 --repeat 5 --json > "$OUT/host_upload_16g.json" 2> "$OUT/host_upload.err"
