@@ -124,7 +124,7 @@ def test_without_a_service_manager_nothing_is_sent_and_nothing_breaks(models, da
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
 def test_the_unit_files_pass_systemd_analyze_verify(tmp_path):
     units = sorted((ROOT / "deploy" / "systemd").rglob("*.service"))
-    assert len(units) == 2  # the user and the system unit
+    assert len(units) == 3  # the keeper as a user and as a system unit, the switch as a user unit
     runtime = tmp_path / "run"
     runtime.mkdir(mode=0o700)  # a user manager's runtime directory, which --user needs
     for unit in units:
