@@ -234,6 +234,27 @@ def test_without_parking_a_switch_stops_one_engine_and_starts_the_other(two_mode
         f.interrupt()
 
 
+@pytest.mark.slow
+def test_a_request_that_waits_too_long_gets_a_503_and_the_switch_it_waited_for_goes_on(two_models, keeper, tmp_path):
+    import openai
+
+    f = Front(tmp_path, two_models, "--request-timeout-s", "0.001", socket_dir=keeper)
+    try:
+        deadline = time.monotonic() + 60
+        while f.state("coder")["state"] != "parked":
+            assert time.monotonic() < deadline, f.status()
+            time.sleep(0.2)
+        with pytest.raises(openai.InternalServerError, match="the model `coder` was not awake within"):
+            f.client().completions.create(model="coder", prompt="x", max_tokens=1)
+        while f.state("coder")["state"] != "awake":  # the switch was not cancelled with the request
+            assert time.monotonic() < deadline, f.status()
+            time.sleep(0.05)
+        assert answer(f.client(), "coder")  # awake: served without waiting
+        assert f.state("coder")["inflight"] == 0 and f.state("coder")["waiting"] == 0  # nothing left counted
+    finally:
+        f.interrupt()
+
+
 def _load(tmp_path: Path, text: str) -> switch_config.SwitchConfig:
     path = tmp_path / "switch.toml"
     path.write_text(text)
