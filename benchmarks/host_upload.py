@@ -10,12 +10,15 @@ wake), allocate a CUDA pool, copy. Variants, interleaved, ``--repeat`` rounds ea
 - ``threads_N``: ``upload.upload`` with N workers (each: two 64 MiB pinned stages, ``memmove``, its
   own stream), N in ``--threads``;
 - ``pageable``: ``dst.copy_(host)`` straight from the mapping;
-- ``registered``: ``cudaHostRegister`` of the mapping (timed apart: it is paid once) and the copy after.
+- ``registered``: ``cudaHostRegister`` of the mapping (timed apart: it is paid once) and the copy after;
+- ``pread_N`` (``--pread-threads``): a candidate, not the wake's code yet: N workers ``preadv`` the memfd
+  straight into pinned stages, no mapping of it at all. ``--with-unmap`` counts dropping the host copy's
+  mapping in every mapping variant's time, as a wake pays it (measured on the wake: ~0.28 s for 16 GiB).
 
 Each round checks the copy (several whole 64 MiB slices at random places and the tail equal to the
 host's). Prints one JSON object: medians per variant, GB/s, and every round.
 
-Run (GPU):  python3 benchmarks/host_upload.py --gib 16 --repeat 5 --json
+Run (GPU):  python3 benchmarks/host_upload.py --gib 16 --repeat 5 --json [--pread-threads 8,16 --with-unmap]
 """
 
 from __future__ import annotations
@@ -68,6 +71,46 @@ def registered(host: torch.Tensor, dst: torch.Tensor) -> float:
     return register_s
 
 
+def pread_upload(fd: int, dst: torch.Tensor, threads: int) -> None:
+    """A candidate for the wake (not what it does yet): no mapping of the host copy at all. Each worker reads
+    its slice of the memfd with ``preadv`` straight into its pinned stages (the kernel copies from the page
+    cache: no page faults in this process, no munmap after) while the GPU reads the other stage."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    stage_bytes = upload.STAGE_BYTES
+    nbytes = dst.numel()
+    chunks = -(-nbytes // stage_bytes)
+    per = -(-chunks // max(1, min(threads, chunks))) * stage_bytes
+
+    def one(lo: int, hi: int) -> None:
+        import ctypes
+
+        torch.cuda.set_device(dst.device)
+        stream = torch.cuda.Stream(dst.device)
+        stages = [torch.empty(stage_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+        views = [memoryview((ctypes.c_char * stage_bytes).from_address(t.data_ptr())).cast("B") for t in stages]
+        done = [torch.cuda.Event(), torch.cuda.Event()]
+        for i, at in enumerate(range(lo, hi, stage_bytes)):
+            n = min(stage_bytes, hi - at)
+            event = done[i % 2]
+            event.synchronize()
+            got = 0
+            while got < n:
+                read = os.preadv(fd, [views[i % 2][got:n]], at + got)
+                if read <= 0:
+                    raise OSError(f"short read of the host copy at {at + got}")
+                got += read
+            with torch.cuda.stream(stream):
+                dst[at: at + n].copy_(stages[i % 2][:n], non_blocking=True)
+                event.record(stream)
+        stream.synchronize()
+
+    ranges = [(at, min(at + per, nbytes)) for at in range(0, nbytes, per)]
+    with ThreadPoolExecutor(len(ranges)) as pool:
+        for f in [pool.submit(one, lo, hi) for lo, hi in ranges]:
+            f.result()
+
+
 def same(host: torch.Tensor, dst: torch.Tensor, rng: random.Random) -> bool:
     step = 64 << 20
     starts = [rng.randrange(0, max(1, host.numel() - step)) for _ in range(4)] + [max(0, host.numel() - step)]
@@ -79,6 +122,9 @@ def main() -> int:
     parser.add_argument("--gib", type=float, default=16.0)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--threads", default="1,2,4,8,16")
+    parser.add_argument("--pread-threads", default="", help="also the preadv variant with these worker counts")
+    parser.add_argument("--with-unmap", action="store_true",
+                        help="count dropping the host copy's mapping in each round, as a wake pays it")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     nbytes = int(args.gib * 2**30) // (2 << 20) * (2 << 20)
@@ -91,7 +137,8 @@ def main() -> int:
         view[at: at + 8].copy_(torch.tensor(list(i.to_bytes(8, "little")), dtype=torch.uint8))
     del view
     fd = made.export()
-    variants = ["before", *[f"threads_{t}" for t in args.threads.split(",")], "pageable", "registered"]
+    variants = ["before", *[f"threads_{t}" for t in args.threads.split(",")], "pageable", "registered",
+                *[f"pread_{t}" for t in args.pread_threads.split(",") if t]]
     rng = random.Random(7)
     rows = []
     for r in range(args.repeat):
@@ -109,9 +156,18 @@ def main() -> int:
                 torch.cuda.synchronize()
             elif name == "registered":
                 extra["register_s"] = round(registered(host, dst), 3)
+            elif name.startswith("pread_"):
+                pread_upload(fd, dst, int(name.split("_")[1]))
             else:
                 upload.upload(host, dst, threads=int(name.split("_")[1]))
             seconds = time.perf_counter() - began
+            if args.with_unmap:  # what a wake also pays: the host copy's mapping dropped (pread maps none)
+                began = time.perf_counter()
+                del host
+                extra["unmap_s"] = round(time.perf_counter() - began, 3)
+                if not name.startswith("pread_"):
+                    seconds += extra["unmap_s"]
+                host = cpu.import_pool(os.dup(fd), PoolSpec(nbytes, "cpu"))  # for the check, untimed
             rows.append({"round": r, "variant": name, "seconds": round(seconds, 3), **extra,
                          "same_bytes": same(host, dst, rng)})
             del dst, host
