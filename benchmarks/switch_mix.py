@@ -30,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 from hotweights.observe import free_port
+from hotweights.switch.engines import gpu_mib_by_pid
 
 
 def first_token(url: str, model: str) -> tuple[float, str]:
@@ -60,12 +61,6 @@ def p95(xs: list[float]) -> float:
     return sorted(xs)[max(0, round(0.95 * len(xs)) - 1)]
 
 
-def apps_mib() -> dict[int, int]:
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True).stdout
-    return {int(p): int(m) for p, m in (x.split(",") for x in out.splitlines() if x.strip())}
-
-
 def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock: str, out: Path) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -93,7 +88,7 @@ def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock:
             if i:  # the first request finds its model awake already
                 rows.append({"model": name, "first_token_s": round(seconds, 4)})
             if i == 2 and args.gpu:
-                apps, state = apps_mib(), status(url) or {"models": []}
+                apps, state = gpu_mib_by_pid(), status(url) or {"models": []}
                 parked_mib = {m["name"]: apps.get(m["pid"], 0) for m in state["models"] if m["state"] != "awake"}
         with urllib.request.urlopen(f"{url}/metrics") as r:
             scrape = r.read().decode()

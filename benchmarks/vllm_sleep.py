@@ -36,6 +36,7 @@ import urllib.request
 from pathlib import Path
 
 from hotweights.observe import Observed, complete, free_port
+from hotweights.switch.engines import gpu_mib_by_pid
 from hotweights.verify.vllm_log import facts
 
 ROUNDS = ("level1", "level2", "host")
@@ -47,14 +48,6 @@ def gpu_used_mib() -> int:
     return int(out.split()[0])
 
 
-def apps_mib() -> dict[int, int]:
-    """GPU memory per process (``nvidia-smi``): a parked engine's residue is its processes' share. The keeper's
-    entries belong to no process (the keeper has no CUDA context; its fds hold them)."""
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True).stdout
-    return {int(p): int(m) for p, m in (line.split(",") for line in out.splitlines() if line.strip())}
-
-
 def bare_context_mib() -> int:
     """What a process with only a CUDA context and torch's first allocation holds: the floor of a residue."""
     proc = subprocess.Popen([sys.executable, "-c", "import torch, time; torch.zeros(1, device='cuda'); "
@@ -62,7 +55,7 @@ def bare_context_mib() -> int:
     try:
         proc.stdout.readline()
         time.sleep(0.5)
-        return apps_mib().get(proc.pid, 0)
+        return gpu_mib_by_pid().get(proc.pid, 0)
     finally:
         proc.kill()
         proc.wait()
@@ -95,7 +88,7 @@ def park_round(url: str, model: str, level: int, *, demote: tuple[str, str] | No
         if done.returncode != 0:
             raise SystemExit(f"demote failed: {done.stderr[-2000:]}")
         row["demote_s"] = json.loads(done.stdout)["seconds"]
-    parked_mib, host_mib, apps = gpu_used_mib(), host_used_mib(), apps_mib()
+    parked_mib, host_mib, apps = gpu_used_mib(), host_used_mib(), gpu_mib_by_pid()
     wake_s = post(f"{url}/wake_up")
     start = time.perf_counter()
     answer = complete(url, "The weight cache", model=model)

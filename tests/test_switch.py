@@ -286,17 +286,17 @@ def test_the_config_file_names_what_is_wrong(tmp_path):
 
 def test_an_engines_gpu_memory_is_counted_over_its_process_tree():
     """vLLM's engine core and workers are children of the server the switch started: status sums them all."""
-    from hotweights.switch.engines import process_tree
+    from hotweights.unix import descendants
 
     child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, "
                               "'-c', 'import time; time.sleep(30)']); time.sleep(30)"])
     try:
         deadline = time.monotonic() + 10
-        while len(process_tree(child.pid)) < 2:
+        while len(descendants(child.pid)) < 1:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        assert child.pid in process_tree(os.getpid()) and len(process_tree(child.pid)) == 2
+        assert child.pid in descendants(os.getpid()) and len(descendants(child.pid)) == 1
     finally:
-        for pid in process_tree(child.pid):
+        for pid in [*descendants(child.pid), child.pid]:
             os.kill(pid, signal.SIGKILL)
         child.wait()

@@ -163,9 +163,10 @@ def test_a_standby_made_under_another_environment_is_refused_and_retired(socket_
 
 def test_a_prepared_standby_holds_its_place_when_prepare_returns(socket_dir):
     """The start right after a preload must see the standby the preload left, even one still importing: by
-    the time ``prepare`` returns, it holds its lock (``_wait_while_importing`` finds it)."""
+    the time the preload's ``prepare`` (``settle_s``) returns, it holds its lock (``_wait_while_importing``
+    finds it)."""
     try:
-        assert handoff.prepare(SPEC, socket_dir, dict(os.environ))
+        assert handoff.prepare(SPEC, socket_dir, dict(os.environ), settle_s=handoff.SETTLE_S)
         assert handoff.lock_holder(handoff.standby_paths(socket_dir, SPEC.name).lock)
         assert not handoff.prepare(SPEC, socket_dir, dict(os.environ))  # one place, one standby
     finally:

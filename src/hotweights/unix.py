@@ -120,3 +120,19 @@ def set_process_title(title: str) -> None:
         importlib.import_module("setproctitle").setproctitle(title)
     except ImportError:
         ctypes.CDLL(None).prctl(15, title.rsplit("/", 1)[-1].encode()[:15], 0, 0, 0)  # PR_SET_NAME
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started, and theirs (``/proc/PID/task/*/children``: a child forked by any of its
+    threads); [] for a process that is gone."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return []
+    kids: list[int] = []
+    for task in tasks:
+        try:
+            kids += [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return kids + [g for k in kids for g in descendants(k)]

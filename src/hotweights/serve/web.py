@@ -38,15 +38,11 @@ from starlette.routing import Route
 from .. import __version__
 from .answers import Clock, JobStream, Plan, collect, logprobs_of, sse, usage
 from .engine import Engine
+from .errors import error_response
 from .generate import Generator, SamplingParams
 from .metrics import ServerMetrics
 from .park import ParkError, Parking
 from .schema import BadRequest, ChatRequest, CompletionRequest, Sampling
-
-
-# vLLM's names for the statuses it answers (its ``create_error_response``); others: the status's phrase
-ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 422: "UnprocessableEntityError",
-               500: "InternalServerError", 501: "NotImplementedError", 503: "ServiceUnavailableError"}
 
 
 def create_app(generator: Generator, model_name: str, on_start=None, metrics: ServerMetrics | None = None,
@@ -62,10 +58,7 @@ def create_app(generator: Generator, model_name: str, on_start=None, metrics: Se
             on_start()  # the app starts serving right after this
         yield
 
-    def error(status: int, message: str, param: str | None = None, kind: str | None = None) -> JSONResponse:
-        return JSONResponse(status_code=status, content={"error": {
-            "message": message, "type": kind or ERROR_TYPES.get(status) or HTTPStatus(status).phrase, "param": param,
-            "code": status}})
+    error = error_response
 
     async def http_error(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)  # an unknown path or method: vLLM names it by the status's phrase

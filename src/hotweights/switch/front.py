@@ -18,7 +18,6 @@ import logging
 import tempfile
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from http import HTTPStatus
 from pathlib import Path
 
 import httpx
@@ -28,19 +27,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..serve.errors import error_response as error
 from .config import SwitchConfig
 from .engines import gpu_mib_by_pid
 from .metrics import SwitchMetrics
 from .switcher import Switcher, Unavailable
 
 logger = logging.getLogger("hotweights.switch")
-ERROR_TYPES = {400: "BadRequestError", 401: "Unauthorized", 404: "NotFoundError", 503: "ServiceUnavailableError"}
-
-
-def error(status: int, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {
-        "message": message, "type": ERROR_TYPES.get(status) or HTTPStatus(status).phrase, "param": param,
-        "code": status}})
 
 
 def create_app(config: SwitchConfig, log_dir: Path | None = None) -> Starlette:

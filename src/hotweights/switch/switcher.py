@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..unix import descendants
 from .config import ModelConfig, SwitchConfig
-from .engines import AWAKE, DEEP, FAILED, PARKED, STARTING, STOPPED, Engine, EngineError, process_tree
+from .engines import AWAKE, DEEP, FAILED, PARKED, STARTING, STOPPED, Engine, EngineError
 from .metrics import SwitchMetrics
 
 logger = logging.getLogger("hotweights.switch")
@@ -43,7 +44,8 @@ class Model:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def row(self, gpu: dict[int, int]) -> dict[str, Any]:
-        held = sum(gpu.get(p, 0) for p in process_tree(self.engine.pid)) if gpu and self.engine.pid else None
+        pids = [self.engine.pid, *descendants(self.engine.pid)] if self.engine.pid else []
+        held = sum(gpu.get(p, 0) for p in pids) if gpu and pids else None
         return {"name": self.config.name, "engine": self.config.engine, "state": self.state, "pid": self.engine.pid,
                 "gpu_mib": held,
                 "port": self.engine.port, "inflight": self.inflight, "waiting": self.waiting,

