@@ -7,13 +7,13 @@ wake), allocate a CUDA pool, copy. Variants, interleaved, ``--repeat`` rounds ea
 
 - ``before``: the code before this benchmark (one thread, two 256 MiB pinned stages, torch's ``copy_``
   into them);
-- ``threads_N``: ``upload.upload`` with N workers (each: two 64 MiB pinned stages, ``memmove``, its
-  own stream), N in ``--threads``;
+- ``threads_N``: ``upload.upload`` from the mapping with N workers (each: two 64 MiB pinned stages,
+  ``memmove``, its own stream), N in ``--threads`` (the wake's code before the preadv one);
 - ``pageable``: ``dst.copy_(host)`` straight from the mapping;
 - ``registered``: ``cudaHostRegister`` of the mapping (timed apart: it is paid once) and the copy after;
-- ``pread_N`` (``--pread-threads``): a candidate, not the wake's code yet: N workers ``preadv`` the memfd
-  straight into pinned stages, no mapping of it at all. ``--with-unmap`` counts dropping the host copy's
-  mapping in every mapping variant's time, as a wake pays it (measured on the wake: ~0.28 s for 16 GiB).
+- ``pread_N`` (``--pread-threads``): the wake's code, ``upload.upload`` from the memfd itself: N workers
+  ``preadv`` it straight into pinned stages, no mapping of it at all. ``--with-unmap`` counts dropping the
+  host copy's mapping in every mapping variant's time, as a wake paid it (~0.28 s for 16 GiB).
 
 Each round checks the copy (several whole 64 MiB slices at random places and the tail equal to the
 host's). Prints one JSON object: medians per variant, GB/s, and every round.
@@ -71,46 +71,6 @@ def registered(host: torch.Tensor, dst: torch.Tensor) -> float:
     return register_s
 
 
-def pread_upload(fd: int, dst: torch.Tensor, threads: int) -> None:
-    """A candidate for the wake (not what it does yet): no mapping of the host copy at all. Each worker reads
-    its slice of the memfd with ``preadv`` straight into its pinned stages (the kernel copies from the page
-    cache: no page faults in this process, no munmap after) while the GPU reads the other stage."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    stage_bytes = upload.STAGE_BYTES
-    nbytes = dst.numel()
-    chunks = -(-nbytes // stage_bytes)
-    per = -(-chunks // max(1, min(threads, chunks))) * stage_bytes
-
-    def one(lo: int, hi: int) -> None:
-        import ctypes
-
-        torch.cuda.set_device(dst.device)
-        stream = torch.cuda.Stream(dst.device)
-        stages = [torch.empty(stage_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
-        views = [memoryview((ctypes.c_char * stage_bytes).from_address(t.data_ptr())).cast("B") for t in stages]
-        done = [torch.cuda.Event(), torch.cuda.Event()]
-        for i, at in enumerate(range(lo, hi, stage_bytes)):
-            n = min(stage_bytes, hi - at)
-            event = done[i % 2]
-            event.synchronize()
-            got = 0
-            while got < n:
-                read = os.preadv(fd, [views[i % 2][got:n]], at + got)
-                if read <= 0:
-                    raise OSError(f"short read of the host copy at {at + got}")
-                got += read
-            with torch.cuda.stream(stream):
-                dst[at: at + n].copy_(stages[i % 2][:n], non_blocking=True)
-                event.record(stream)
-        stream.synchronize()
-
-    ranges = [(at, min(at + per, nbytes)) for at in range(0, nbytes, per)]
-    with ThreadPoolExecutor(len(ranges)) as pool:
-        for f in [pool.submit(one, lo, hi) for lo, hi in ranges]:
-            f.result()
-
-
 def same(host: torch.Tensor, dst: torch.Tensor, rng: random.Random) -> bool:
     step = 64 << 20
     starts = [rng.randrange(0, max(1, host.numel() - step)) for _ in range(4)] + [max(0, host.numel() - step)]
@@ -157,7 +117,7 @@ def main() -> int:
             elif name == "registered":
                 extra["register_s"] = round(registered(host, dst), 3)
             elif name.startswith("pread_"):
-                pread_upload(fd, dst, int(name.split("_")[1]))
+                upload.upload(fd, dst, threads=int(name.split("_")[1]))
             else:
                 upload.upload(host, dst, threads=int(name.split("_")[1]))
             seconds = time.perf_counter() - began

@@ -15,7 +15,9 @@ Each round: sleep time, GPU in use while parked (``nvidia-smi``), wake time, tim
 the wake, the greedy answer. Then ``--stock`` starts stock vLLM from disk with ``--enable-sleep-mode`` and
 parks it at level 1 (sleep, wake, first answer, host memory it keeps while asleep). Prints one JSON object
 with medians; ``same_answer`` says whether every answer equals the first; ``evidence`` counts the workers'
-``Parked``/``Woke`` lines.
+``Parked``/``Woke`` lines; ``memory_lines`` (vLLM's own account of each start's memory) and ``answers_part``
+(where the two starts' greedy answers first differ, with the top-2 logprobs of each there) explain a
+difference of KV cache or answer between the two.
 
 Run (GPU, vLLM staged per ../shared/gpu-vllm/README.md):
     python3 benchmarks/vllm_sleep.py --model M --repeat 5 --json [--eager] [--stock]
@@ -73,6 +75,33 @@ def post(url: str) -> float:
     return time.perf_counter() - start
 
 
+def with_logprobs(url: str, model: str) -> dict:
+    """The greedy answer's tokens and their top-2 logprobs: where two starts' answers part, how close it was."""
+    body = {"prompt": "The weight cache", "max_tokens": 16, "temperature": 0, "logprobs": 2, "model": model}
+    req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        lp = json.loads(r.read())["choices"][0]["logprobs"]
+    return {"tokens": lp["tokens"], "top": lp["top_logprobs"]}
+
+
+def memory_lines(log: str) -> list[str]:
+    """vLLM's own account of the start's memory (weights, activations, non-torch, graphs, KV cache)."""
+    marks = ("Model loading took", "Actual usage is", "Available KV cache memory", "Estimated CUDA graph memory",
+             "KV cache size")
+    return [x[-420:] for x in log.splitlines() if any(m in x for m in marks)][:8]
+
+
+def parting(a: dict | None, b: dict | None) -> dict | None:
+    """Where two answers' tokens first differ, with both starts' top-2 logprobs there (None: same tokens)."""
+    if not a or not b:
+        return None
+    for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"])):
+        if x != y:
+            return {"index": i, "zero_copy_top": a["top"][i], "stock_top": b["top"][i]}
+    return None
+
+
 def hw(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hotweights", *args], capture_output=True, text=True)
 
@@ -125,6 +154,7 @@ def zero_copy(args: argparse.Namespace, base: list[str], out: Path) -> dict:
         if not receipt.ready:
             raise SystemExit(f"the sleep-mode start was not ready: {obs.log_text()[-3000:]}")
         answers.append(complete(url, "The weight cache", model=str(args.model)))
+        logprobs = with_logprobs(url, str(args.model))
         awake_mib = gpu_used_mib()
         for _ in range(args.repeat):
             for name in ROUNDS:
@@ -158,7 +188,7 @@ def zero_copy(args: argparse.Namespace, base: list[str], out: Path) -> dict:
                 "cuda_graphs": round(float(graphs.group(1)) * 1024) if graphs else None,
                 "rest": (med("level2", "parked_processes_mib") - context * len(runs[-1]["parked_per_process_mib"])
                          - (round(float(graphs.group(1)) * 1024) if graphs else 0))},
-            "kv_cache_tokens": facts(log)["kv_cache_tokens"],
+            "kv_cache_tokens": facts(log)["kv_cache_tokens"], "memory_lines": memory_lines(log), "logprobs": logprobs,
             "pinned_staging_lines": [x[-120:] for x in log.splitlines() if "pinned staging ready" in x][:2],
             "same_answer": len(set(answers)) == 1, "answer": answers[0], "runs": runs,
             "keeper_after": [{k: e[k] for k in ("key", "nbytes", "host_nbytes", "parked")} for e in status["entries"]],
@@ -184,7 +214,9 @@ def stock(args: argparse.Namespace, base: list[str], out: Path) -> dict:
         if not receipt.ready:
             return {"ready": False, "log_tail": obs.log_text()[-2000:]}
         answers.append(complete(url, "The weight cache", model=str(args.model)))
+        logprobs = with_logprobs(url, str(args.model))
         kv_tokens = facts(obs.log_text())["kv_cache_tokens"]
+        memory = memory_lines(obs.log_text())
         awake_host = host_used_mib()
         for _ in range(max(1, args.stock_repeat)):
             row, answer = park_round(url, str(args.model), 1)
@@ -193,7 +225,7 @@ def stock(args: argparse.Namespace, base: list[str], out: Path) -> dict:
             answers.append(answer)
         obs.stop(grace_s=20)
     return {"ready_s": receipt.elapsed_s, "runs": runs, "same_answer": len(set(answers)) == 1, "answer": answers[0],
-            "kv_cache_tokens": kv_tokens,
+            "kv_cache_tokens": kv_tokens, "memory_lines": memory, "logprobs": logprobs,
             "median": {f: round(statistics.median(r[f] for r in runs), 3)
                        for f in ("sleep_s", "wake_s", "first_answer_after_wake_s", "parked_gpu_mib", "host_kept_mib")}}
 
@@ -220,6 +252,7 @@ def main() -> int:
         result["same_answer_as_stock"] = result["stock_disk"].get("answer") == result["zero_copy"]["answer"]
         kv = (result["stock_disk"].get("kv_cache_tokens"), result["zero_copy"]["kv_cache_tokens"])
         result["same_kv_cache_as_stock"] = kv[0] == kv[1]
+        result["answers_part"] = parting(result["zero_copy"]["logprobs"], result["stock_disk"].get("logprobs"))
     result["command"] = "python3 benchmarks/vllm_sleep.py " + " ".join(sys.argv[1:]).replace(str(args.model), "M")
     print(json.dumps(result) if args.json else json.dumps(result, indent=1))
     z = result["zero_copy"]

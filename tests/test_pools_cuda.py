@@ -189,8 +189,8 @@ def test_a_deep_park_unmaps_and_maps_again_at_the_same_addresses_under_a_cuda_gr
 
 
 def test_a_wake_from_the_host_copy_uploads_every_byte_in_place_through_several_workers():
-    """The host-copy wake's upload (several workers, pinned stages, warmed ahead): a pool of an odd size lands
-    bitwise."""
+    """The host-copy wake's upload (several workers, pinned stages, warmed ahead), from the memfd (preadv, the
+    wake's) and from a mapping of it: a pool of an odd size lands bitwise; a shorter fd is an error."""
     from hotweights.loading import upload
     from hotweights.pools import cpu, cuda
 
@@ -199,11 +199,20 @@ def test_a_wake_from_the_host_copy_uploads_every_byte_in_place_through_several_w
     nbytes = 5 * upload.STAGE_BYTES + 12345 * 4096
     made = cpu.create(nbytes)
     made.as_tensor().copy_(torch.randint(0, 256, (nbytes,), dtype=torch.uint8))
-    host = cpu.import_pool(made.export(), PoolSpec(nbytes, "cpu"))
-    for threads in (1, 3, 8):
+    fd = made.export()
+    host = cpu.import_pool(os.dup(fd), PoolSpec(nbytes, "cpu"))
+    for threads, src in ((1, fd), (3, fd), (8, fd), (3, host)):
         pool = cuda.create(nbytes, resolve_device("cuda:0").pool_device)
         dst = pool.as_tensor()
-        upload.upload(host, dst, threads=threads)
-        assert torch.equal(dst.cpu(), host), threads
+        upload.upload(src, dst, threads=threads)
+        assert torch.equal(dst.cpu(), host), (threads, type(src))
         del dst
         pool.close()
+    short = cpu.create(nbytes - upload.STAGE_BYTES)
+    pool = cuda.create(nbytes, resolve_device("cuda:0").pool_device)
+    short_fd = short.export()
+    with pytest.raises(OSError, match="more were expected"):
+        upload.upload(short_fd, pool.as_tensor(), threads=3)
+    pool.close()
+    os.close(fd)
+    os.close(short_fd)

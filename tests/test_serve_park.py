@@ -179,11 +179,15 @@ def _mapping_at(address: int) -> str:
 
 
 def test_a_wake_fills_a_new_pool_at_the_old_address_and_a_failed_fill_leaves_nothing_there():
-    """``pools.cpu.fill_at`` (what a wake from a host copy does, the CPU stand-in): a fill that fails leaves the
-    address unmapped and no fd open; one that succeeds makes every old view valid again, over a sealed memfd."""
+    """``pools.cpu.fill_at`` with the wake's upload from a host copy's fd (the CPU stand-in): a host copy that
+    ends early leaves the address unmapped and no fd open; a whole one makes every old view valid again,
+    bitwise, over a sealed memfd."""
     import fcntl
     import os
 
+    import torch
+
+    from hotweights.loading import upload
     from hotweights.manifest import PoolSpec
     from hotweights.pools import cpu
 
@@ -193,18 +197,21 @@ def test_a_wake_fills_a_new_pool_at_the_old_address_and_a_failed_fill_leaves_not
     view = cpu.import_pool(made.export(), spec)
     address = view.data_ptr()
     cpu.unmap(address, spec)
+    copy, short = cpu.create(spec.nbytes), cpu.create(spec.nbytes - 4096)
+    data = torch.randint(0, 256, (spec.nbytes,), dtype=torch.uint8)
+    copy.as_tensor().copy_(data)
+    copy_fd, short_fd = copy.export(), short.export()
     fds = len(os.listdir("/proc/self/fd"))
 
-    def broken(dst: object) -> None:
-        raise RuntimeError("the host copy went away")
-
-    with pytest.raises(RuntimeError, match="went away"):
-        cpu.fill_at(address, spec, broken)
+    with pytest.raises(OSError, match="4096 more were expected"):
+        cpu.fill_at(address, spec, lambda dst: upload.upload(short_fd, dst))
     assert len(os.listdir("/proc/self/fd")) == fds and "memfd" not in _mapping_at(address)
-    fd = cpu.fill_at(address, spec, lambda dst: dst.fill_(9))
+    fd = cpu.fill_at(address, spec, lambda dst: upload.upload(copy_fd, dst))
     try:
-        assert bool(view.eq(9).all()) and view.data_ptr() == address
+        assert torch.equal(view, data) and view.data_ptr() == address
         assert "memfd:hotweights-pool" in _mapping_at(address)
         assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_WRITE  # nobody writes it after publish
     finally:
+        os.close(copy_fd)
+        os.close(short_fd)
         os.close(fd)

@@ -1,10 +1,11 @@
 """Host memory -> GPU at the link's speed: the upload behind a wake from a host copy (``resident.map_again``).
 
-A pageable ``copy_`` goes at a fraction of the link's speed, and one thread's ``memcpy`` (page faults on a
-fresh mapping included) is the limit of one staging pair, so ``upload`` splits the range over up to
-``THREADS`` workers, each with two pinned staging buffers and its own stream: it copies pageable memory into
-one buffer (``memmove``, which lets go of the GIL) while the GPU reads the other
-(``benchmarks/host_upload.py`` measures the variants). Pinning the buffers is the slow part of a first
+A pageable ``copy_`` goes at a fraction of the link's speed, and one thread's copy is the limit of one staging
+pair, so ``upload`` splits the range over up to ``THREADS`` workers, each with two pinned staging buffers and
+its own stream: it fills one buffer while the GPU reads the other. The source is the host copy's fd (the
+wake's: ``preadv`` straight into the stage, the kernel copying from the memfd's pages: no mapping of 16 GiB,
+so no page faults and no ``munmap`` after it) or a host tensor (``memmove``; both let go of the GIL;
+``benchmarks/host_upload.py`` measures the variants side by side). Pinning the buffers is the slow part of a first
 upload (seconds for 2 GiB); ``warm_stages`` does it ahead, off the wake's path (a deep park calls it), and
 torch's pinned-memory cache keeps them for every later upload of the process.
 """
@@ -29,39 +30,69 @@ THREADS = max(1, min(16, os.cpu_count() or 1))
 _WARMING: list[threading.Thread] = []
 
 
-def upload(host: torch.Tensor, dst: torch.Tensor, threads: int = THREADS) -> None:
-    """``dst.copy_(host)``; to a GPU by ``threads`` workers over contiguous slices."""
-    if not dst.is_cuda or host.numel() <= STAGE_BYTES:
-        dst.copy_(host)
+def upload(src: torch.Tensor | int, dst: torch.Tensor, threads: int = THREADS) -> None:
+    """``dst`` (a flat uint8 tensor) filled with the bytes of ``src``: a host tensor of its size, or a file
+    descriptor (read from offset 0; the caller keeps it); to a GPU by ``threads`` workers over contiguous
+    slices. OSError when the fd holds fewer bytes."""
+    nbytes = dst.numel()
+    if not dst.is_cuda or nbytes <= STAGE_BYTES:
+        if isinstance(src, int) and dst.is_cpu:
+            _read_exactly(src, _view(dst.data_ptr(), nbytes), 0)
+        else:
+            dst.copy_(_read_all(src, nbytes) if isinstance(src, int) else src)
         return
     for warming in _WARMING:
         warming.join()  # its stages are the ones this upload takes from torch's cache
-    chunks = -(-host.numel() // STAGE_BYTES)
+    chunks = -(-nbytes // STAGE_BYTES)
     threads = max(1, min(threads, chunks))
     per = -(-chunks // threads) * STAGE_BYTES
-    ranges = [(at, min(at + per, host.numel())) for at in range(0, host.numel(), per)]
+    ranges = [(at, min(at + per, nbytes)) for at in range(0, nbytes, per)]
     with ThreadPoolExecutor(len(ranges), thread_name_prefix="hotweights-upload") as pool:
-        for done in [pool.submit(_upload_range, host, dst, lo, hi) for lo, hi in ranges]:
+        for done in [pool.submit(_upload_range, src, dst, lo, hi) for lo, hi in ranges]:
             done.result()
 
 
-def _upload_range(host: torch.Tensor, dst: torch.Tensor, lo: int, hi: int) -> None:
+def _upload_range(src: torch.Tensor | int, dst: torch.Tensor, lo: int, hi: int) -> None:
     import torch
 
     torch.cuda.set_device(dst.device)
     stream = torch.cuda.Stream(dst.device)
     stages = [torch.empty(STAGE_BYTES, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+    views = [_view(stage.data_ptr(), STAGE_BYTES) for stage in stages]
     done = [torch.cuda.Event(), torch.cuda.Event()]
-    src = host.data_ptr()
     for i, at in enumerate(range(lo, hi, STAGE_BYTES)):
         n = min(STAGE_BYTES, hi - at)
         stage, event = stages[i % 2], done[i % 2]
         event.synchronize()  # the GPU has read this stage's previous chunk
-        ctypes.memmove(stage.data_ptr(), src + at, n)
+        if isinstance(src, int):
+            _read_exactly(src, views[i % 2][:n], at)
+        else:
+            ctypes.memmove(stage.data_ptr(), src.data_ptr() + at, n)
         with torch.cuda.stream(stream):
             dst[at: at + n].copy_(stage[:n], non_blocking=True)
             event.record(stream)
     stream.synchronize()
+
+
+def _view(address: int, nbytes: int) -> memoryview:
+    return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
+
+
+def _read_exactly(fd: int, into: memoryview, offset: int) -> None:
+    got = 0
+    while got < len(into):
+        n = os.preadv(fd, [into[got:]], offset + got)
+        if n <= 0:
+            raise OSError(f"the host copy ends at byte {offset + got}; {len(into) - got} more were expected")
+        got += n
+
+
+def _read_all(fd: int, nbytes: int) -> torch.Tensor:
+    import torch
+
+    out = torch.empty(nbytes, dtype=torch.uint8)
+    _read_exactly(fd, _view(out.data_ptr(), nbytes), 0)
+    return out
 
 
 def warm_stages(index: int, threads: int = THREADS) -> None:

@@ -88,15 +88,20 @@ def create(nbytes: int, device: str = "cpu") -> Pool:
     return Pool(nbytes, device)
 
 
+def check_size(fd: int, spec: PoolSpec) -> None:
+    """PoolError unless the pool behind ``fd`` is ``spec``'s size (a shorter one would be read past its end)."""
+    size = os.fstat(fd).st_size
+    if size != spec.nbytes:
+        raise PoolError(f"pool fd is {size} bytes, manifest says {spec.nbytes}")
+
+
 def import_pool(fd: int, spec: PoolSpec) -> torch.Tensor:
     """Map ``fd`` (closing it) ``MAP_PRIVATE`` and return a flat uint8 tensor over the pool.
 
     Writes through the tensor stay in this process (copy-on-write).
     """
     try:
-        size = os.fstat(fd).st_size
-        if size != spec.nbytes:
-            raise PoolError(f"pool fd is {size} bytes, manifest says {spec.nbytes}")
+        check_size(fd, spec)
         mapping = mmap.mmap(fd, spec.nbytes, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
     except OSError as exc:
         raise PoolError(f"cannot map a {spec.nbytes}-byte cpu pool: {exc}") from None
@@ -165,9 +170,7 @@ def fill_at(address: int, spec: PoolSpec, fill: Callable[[torch.Tensor], None]) 
 def remap(address: int, fd: int, spec: PoolSpec) -> None:
     """Map ``fd`` (closing it) at ``address`` again, as ``import_pool`` maps it."""
     try:
-        size = os.fstat(fd).st_size
-        if size != spec.nbytes:
-            raise PoolError(f"pool fd is {size} bytes, manifest says {spec.nbytes}")
+        check_size(fd, spec)
         _map_fixed(address, spec.nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd)
     finally:
         os.close(fd)
