@@ -173,6 +173,31 @@ def test_a_prepared_standby_holds_its_place_when_prepare_returns(socket_dir):
         handoff.stop(SPEC, socket_dir)
 
 
+def test_a_standby_for_a_python_named_by_its_bare_name_starts_and_one_that_cannot_says_so(socket_dir, tmp_path):
+    """``HOTWEIGHTS_VLLM_PYTHON=python3`` (as on the GPU box): the preload's standby is looked up on PATH, not
+    handed to ``execve`` as a path (which spawned nothing while the preload said "prepared", and the first start
+    after it took 61 s on an H200). A Python that is not there is an error before anything is spawned; one that
+    never takes its place makes ``prepare`` return False."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{bin_dir}:{os.environ.get('PATH', '')}")
+    try:
+        assert handoff.prepare(SPEC, socket_dir, env, python=Path(sys.executable).name, settle_s=handoff.SETTLE_S)
+        assert handoff.lock_holder(handoff.standby_paths(socket_dir, SPEC.name).lock)
+    finally:
+        handoff.stop(SPEC, socket_dir)
+    deadline = time.monotonic() + 30
+    while handoff.is_locked(handoff.standby_paths(socket_dir, SPEC.name).lock) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with pytest.raises(FileNotFoundError, match="not on PATH"):
+        handoff.prepare(SPEC, socket_dir, env, python="no-such-python-here", settle_s=1.0)
+    (bin_dir / "quits").write_text("#!/bin/sh\nexit 3\n")
+    (bin_dir / "quits").chmod(0o755)
+    began = time.monotonic()
+    assert not handoff.prepare(SPEC, socket_dir, env, python="quits", settle_s=1.0)
+    assert time.monotonic() - began < 5
+
+
 @pytest.mark.slow
 def test_a_prepared_standby_waits_for_the_start_and_its_server_keeps_the_launchers_priority(socket_dir, work):
     import http.server

@@ -106,7 +106,8 @@ def _preload_vllm(args: argparse.Namespace) -> int:
              f"[{r['key']}] on {r['device']} (layout vllm)" for r in result.published]
     lines += [f"Already cached (engine layout), {result.already_cached} rank(s)"] if result.already_cached else []
     standby = {"prepared": "a warm standby is importing vLLM for it", "ready": "a warm standby is there for it",
-               "off": "no standby (HOTWEIGHTS_VLLM_STANDBY=off)"}[result.standby]
+               "off": "no standby (HOTWEIGHTS_VLLM_STANDBY=off)",
+               "failed": "no warm standby could be started (the warning above says why)"}[result.standby]
     _emit(args, {"engine": "vllm", "published": result.published, "already_cached": result.already_cached,
                  "seconds": result.seconds, "log": result.log, "started_up": result.started_up,
                  "standby": result.standby},

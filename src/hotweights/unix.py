@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import shutil
 import socket
 import struct
 import sys
@@ -48,11 +49,18 @@ def detach(log: Path) -> bool:
 
 
 def spawn_detached(cmd: list[str], env: dict[str, str], log: Path) -> None:
-    """Run ``cmd`` with ``env`` as a detached process (``detach``); returns at once in the caller."""
+    """Run ``cmd`` with ``env`` as a detached process (``detach``); returns at once in the caller.
+    FileNotFoundError, before anything is spawned, when ``cmd[0]`` is not an executable (a bare name is
+    looked up in ``env``'s PATH: ``execve`` does not search it)."""
+    program = shutil.which(cmd[0], path=env.get("PATH", os.defpath))
+    if program is None:
+        raise FileNotFoundError(f"cannot run {cmd[0]!r}: no such executable (PATH={env.get('PATH', os.defpath)})")
     if detach(log):
         return
     try:
-        os.execve(cmd[0], cmd, env)
+        os.execve(program, cmd, env)
+    except OSError as exc:
+        print(f"cannot run {program}: {exc}", file=sys.stderr, flush=True)  # the log: stderr is it now
     finally:
         os._exit(127)
 

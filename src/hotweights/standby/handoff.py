@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
@@ -203,21 +204,30 @@ def prepare(engine: EngineSpec, directory: Path, environ: dict[str, str], *,
     is ready (or gone), so that the two do not compete for the CPU. It is not niced for that: a server
     forked from it would inherit the priority, which an unprivileged process cannot raise again.
 
-    ``settle_s``: wait up to this long for it to hold its lock. A caller whose next start may follow at once
-    (the preload) needs it: until then that start would not know to wait for the standby and would import
-    the engine again beside it (measured on an H200: the start a moment after ``preload --engine vllm`` found
-    nothing and took 44.8 s). A start's own ``prepare`` does not wait: it would delay that start.
+    ``settle_s``: wait up to this long for it to hold its lock, and return False (saying why) if it does not. A
+    caller whose next start may follow at once (the preload) needs it: until then that start would not know to
+    wait for the standby and would import the engine again beside it (measured on an H200: the start a moment
+    after ``preload --engine vllm`` found nothing and took 44.8 s). A start's own ``prepare`` does not wait: it
+    would delay that start. ``python`` may be a bare name (``HOTWEIGHTS_VLLM_PYTHON=python3``): it is looked up
+    in ``environ``'s PATH, and FileNotFoundError says so when there is none.
     """
-    paths = standby_paths(directory, engine.name)
+    python = shutil.which(python, path=environ.get("PATH", os.defpath)) if python else sys.executable
+    if python is None:
+        raise FileNotFoundError("the Python for the standby is not on PATH")
+    paths = standby_paths(directory, engine.name, python)
     if is_locked(paths.lock):
         return False  # one is alive (or importing, or waiting)
-    cmd = [python or sys.executable, "-m", "hotweights.standby.zygote", "--engine", engine.name,
-           "--socket-dir", str(directory)]
+    cmd = [python, "-m", "hotweights.standby.zygote", "--engine", engine.name, "--socket-dir", str(directory)]
     if after is not None:
         cmd += ["--after-pid", str(after[0]), "--after-url", after[1]]
     spawn_detached(cmd, environ, paths.log)
+    if not settle_s:
+        return True
     deadline = time.monotonic() + settle_s
-    while settle_s and not is_locked(paths.lock) and time.monotonic() < deadline:
+    while not is_locked(paths.lock):
+        if time.monotonic() > deadline:
+            logger.warning("the warm standby did not take its place within %.0f s; see %s", settle_s, paths.log)
+            return False
         time.sleep(0.02)
     return True
 

@@ -21,8 +21,10 @@ The worker's log is kept (``--log``) and its tail shown on failure.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -35,6 +37,8 @@ from ...observe import Observed, free_port
 from ...paths import DaemonPaths, daemon_paths
 from ...protocol import EntryRow
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, slots=True)
 class VllmPreloadResult:
@@ -43,7 +47,7 @@ class VllmPreloadResult:
     seconds: float
     log: str
     started_up: bool  # vLLM finished its start-up (and saved its compile cache) before it was stopped
-    standby: str  # "prepared", "ready" (one was there already), or why none was: "off"
+    standby: str  # "prepared", "ready" (one was there already), or why none was: "off", "failed" (logged)
 
 
 def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_dir: str | None = None,
@@ -110,8 +114,13 @@ def _leave_standby(directory: Path, python: str) -> str:
 
     if os.environ.get(handoff.DISABLE_ENV, "").lower() in ("off", "0", "false"):
         return "off"
-    prepared = handoff.prepare(SPEC, directory, dict(os.environ), python=python, settle_s=handoff.SETTLE_S)
-    return "prepared" if prepared else "ready"
+    was_there = handoff.is_locked(handoff.standby_paths(directory, SPEC.name, shutil.which(python) or python).lock)
+    try:
+        prepared = handoff.prepare(SPEC, directory, dict(os.environ), python=python, settle_s=handoff.SETTLE_S)
+    except FileNotFoundError as exc:
+        logger.warning("no warm standby left for the next start: %s", exc)
+        return "failed"
+    return "prepared" if prepared else "ready" if was_there else "failed"
 
 
 def _engine_rows(paths: DaemonPaths, model: str, tp_size: int) -> list[EntryRow]:
