@@ -4,10 +4,18 @@
 N demo models of one shape with different bytes (``demo-model --seed``), one keeper, then per mode a front
 (``hotweights switch --model m0=... --model m1=...``) and the mix m0, m1, m0, m2, m0, m1, ... (every request
 asks for another model than the one before: each is a switch), one streamed completion at a time, timed
-from the request to its first streamed token. Modes, in turn: ``park`` (the front as shipped: the engine
-parks, the next wakes) and ``restart`` (``--no-parking``: the engine stops and the next starts, what
-llama-swap does with vLLM). Medians and p95 of ``--switches`` switches per mode, the same greedy answer per
-model checked across modes, the front's own switch lines, and (on a GPU) the memory each parked engine holds.
+from the request to its first streamed token. Modes, in ``--modes`` order (one keeper for all):
+
+- ``park``: the front as shipped (the engine parks, its weights stay on the GPU; the next wakes);
+- ``restart``: ``--no-parking``: the engine stops and the next starts (what llama-swap does with vLLM);
+- ``vllm_sleep`` (vLLM only): the engines read the checkpoint themselves (``--load-format auto``) and park
+  with vLLM's own sleep level 1 (their weights copied to host memory by vLLM, per engine);
+- ``park_host``: ``--parked-weights host``: a parked engine's weights leave the GPU (the keeper keeps a host
+  copy); each wake uploads them. Run it last: it leaves the keeper's entries in host memory.
+
+Medians and p95 of ``--switches`` switches per mode (``--restart-switches`` for ``restart``, whose switch is a
+whole start), the same greedy answer per model checked across modes, the front's own switch lines, and (on a
+GPU) the memory each parked engine holds and the GPU and host memory in use while one model is awake.
 
 Run: .venv/bin/python benchmarks/switch_mix.py --models 3 --switches 20 --json            (CPU, tiny models)
      python3 benchmarks/switch_mix.py --size 8b --gen-device cuda --engine vllm \\
@@ -30,7 +38,6 @@ import urllib.request
 from pathlib import Path
 
 from hotweights.observe import free_port
-from hotweights.switch.engines import gpu_mib_by_pid
 
 
 def first_token(url: str, model: str) -> tuple[float, str]:
@@ -57,6 +64,17 @@ def status(url: str) -> dict | None:
         return None
 
 
+def gpu_used_mib() -> int:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True).stdout
+    return int(out.split()[0]) if out.strip() else 0
+
+
+def host_used_mib() -> int:
+    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    return (int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])) // 1024
+
+
 def p95(xs: list[float]) -> float:
     return sorted(xs)[max(0, round(0.95 * len(xs)) - 1)]
 
@@ -65,9 +83,10 @@ def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     pairs = [x for name, path in models.items() for x in ("--model", f"{name}={path}")]
+    flags = {"park": [], "restart": ["--no-parking"], "park_host": ["--parked-weights", "host"], "vllm_sleep": []}[mode]
+    engine_args = shlex.split(args.engine_args) + (["--load-format", "auto"] if mode == "vllm_sleep" else [])
     cmd = [sys.executable, "-m", "hotweights", "switch", *pairs, "--engine", args.engine, "--port", str(port),
-           "--log-dir", str(out / f"logs-{mode}"), *(["--no-parking"] if mode == "restart" else []),
-           "--", *shlex.split(args.engine_args)]
+           "--log-dir", str(out / f"logs-{mode}"), *flags, "--", *engine_args]
     log = out / f"front-{mode}.log"
     began = time.monotonic()
     front = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
@@ -79,17 +98,20 @@ def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock:
             time.sleep(0.5)
         startup_s = time.monotonic() - began
         names = list(models)
-        mix = [names[0] if i % 2 == 0 else names[1 + (i // 2) % (len(names) - 1)] for i in range(args.switches + 1)]
+        switches = args.restart_switches if mode == "restart" and args.restart_switches else args.switches
+        mix = [names[0] if i % 2 == 0 else names[1 + (i // 2) % (len(names) - 1)] for i in range(switches + 1)]
         rows, answers = [], {}
-        parked_mib = None
+        parked_mib = memory = None
         for i, name in enumerate(mix):
             seconds, text = first_token(url, name)
             answers.setdefault(name, set()).add(text)
             if i:  # the first request finds its model awake already
                 rows.append({"model": name, "first_token_s": round(seconds, 4)})
             if i == 2 and args.gpu:
-                apps, state = gpu_mib_by_pid(), status(url) or {"models": []}
-                parked_mib = {m["name"]: apps.get(m["pid"], 0) for m in state["models"] if m["state"] != "awake"}
+                state = status(url) or {"models": []}
+                parked_mib = {m["name"]: m["gpu_mib"] for m in state["models"] if m["state"] != "awake"}
+                memory = {"gpu_used_mib": gpu_used_mib(), "host_used_mib": host_used_mib(),
+                          "awake": [m["name"] for m in state["models"] if m["state"] == "awake"]}
         with urllib.request.urlopen(f"{url}/metrics") as r:
             scrape = r.read().decode()
     finally:
@@ -101,6 +123,8 @@ def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock:
             "first_token_p50_s": round(statistics.median(times), 4), "first_token_p95_s": round(p95(times), 4),
             "first_token_max_s": max(times), "rows": rows,
             "answers": {k: sorted(v) for k, v in answers.items()}, "parked_engine_gpu_mib": parked_mib,
+            "memory_one_awake": memory, "sources": sorted({x.rsplit("(weights ", 1)[-1].rstrip(")") for x in lines
+                                                             if "awake in" in x}),
             "switch_lines": lines[:12], "metrics_switches": [x for x in scrape.splitlines()
                                                              if x.startswith("hotweights_switch_switches_total")]}
 
@@ -113,7 +137,8 @@ def main() -> int:
     parser.add_argument("--engine", default="hotweights", choices=["hotweights", "vllm"])
     parser.add_argument("--engine-args", default="--max-model-len 64")
     parser.add_argument("--switches", type=int, default=20)
-    parser.add_argument("--modes", default="park,restart")
+    parser.add_argument("--modes", default="park,restart", help="park, restart, vllm_sleep, park_host (last)")
+    parser.add_argument("--restart-switches", type=int, default=0, help="switches of the restart mode (0: --switches)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -134,9 +159,10 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "hotweights", "stop", "--socket-dir", sock], capture_output=True)
     modes = [m for m in args.modes.split(",") if m in result]
     result["same_answers_across_modes"] = len({json.dumps(result[m]["answers"]) for m in modes}) == 1
-    if "park" in result and "restart" in result:
-        result["restart_over_park_p50"] = round(result["restart"]["first_token_p50_s"]
-                                                / result["park"]["first_token_p50_s"], 1)
+    for other in ("restart", "vllm_sleep", "park_host"):
+        if "park" in result and other in result:
+            result[f"{other}_over_park_p50"] = round(result[other]["first_token_p50_s"]
+                                                     / result["park"]["first_token_p50_s"], 1)
     result["command"] = "benchmarks/switch_mix.py " + " ".join(sys.argv[1:])
     print(json.dumps(result) if args.json else json.dumps(result, indent=1))
     return 0

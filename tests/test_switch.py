@@ -235,15 +235,23 @@ def test_without_parking_a_switch_stops_one_engine_and_starts_the_other(two_mode
 
 
 @pytest.mark.slow
-def test_a_request_that_waits_too_long_gets_a_503_and_the_switch_it_waited_for_goes_on(two_models, keeper, tmp_path):
+def test_weights_parked_in_host_memory_leave_the_keepers_gpu_tier_and_a_request_that_waits_too_long_gets_a_503(
+        two_models, keeper, tmp_path):
+    """``--parked-weights host``: a parked engine is deep-parked and the keeper keeps only the host copy of its
+    entry (the CPU stand-in of the GPU tier released), so its wake uploads them (``weights from host``). The
+    same front's timeout: a request that waits too long is answered 503, and the switch it waited for goes on."""
     import openai
 
-    f = Front(tmp_path, two_models, "--request-timeout-s", "0.001", socket_dir=keeper)
+    f = Front(tmp_path, two_models, "--request-timeout-s", "0.001", "--parked-weights", "host", socket_dir=keeper)
     try:
         deadline = time.monotonic() + 60
-        while f.state("coder")["state"] != "parked":
+        while "coder ready in" not in f.log.read_text():  # started, parked, and its weights moved
             assert time.monotonic() < deadline, f.status()
             time.sleep(0.2)
+        assert f.state("coder")["state"] == "deep-parked" and "to host memory" in f.log.read_text()
+        rows = {r["model"]: r for r in json.loads(run_cli("status", "--json", "--socket-dir", str(keeper)).stdout)
+                ["entries"] if r["parked"]}
+        assert rows["coder"]["nbytes"] == 0 and rows["coder"]["host_nbytes"] > 0, rows  # only the host copy is left
         with pytest.raises(openai.InternalServerError, match="the model `coder` was not awake within"):
             f.client().completions.create(model="coder", prompt="x", max_tokens=1)
         while f.state("coder")["state"] != "awake":  # the switch was not cancelled with the request
@@ -251,6 +259,10 @@ def test_a_request_that_waits_too_long_gets_a_503_and_the_switch_it_waited_for_g
             time.sleep(0.05)
         assert answer(f.client(), "coder")  # awake: served without waiting
         assert f.state("coder")["inflight"] == 0 and f.state("coder")["waiting"] == 0  # nothing left counted
+        assert "(weights from host)" in Path(f.state("coder")["log"]).read_text()
+        with urllib.request.urlopen(f.url + "/metrics") as r:
+            assert 'source="host"' in r.read().decode()
+        assert f.state("chat")["state"] == "deep-parked"  # parked for coder, its weights off the GPU tier too
     finally:
         f.interrupt()
 
@@ -265,9 +277,10 @@ def test_the_config_file_names_what_is_wrong(tmp_path):
     (tmp_path / "m").mkdir()
     good = f'[switch]\nport = 9000\nmax_awake = 2\n[[model]]\nname = "a"\ncheckpoint = "{tmp_path / "m"}"\n'
     config = _load(tmp_path, good + f'[[model]]\nname = "b"\ncheckpoint = "{tmp_path / "m"}"\ndefault = true\n'
-                                    'engine = "vllm"\nargs = ["--max-model-len", "512"]\npark_level = 2\n')
+                                    'engine = "vllm"\nargs = ["--max-model-len", "512"]\nparked_weights = "host"\n')
     assert (config.port, config.max_awake, config.default.name) == (9000, 2, "b")
-    assert config.models[1].args == ("--max-model-len", "512") and config.models[1].park_level == 2
+    assert config.models[1].args == ("--max-model-len", "512") and config.models[1].level == 2  # host: deep park
+    assert config.models[0].level == 1 and config.models[0].parked_weights == "gpu"
     for text, message in (
             (good + "[[model]]\nname = \"a\"\ncheckpoint = \"/\"\n", "a is named twice"),
             (good.replace("port = 9000", "prot = 9000"), "unknown key 'prot'"),
@@ -275,6 +288,7 @@ def test_the_config_file_names_what_is_wrong(tmp_path):
             (good.replace(str(tmp_path / "m"), "/nonexistent"), "checkpoint /nonexistent is not a directory"),
             ("[switch]\n", "no model"),
             (good + "park_level = 3\n", "park_level must be 1 or 2"),
+            (good + 'parked_weights = "disk"\n', "parked_weights must be gpu or host"),
             (good.replace("max_awake = 2", "max_awake = 'two'"), "max_awake must be int"),
             ("[model]\nname = 'a'\n", "models are [[model]] tables"),
             ("[[model]\n", "not TOML")):

@@ -164,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", default=None, help="where each engine's log goes (default: a new temporary directory)")
     p.add_argument("--no-parking", action="store_true",
                    help="a switch stops the engine and starts the next one instead of parking it (for comparison)")
+    p.add_argument("--parked-weights", choices=["gpu", "host"], default=None,
+                   help="the quick form: where a parked engine's weights stay (host: off the GPU, so more models fit; "
+                        "a wake uploads them)")
     p.add_argument("--json", action="store_true", help="status: one JSON object")
 
     p = sub.add_parser("parked", help="the parked engines of this user (--park-on-exit): list, wake, retire")

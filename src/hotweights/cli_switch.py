@@ -20,8 +20,9 @@ def cmd_switch(args: argparse.Namespace) -> int:
                "request_timeout_s": args.request_timeout_s, "api_key": args.api_key,
                "parking": False if args.no_parking else None}
     engine_args = list(getattr(args, "cmd", []) or [])
-    if args.config and (args.models or engine_args):
-        raise ValueError("--config names every model; --model NAME=DIR and -- ENGINE ARGS are the quick form")
+    if args.config and (args.models or engine_args or args.parked_weights):
+        raise ValueError("--config names every model; --model NAME=DIR, --parked-weights and -- ENGINE ARGS are the "
+                         "quick form (in the file: parked_weights per [[model]])")
     try:
         if args.config:
             config = switch_config.load(args.config)
@@ -31,7 +32,7 @@ def cmd_switch(args: argparse.Namespace) -> int:
                                           **{k: v for k, v in options.items() if v is not None}},
                                          list(config.models), args.config)
         else:
-            config = switch_config.quick(args.models, args.engine, engine_args, options)
+            config = switch_config.quick(args.models, args.engine, engine_args, options, args.parked_weights or "gpu")
     except switch_config.ConfigError as exc:
         raise ValueError(str(exc)) from None
     from .switch.front import run

@@ -18,6 +18,8 @@
     keep_awake = false       # never parked for another model
     park_level = 1           # 1: weights kept mapped, 2: unmapped (a wake maps them again)
     deep_park_after_s = 0    # embedded engine: a level-1 park deepens to 2 after this idle time (0: never)
+    parked_weights = "gpu"   # "host": a parked engine's weights leave the GPU (deep park; the keeper keeps a
+                             # host copy, made once at start-up) and its wake uploads them: many models per GPU
 """
 
 from __future__ import annotations
@@ -47,6 +49,12 @@ class ModelConfig:
     keep_awake: bool = False
     park_level: int = 1
     deep_park_after_s: float = 0.0
+    parked_weights: str = "gpu"
+
+    @property
+    def level(self) -> int:
+        """The level it parks at: weights kept in host memory while parked need the deep park."""
+        return 2 if self.parked_weights == "host" else self.park_level
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,7 @@ class SwitchConfig:
 _SWITCH_KEYS = {"host": str, "port": int, "max_awake": int, "request_timeout_s": (int, float), "api_key": str,
                 "socket_dir": str, "parking": bool}
 _MODEL_KEYS = {"name": str, "checkpoint": str, "engine": str, "args": list, "default": bool, "keep_awake": bool,
-               "park_level": int, "deep_park_after_s": (int, float)}
+               "park_level": int, "deep_park_after_s": (int, float), "parked_weights": str}
 
 
 def _typed(table: dict[str, Any], keys: dict[str, Any], where: str) -> dict[str, Any]:
@@ -92,6 +100,8 @@ def model(table: dict[str, Any], where: str) -> ModelConfig:
         raise ConfigError(f"{where}: engine must be one of {', '.join(ENGINES)}, got {table['engine']!r}")
     if table.get("park_level", 1) not in (1, 2):
         raise ConfigError(f"{where}: park_level must be 1 or 2, got {table['park_level']!r}")
+    if table.get("parked_weights", "gpu") not in ("gpu", "host"):
+        raise ConfigError(f"{where}: parked_weights must be gpu or host, got {table['parked_weights']!r}")
     if not all(isinstance(a, str) for a in table.get("args", [])):
         raise ConfigError(f"{where}: args must be a list of strings")
     checkpoint = Path(table["checkpoint"]).expanduser()
@@ -99,7 +109,7 @@ def model(table: dict[str, Any], where: str) -> ModelConfig:
         raise ConfigError(f"{where}: checkpoint {checkpoint} is not a directory")
     return ModelConfig(table["name"], checkpoint, table.get("engine", "hotweights"), tuple(table.get("args", [])),
                        table.get("default", False), table.get("keep_awake", False), table.get("park_level", 1),
-                       float(table.get("deep_park_after_s", 0)))
+                       float(table.get("deep_park_after_s", 0)), table.get("parked_weights", "gpu"))
 
 
 def build(switch: dict[str, Any], models: list[ModelConfig], where: str) -> SwitchConfig:
@@ -140,13 +150,15 @@ def load(path: str | Path) -> SwitchConfig:
     return build(data.get("switch", {}), models, str(path))
 
 
-def quick(pairs: list[str], engine: str, args: list[str], switch: dict[str, Any]) -> SwitchConfig:
-    """``--model NAME=DIR ...`` with one engine and its arguments for all; the first is the default."""
+def quick(pairs: list[str], engine: str, args: list[str], switch: dict[str, Any],
+          parked_weights: str = "gpu") -> SwitchConfig:
+    """``--model NAME=DIR ...`` with one engine, its arguments and ``parked_weights`` for all; the first is the
+    default."""
     models = []
     for i, pair in enumerate(pairs):
         name, sep, directory = pair.partition("=")
         if not sep or not name or not directory:
             raise ConfigError(f"--model takes NAME=DIR, got {pair!r}")
-        models.append(model({"name": name, "checkpoint": directory, "engine": engine, "args": list(args)},
-                            f"--model #{i + 1}"))
+        models.append(model({"name": name, "checkpoint": directory, "engine": engine, "args": list(args),
+                             "parked_weights": parked_weights}, f"--model #{i + 1}"))
     return build({k: v for k, v in switch.items() if v is not None}, models, "the command line")

@@ -20,6 +20,8 @@ import urllib.request
 from pathlib import Path
 
 from ..engines.vllm.start import is_cpu_build
+from ..errors import HotweightsError
+from ..protocol import EntryRow
 from ..observe import free_port, post
 from .config import ModelConfig
 
@@ -86,6 +88,11 @@ class Engine:
         """The model's weights into the keeper (``hotweights preload`` starts a daemon when none runs; the
         engine layout for vLLM), once: what happened, in a few words."""
         m, args = self.model, list(self.model.args)
+        chosen = args[args.index("--load-format") + 1] if "--load-format" in args[:-1] else "hotweights"
+        if m.engine == "vllm" and chosen != "hotweights":
+            return f"not preloaded (--load-format {chosen}: vLLM reads the checkpoint itself)"
+        if m.engine == "vllm" and self.layout_cached():
+            return "cached already"
         if m.engine == "hotweights":
             picked = [x for i, a in enumerate(args) if a in ("--device", "--dtype") and i + 1 < len(args)
                       for x in (a, args[i + 1])]
@@ -103,6 +110,46 @@ class Engine:
             return "cached"
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return f"not cached ({last[-200:]})"
+
+    def _rows(self) -> list[EntryRow]:
+        """The keeper's entries (OSError or HotweightsError when none answers)."""
+        from ..client import connect
+        from ..paths import daemon_paths
+
+        with connect(daemon_paths(self.socket_dir or None)) as client:
+            return client.status().rows()
+
+    def _own(self, rows: list[EntryRow]) -> list[EntryRow]:
+        """The entries of this model's checkpoint (by its directory's name; vLLM's engine layout for vLLM)."""
+        return [r for r in rows if r.model == self.model.checkpoint.name
+                and (self.model.engine != "vllm" or r.layout.startswith("vllm/"))]
+
+    def layout_cached(self) -> bool:
+        """Whether the keeper holds this model's engine-layout entry of every rank (its device copy) already: a
+        front started again skips the preload, a whole vLLM start per model (the start's attach checks the key)."""
+        args = list(self.model.args)
+        tp = int(args[args.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in args[:-1] else 1
+        try:
+            rows = self._own(self._rows())
+        except (OSError, HotweightsError):
+            return False
+        return all(any(r.nbytes and r.tp == f"{rank}/{tp}" for r in rows) for rank in range(tp))
+
+    def _demote(self, key: str, keep: bool = False) -> None:
+        """``hotweights demote KEY``: a host copy made by a process with a CUDA context (the keeper has none)."""
+        cmd = [sys.executable, "-m", "hotweights", "demote", key, "--json", *(["--keep"] if keep else [])]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=self.env(), timeout=600)
+        if done.returncode != 0:
+            raise EngineError(f"{self.model.name}: no host copy of {key}: "
+                              f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+
+    def host_copy_ahead(self) -> int:
+        """Make the host copy of this (awake) model's entries now, keeping them on the GPU, so that its first park
+        with ``parked_weights = "host"`` only lets the GPU copy go; the entries copied."""
+        todo = [r for r in self._own(self._rows()) if r.nbytes and not r.host_nbytes]
+        for row in todo:
+            self._demote(row.key, keep=True)
+        return len(todo)
 
     def start(self, timeout_s: float = 900.0) -> float:
         """Start the server and wait for ``/health``; the seconds it took. EngineError when it exits first."""
@@ -144,6 +191,29 @@ class Engine:
         except OSError as exc:
             raise EngineError(f"{self.model.name}: would not park: {exc}") from None
         self.level = max(self.level, level)
+
+    def weights_to_host(self) -> str:
+        """Let the GPU copies of the keeper's entries this parked engine maps go, keeping a host copy of each
+        (made here if there is none yet; else a release of the device copy alone): its next wake uploads them.
+        What happened, in a few words."""
+        from ..client import connect
+        from ..paths import daemon_paths
+        from ..unix import descendants
+
+        pids = {self.pid, *descendants(self.pid)}
+        rows = [r for r in self._rows() if r.nbytes and any(int(x.split(":")[0]) in pids
+                                                             for x in r.parked.split(",") if x)]
+        copied = 0
+        for row in [r for r in rows if not r.host_nbytes]:
+            self._demote(row.key)
+            copied += 1
+        with connect(daemon_paths(self.socket_dir or None)) as client:
+            for row in [r for r in rows if r.host_nbytes]:
+                client.release(row.key, tier="device")
+        moved = sum(r.nbytes for r in rows)
+        size = f"{moved / 2**30:.2f} GiB" if moved >= 2**30 else f"{moved / 2**20:.1f} MiB"
+        made = "" if not copied else " (its host copy made)" if copied == 1 else f" ({copied} host copies made)"
+        return f"{size} to host memory{made}"
 
     def wake(self) -> str:
         """Awake again: the source of its weights (``gpu``, ``host``, ``kept``, or ``start`` where it could not

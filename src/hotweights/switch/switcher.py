@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import HotweightsError
 from ..unix import descendants
 from .config import ModelConfig, SwitchConfig
 from .engines import AWAKE, DEEP, FAILED, PARKED, STARTING, STOPPED, Engine, EngineError
@@ -80,8 +81,18 @@ class Switcher:
         for m in order:
             async with self.lock:  # a request for this model waits until it is started (and parked)
                 await self._start_one(m, default)
+                if m.state == AWAKE and m.config.parked_weights == "host" and m.engine.parks:
+                    self.ready.set()  # it serves while its host copy is made: its first park then copies nothing
+                    await self._host_copy_ahead(m)
             if m.config is default:
                 self.ready.set()
+
+    async def _host_copy_ahead(self, m: Model) -> None:
+        try:
+            made = await asyncio.to_thread(m.engine.host_copy_ahead)
+            logger.info("switch: %s: its host copy made ahead (%d entries)", m.config.name, made)
+        except (EngineError, OSError, HotweightsError) as exc:
+            logger.warning("switch: %s: no host copy ahead (%s); its first park makes it", m.config.name, exc)
 
     async def _start_one(self, m: Model, default: ModelConfig) -> None:
         began = time.monotonic()
@@ -93,9 +104,8 @@ class Switcher:
                 m.last_used = time.time()
                 note = "awake"
             else:
-                await asyncio.to_thread(m.engine.park, m.config.park_level)
-                self._park_state(m)
-                note = (m.state if m.engine.parks else "stopped: parking is off" if not self.config.parking
+                moved = await self._park(m)
+                note = (m.state + moved if m.engine.parks else "stopped: parking is off" if not self.config.parking
                         else "stopped: this engine has no sleep mode")
             logger.info("switch: %s ready in %.1f s (%s; %s)", m.config.name, time.monotonic() - began, cached,
                         note)
@@ -103,6 +113,21 @@ class Switcher:
             m.error = str(exc)
             self._set(m, FAILED)
             logger.error("switch: %s unavailable: %s", m.config.name, exc)
+
+    async def _park(self, m: Model, level: int = 0) -> str:
+        """Park ``m`` (at its configured level, or ``level``; EngineError when it would not); with
+        ``parked_weights = "host"`` its weights then leave the GPU: ', N GiB to host memory' (or why they stay:
+        the engine is parked either way)."""
+        await asyncio.to_thread(m.engine.park, level or m.config.level)
+        moved = ""
+        if m.config.parked_weights == "host" and m.engine.parks:
+            try:
+                moved = ", " + await asyncio.to_thread(m.engine.weights_to_host)
+            except (EngineError, OSError, HotweightsError) as exc:
+                logger.warning("switch: %s", exc)
+                moved = f", weights kept on the GPU ({exc})"
+        self._park_state(m)  # once its weights are where they stay
+        return moved
 
     def _park_state(self, m: Model) -> None:
         m.parked_at = time.monotonic()
@@ -205,9 +230,8 @@ class Switcher:
         try:
             if victim.inflight:
                 await victim.idle.wait()
-            await asyncio.to_thread(victim.engine.park, victim.config.park_level)
-            self._park_state(victim)
-            logger.info("switch: %s %s for %s", victim.config.name, victim.state, keep.config.name)
+            moved = await self._park(victim)
+            logger.info("switch: %s %s for %s%s", victim.config.name, victim.state, keep.config.name, moved)
         except EngineError as exc:
             logger.error("switch: %s; stopping it", exc)
             await asyncio.to_thread(victim.engine.stop)
@@ -231,8 +255,7 @@ class Switcher:
                       and time.monotonic() - m.parked_at > m.config.deep_park_after_s and not self.lock.locked()):
                     async with self.lock:
                         try:
-                            await asyncio.to_thread(m.engine.park, 2)
-                            self._park_state(m)
+                            await self._park(m, 2)
                         except EngineError as exc:
                             logger.warning("switch: %s", exc)
 
