@@ -2,7 +2,7 @@
 of this interpreter (its vLLM imports are simply missing here) runs a probe module instead of vLLM's
 server. Properties: the server gets the launcher's argv, environment, working directory and stdio; its
 exit code is the launcher's; signals reach it; a killed launcher takes it down; a standby made under
-another environment is refused and retired; no standby, or an untrusted directory, is a plain start.
+another environment is refused and retired; no standby, a killed one, or an untrusted directory, is a plain start.
 vLLM itself from a standby: tests/test_vllm_standby.py.
 
 Run: pytest tests/test_vllm_handoff.py
@@ -76,7 +76,13 @@ def launch(socket_dir: Path, work: Path, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def test_no_standby_and_an_untrusted_directory_are_plain_starts(socket_dir, tmp_path):
+def test_no_standby_a_killed_one_and_an_untrusted_directory_are_plain_starts(socket_dir, tmp_path):
+    with pytest.raises(handoff.StandbyUnusable, match="no standby ready"):
+        handoff.hand_over(SPEC, socket_dir, "probe_server", [], {})
+    killed = start_standby(socket_dir)  # a killed standby leaves its socket file behind: it costs a plain start
+    killed.kill()
+    killed.wait(10)
+    assert handoff.standby_paths(socket_dir, SPEC.name).socket.exists()
     with pytest.raises(handoff.StandbyUnusable, match="no standby ready"):
         handoff.hand_over(SPEC, socket_dir, "probe_server", [], {})
     shared = tmp_path / "shared"
