@@ -20,9 +20,6 @@ python3 benchmarks/vllm_sleep.py --model "$W/m8b" --repeat 5 --stock --out "$OUT
   > "$OUT/park_8b_graphs.json" 2> "$OUT/park_8b_graphs.err"
 echo "park rc=$?" >> "$OUT/park_8b_graphs.err"
 step verify
-python3 -m hotweights demo-model "$W/m06" --size 0.6b --gen-device cuda > /dev/null
-python3 -m hotweights verify --engine vllm --device cuda --model "$W/m06" --dtype bfloat16 --port 8123 --no-cold-start \
-  --out "$OUT/verify_vllm" > "$OUT/verify.txt" 2>&1
-echo "verify rc=$?" >> "$OUT/verify.txt"
+verify_vllm_06b
 step done
 touch "$OUT/done"

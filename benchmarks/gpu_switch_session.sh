@@ -7,12 +7,7 @@
 # then the first `hotweights vllm serve` right after `preload --engine vllm` (the standby the preload leaves,
 # spawned through PATH now), and verify --engine vllm through the launcher with its park drill.
 #   OUT=DIR bash benchmarks/gpu_switch_session.sh
-set -uo pipefail
-source /tmp/gpu-vllm/env.sh
-OUT=${OUT:?set OUT}
-mkdir -p "$OUT"
-step() { echo "$(date +%T) $*" >> "$OUT/progress.txt"; }
-W=$(mktemp -d /tmp/hw-gpu-XXXX)
+NO_POOLS_MODEL=1 source "$(dirname "$0")/gpu_session_start.sh"  # the pools did not change since they last ran
 step switch
 python3 benchmarks/switch_mix.py --models 3 --size 8b --gen-device cuda --engine vllm --switches 20 \
   --restart-switches 5 --modes park,restart,vllm_sleep,park_host --out "$W/switch" \
@@ -25,9 +20,6 @@ python3 benchmarks/vllm_standby.py --model "$W/switch/m0" --repeat 0 --modes lau
   --out "$OUT/logs_first" --json > "$OUT/first_after_preload.jsonl" 2> "$OUT/first_after_preload.err"
 echo "first rc=$?" >> "$OUT/first_after_preload.err"
 step verify
-python3 -m hotweights demo-model "$W/m06" --size 0.6b --gen-device cuda > /dev/null
-python3 -m hotweights verify --engine vllm --device cuda --model "$W/m06" --dtype bfloat16 --port 8123 --no-cold-start \
-  --out "$OUT/verify_vllm" > "$OUT/verify.txt" 2>&1
-echo "verify rc=$?" >> "$OUT/verify.txt"
+verify_vllm_06b
 step done
 touch "$OUT/done"
