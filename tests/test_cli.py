@@ -58,6 +58,7 @@ def test_serve_on_a_busy_port_fails_before_loading_the_model(models):
     assert "startup:" not in r.stderr and "Mapped" not in r.stderr  # nothing was loaded
 
 
+@pytest.mark.slow  # 6-9 s: the fast tier stays under 3 min
 def test_verify_never_polls_a_server_it_did_not_start(models, tmp_path):
     with busy_port() as s:
         port = s.getsockname()[1]
@@ -124,6 +125,7 @@ def test_status_without_a_daemon_says_how_to_start_one_and_json_stays_json(socke
     assert r.returncode == 1 and json.loads(r.stdout)["running"] is False
 
 
+@pytest.mark.slow  # 6-9 s: the fast tier stays under 3 min
 def test_preloads_checks_are_not_counted_as_attaches(models, daemon):
     import json
 
@@ -156,6 +158,7 @@ def test_serve_help_shows_help_texts_and_defaults():
     assert r.returncode == 0 and "port to listen on" in r.stdout and "(default: 8000)" in r.stdout
 
 
+@pytest.mark.slow  # 6-9 s: the fast tier stays under 3 min
 def test_status_warns_when_a_model_is_cached_twice(models, daemon):
     sock = str(daemon.paths.directory)
     for dtype in ("float16", "bfloat16"):

@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 FUZZER = Path(__file__).resolve().parent / "fuzz_daemon.py"
 
 
+@pytest.mark.slow  # 6-9 s: the fast tier stays under 3 min
 def test_a_few_thousand_hostile_frames_leave_the_daemon_unharmed():
     r = subprocess.run([sys.executable, str(FUZZER), "--frames", "3000", "--seed", "7", "--json"],
                        capture_output=True, text=True, timeout=600)

@@ -90,3 +90,6 @@ args = ["--max-model-len", "64"]
         front.send_signal(signal.SIGINT)
         front.wait(120)
         run_cli("stop", "--socket-dir", str(sock))
+        # the standby the last start prepared waits for the next start, as it should; this test has none
+        subprocess.run([VLLM_PYTHON, "-m", "hotweights", "standby", "--stop", "--socket-dir", str(sock)],
+                       capture_output=True, timeout=60)
