@@ -37,6 +37,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from vllm_sleep import gpu_used_mib, host_used_mib
+
 from hotweights.observe import free_port
 
 
@@ -62,17 +64,6 @@ def status(url: str) -> dict | None:
             return json.loads(r.read())
     except OSError:
         return None
-
-
-def gpu_used_mib() -> int:
-    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True).stdout
-    return int(out.split()[0]) if out.strip() else 0
-
-
-def host_used_mib() -> int:
-    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
-    return (int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])) // 1024
 
 
 def p95(xs: list[float]) -> float:

@@ -172,9 +172,9 @@ def test_a_prepared_standby_holds_its_place_when_prepare_returns(socket_dir):
     the time the preload's ``prepare`` (``settle_s``) returns, it holds its lock (``_wait_while_importing``
     finds it)."""
     try:
-        assert handoff.prepare(SPEC, socket_dir, dict(os.environ), settle_s=handoff.SETTLE_S)
+        assert handoff.prepare(SPEC, socket_dir, dict(os.environ), settle_s=handoff.SETTLE_S) == "prepared"
         assert handoff.lock_holder(handoff.standby_paths(socket_dir, SPEC.name).lock)
-        assert not handoff.prepare(SPEC, socket_dir, dict(os.environ))  # one place, one standby
+        assert handoff.prepare(SPEC, socket_dir, dict(os.environ)) == "ready"  # one place, one standby
     finally:
         handoff.stop(SPEC, socket_dir)
 
@@ -183,12 +183,13 @@ def test_a_standby_for_a_python_named_by_its_bare_name_starts_and_one_that_canno
     """``HOTWEIGHTS_VLLM_PYTHON=python3`` (as on the GPU box): the preload's standby is looked up on PATH, not
     handed to ``execve`` as a path (which spawned nothing while the preload said "prepared", and the first start
     after it took 61 s on an H200). A Python that is not there is an error before anything is spawned; one that
-    never takes its place makes ``prepare`` return False."""
+    never takes its place makes ``prepare`` say ``failed``."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{bin_dir}:{os.environ.get('PATH', '')}")
     try:
-        assert handoff.prepare(SPEC, socket_dir, env, python=Path(sys.executable).name, settle_s=handoff.SETTLE_S)
+        assert handoff.prepare(SPEC, socket_dir, env, python=Path(sys.executable).name,
+                               settle_s=handoff.SETTLE_S) == "prepared"
         assert handoff.lock_holder(handoff.standby_paths(socket_dir, SPEC.name).lock)
     finally:
         handoff.stop(SPEC, socket_dir)
@@ -200,7 +201,7 @@ def test_a_standby_for_a_python_named_by_its_bare_name_starts_and_one_that_canno
     (bin_dir / "quits").write_text("#!/bin/sh\nexit 3\n")
     (bin_dir / "quits").chmod(0o755)
     began = time.monotonic()
-    assert not handoff.prepare(SPEC, socket_dir, env, python="quits", settle_s=1.0)
+    assert handoff.prepare(SPEC, socket_dir, env, python="quits", settle_s=1.0) == "failed"
     assert time.monotonic() - began < 5
 
 
@@ -223,7 +224,7 @@ def test_a_prepared_standby_waits_for_the_start_and_its_server_keeps_the_launche
     start = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # the start in progress
     try:
         url = f"http://127.0.0.1:{http_server.server_address[1]}/health"
-        assert handoff.prepare(SPEC, socket_dir, dict(os.environ), after=(start.pid, url))
+        assert handoff.prepare(SPEC, socket_dir, dict(os.environ), after=(start.pid, url)) == "prepared"
         time.sleep(2.0)
         assert not handoff.status(SPEC, socket_dir)["ready"]  # it has not imported anything yet: the start goes first
         ready.set()

@@ -195,16 +195,17 @@ def _unusable_on_failure(sock: Any, what: str) -> Generator[None, None, None]:
 
 
 def prepare(engine: EngineSpec, directory: Path, environ: dict[str, str], *,
-            after: tuple[int, str] | None = None, python: str | None = None, settle_s: float = 0.0) -> bool:
+            after: tuple[int, str] | None = None, python: str | None = None, settle_s: float = 0.0) -> str:
     """Start a standby for the next start, detached (engines may end their own process tree on exit),
-    unless one holds the lock already. True if one was started. ``python``: the interpreter it is for
-    (this one by default; a standby serves starts of its own interpreter only).
+    unless one holds the lock already: ``prepared`` (one was started), ``ready`` (one holds the lock) or
+    ``failed`` (see ``settle_s``). ``python``: the interpreter it is for (this one by default; a standby serves
+    starts of its own interpreter only).
 
     ``after``: the start in progress (its pid, its health URL). The standby imports only once that start
     is ready (or gone), so that the two do not compete for the CPU. It is not niced for that: a server
     forked from it would inherit the priority, which an unprivileged process cannot raise again.
 
-    ``settle_s``: wait up to this long for it to hold its lock, and return False (saying why) if it does not. A
+    ``settle_s``: wait up to this long for it to hold its lock, and return ``failed`` (logged) if it does not. A
     caller whose next start may follow at once (the preload) needs it: until then that start would not know to
     wait for the standby and would import the engine again beside it (measured on an H200: the start a moment
     after ``preload --engine vllm`` found nothing and took 44.8 s). A start's own ``prepare`` does not wait: it
@@ -216,20 +217,18 @@ def prepare(engine: EngineSpec, directory: Path, environ: dict[str, str], *,
         raise FileNotFoundError("the Python for the standby is not on PATH")
     paths = standby_paths(directory, engine.name, python)
     if is_locked(paths.lock):
-        return False  # one is alive (or importing, or waiting)
+        return "ready"  # one is alive (or importing, or waiting)
     cmd = [python, "-m", "hotweights.standby.zygote", "--engine", engine.name, "--socket-dir", str(directory)]
     if after is not None:
         cmd += ["--after-pid", str(after[0]), "--after-url", after[1]]
     spawn_detached(cmd, environ, paths.log)
-    if not settle_s:
-        return True
     deadline = time.monotonic() + settle_s
-    while not is_locked(paths.lock):
+    while settle_s and not is_locked(paths.lock):
         if time.monotonic() > deadline:
             logger.warning("the warm standby did not take its place within %.0f s; see %s", settle_s, paths.log)
-            return False
+            return "failed"
         time.sleep(0.02)
-    return True
+    return "prepared"
 
 
 def stop(engine: EngineSpec, directory: Path) -> int | None:

@@ -19,7 +19,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ..engines.vllm.start import is_cpu_build
+from ..engines.vllm.options import LOAD_FORMAT
+from ..engines.vllm.start import VllmStart, is_cpu_build
 from ..errors import HotweightsError
 from ..protocol import EntryRow
 from ..observe import free_port, post
@@ -88,8 +89,8 @@ class Engine:
         """The model's weights into the keeper (``hotweights preload`` starts a daemon when none runs; the
         engine layout for vLLM), once: what happened, in a few words."""
         m, args = self.model, list(self.model.args)
-        chosen = args[args.index("--load-format") + 1] if "--load-format" in args[:-1] else "hotweights"
-        if m.engine == "vllm" and chosen != "hotweights":
+        chosen = VllmStart.parse(args).load_format or LOAD_FORMAT
+        if m.engine == "vllm" and chosen != LOAD_FORMAT:
             return f"not preloaded (--load-format {chosen}: vLLM reads the checkpoint itself)"
         if m.engine == "vllm" and self.layout_cached():
             return "cached already"

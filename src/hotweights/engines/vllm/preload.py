@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -114,13 +113,11 @@ def _leave_standby(directory: Path, python: str) -> str:
 
     if os.environ.get(handoff.DISABLE_ENV, "").lower() in ("off", "0", "false"):
         return "off"
-    was_there = handoff.is_locked(handoff.standby_paths(directory, SPEC.name, shutil.which(python) or python).lock)
     try:
-        prepared = handoff.prepare(SPEC, directory, dict(os.environ), python=python, settle_s=handoff.SETTLE_S)
+        return handoff.prepare(SPEC, directory, dict(os.environ), python=python, settle_s=handoff.SETTLE_S)
     except FileNotFoundError as exc:
         logger.warning("no warm standby left for the next start: %s", exc)
         return "failed"
-    return "prepared" if prepared else "ready" if was_there else "failed"
 
 
 def _engine_rows(paths: DaemonPaths, model: str, tp_size: int) -> list[EntryRow]:
