@@ -79,6 +79,7 @@ def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock:
     cmd = [sys.executable, "-m", "hotweights", "switch", *pairs, "--engine", args.engine, "--port", str(port),
            "--log-dir", str(out / f"logs-{mode}"), *flags, "--", *engine_args]
     log = out / f"front-{mode}.log"
+    before = {"gpu_used_mib": gpu_used_mib(), "host_used_mib": host_used_mib()} if args.gpu else None
     began = time.monotonic()
     front = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                              env={**os.environ, "HOTWEIGHTS_SOCKET_DIR": sock})
@@ -110,12 +111,12 @@ def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock:
         front.wait(120)
     times = [r["first_token_s"] for r in rows]
     lines = [x.split("switch: ", 1)[1] for x in log.read_text().splitlines() if "switch: " in x]
+    sources = sorted({x.rsplit("(weights ", 1)[-1].rstrip(")") for x in lines if "awake in" in x})
     return {"startup_s": round(startup_s, 1), "switches": len(rows),
             "first_token_p50_s": round(statistics.median(times), 4), "first_token_p95_s": round(p95(times), 4),
             "first_token_max_s": max(times), "rows": rows,
             "answers": {k: sorted(v) for k, v in answers.items()}, "parked_engine_gpu_mib": parked_mib,
-            "memory_one_awake": memory, "sources": sorted({x.rsplit("(weights ", 1)[-1].rstrip(")") for x in lines
-                                                             if "awake in" in x}),
+            "memory_before_front": before, "memory_one_awake": memory, "sources": sources,
             "switch_lines": lines[:12], "metrics_switches": [x for x in scrape.splitlines()
                                                              if x.startswith("hotweights_switch_switches_total")]}
 
@@ -131,6 +132,7 @@ def main() -> int:
     parser.add_argument("--modes", default="park,restart", help="park, restart, vllm_sleep, park_host (last)")
     parser.add_argument("--restart-switches", type=int, default=0, help="switches of the restart mode (0: --switches)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--partial-json", type=Path, default=None, help="the results so far, after each mode")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.gpu = args.gen_device == "cuda" or "cuda" in args.engine_args or args.engine == "vllm"
@@ -138,20 +140,27 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     from hotweights.demo_model import write_demo_model
 
-    models = {f"m{i}": write_demo_model(out / f"m{i}", args.size, gen_device=args.gen_device, seed=i)
+    # a model directory written whole already (its tokenizer_config.json comes last) is used as it is
+    models = {f"m{i}": (out / f"m{i}" if (out / f"m{i}" / "tokenizer_config.json").exists() else
+                        write_demo_model(out / f"m{i}", args.size, gen_device=args.gen_device, seed=i))
               for i in range(args.models)}
     sock = tempfile.mkdtemp(prefix="hw-switch-sock-", dir="/tmp")
     result: dict = {"models": args.models, "size": args.size, "engine": args.engine, "engine_args": args.engine_args}
     try:
         for mode in args.modes.split(","):
-            result[mode] = run_mode(mode, models, args, sock, out)
+            try:
+                result[mode] = run_mode(mode, models, args, sock, out)
+            except (SystemExit, OSError, ValueError, subprocess.TimeoutExpired) as e:  # the next modes still run
+                result[mode] = {"error": str(e)[-3000:]}
             print(json.dumps({mode: {k: v for k, v in result[mode].items() if k != "rows"}}), file=sys.stderr)
+            if args.partial_json:  # what a run cut short still leaves
+                args.partial_json.write_text(json.dumps(result))
     finally:
         subprocess.run([sys.executable, "-m", "hotweights", "stop", "--socket-dir", sock], capture_output=True)
-    modes = [m for m in args.modes.split(",") if m in result]
+    modes = [m for m in args.modes.split(",") if "answers" in result.get(m, {})]
     result["same_answers_across_modes"] = len({json.dumps(result[m]["answers"]) for m in modes}) == 1
     for other in ("restart", "vllm_sleep", "park_host"):
-        if "park" in result and other in result:
+        if {"park", other} <= set(modes):
             result[f"{other}_over_park_p50"] = round(result[other]["first_token_p50_s"]
                                                      / result["park"]["first_token_p50_s"], 1)
     result["command"] = "benchmarks/switch_mix.py " + " ".join(sys.argv[1:])
