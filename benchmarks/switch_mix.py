@@ -112,11 +112,17 @@ def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock:
     times = [r["first_token_s"] for r in rows]
     lines = [x.split("switch: ", 1)[1] for x in log.read_text().splitlines() if "switch: " in x]
     sources = sorted({x.rsplit("(weights ", 1)[-1].rstrip(")") for x in lines if "awake in" in x})
+    starts = {}  # per engine log: its starts from a warm standby, and those that waited for one still importing
+    for name in models:
+        log_file = out / f"logs-{mode}" / f"{name}.log"
+        text = log_file.read_text(errors="replace") if log_file.exists() else ""
+        starts[name] = {"from_standby": text.count("Started vLLM from a warm standby"),
+                        "waited_for_standby": text.count("Waiting for the warm standby")}
     return {"startup_s": round(startup_s, 1), "switches": len(rows),
             "first_token_p50_s": round(statistics.median(times), 4), "first_token_p95_s": round(p95(times), 4),
             "first_token_max_s": max(times), "rows": rows,
             "answers": {k: sorted(v) for k, v in answers.items()}, "parked_engine_gpu_mib": parked_mib,
-            "memory_before_front": before, "memory_one_awake": memory, "sources": sources,
+            "memory_before_front": before, "memory_one_awake": memory, "sources": sources, "engine_starts": starts,
             "switch_lines": lines[:12], "metrics_switches": [x for x in scrape.splitlines()
                                                              if x.startswith("hotweights_switch_switches_total")]}
 

@@ -67,3 +67,19 @@ def test_a_vllm_run_reports_vllms_own_weight_clock():
     assert "vLLM's weight phase (its \"Model loading took\"): 3.720 s from disk (page cache warm), 0.240 s" in text
     assert "the other 2.76 s of the warm start are paid by every start" in text
     assert "| warm1 | True | 3.0 | 0.24 |" in markdown(r) and "3.00 s, weights 0.240 s" in html_report(r)
+
+
+def test_a_start_that_waited_for_a_standby_still_importing_is_named_with_the_wait():
+    from hotweights.evidence import standby_used
+
+    r = receipts()
+    r["env"]["engine"] = "vllm"
+    r["runs"]["warm2"] = {**r["runs"]["warm1"], "label": "warm2", "elapsed_s": 30.3, "evidence": [standby_used(9, 0.1)],
+                          "phases": {"imports": 21.98, "weights": 0.35, "api": 3.3}}
+    r["runs"]["warm1"]["evidence"] = [standby_used(8, 24.3)]  # imports 2.4 s: under the 5 s that counts as waiting
+    text = saved_sentence(r)
+    assert text.endswith("Waited for a warm standby still importing: warm2 22.0 s (each start prepares the next "
+                         "one's standby once it is ready; a restart sooner than its imports pays the rest).")
+    assert "warm1 2.4" not in text
+    r["runs"]["warm2"]["evidence"] = []  # a plain start's imports are its own, not a wait
+    assert "Waited for" not in saved_sentence(r)

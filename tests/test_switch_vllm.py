@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -83,7 +84,9 @@ args = ["--max-model-len", "64"]
         assert rows["v"]["state"] == "stopped" and rows["v"]["pid"] == 0  # no sleep mode: stopped for e
         assert completion(url, "v") == first  # started again, from the standby
         text = log.read_text()
-        assert "v ready in" in text and "(cached; awake)" in text and "v awake in" in text and "(weights start)" in text
+        assert re.search(r"v ready in [\d.]+ s \(cached, [\d.]+ s; started from a warm standby, [\d.]+ s; awake\)",
+                         text), text
+        assert "v awake in" in text and "(weights start)" in text
         engine_log = Path(status()["v"]["log"]).read_text()
         assert engine_log.count("Started vLLM from a warm standby") >= 1 and "Mapped " in engine_log
     finally:

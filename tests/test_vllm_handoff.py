@@ -137,6 +137,27 @@ def test_the_server_gets_the_start_and_the_launcher_its_exit_code(socket_dir, wo
 
 
 @pytest.mark.slow
+def test_the_processes_of_a_start_include_the_server_the_standby_forked(socket_dir, work):
+    """The server is the standby's child, not the launcher's: what counts a start's memory, and matches the keeper's
+    attach records to it (the switch's deep park, verify's memory), must find it through the launcher's line."""
+    from hotweights import evidence
+    from hotweights.unix import descendants
+
+    start_standby(socket_dir)
+    launcher = launch(socket_dir, work, "--wait")
+    try:
+        server = int(launcher.stdout.readline().split()[1])
+        assert server not in descendants(launcher.pid)
+        pids = handoff.serving_pids(launcher.pid, "vLLM says hello\n" + evidence.standby_used(server, 3.2) + "\n")
+        assert pids[0] == launcher.pid and server in pids
+        assert handoff.serving_pids(launcher.pid, "a plain start\n") == [launcher.pid, *descendants(launcher.pid)]
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(30)
+    assert server not in handoff.serving_pids(launcher.pid, evidence.standby_used(server, 3.2))  # it is gone
+
+
+@pytest.mark.slow
 def test_sigterm_to_the_launcher_reaches_the_server_and_a_killed_launcher_takes_it_down(socket_dir, work):
     start_standby(socket_dir)
     launcher = launch(socket_dir, work, "--wait")

@@ -24,6 +24,7 @@ from ..engines.vllm.start import VllmStart, is_cpu_build
 from ..errors import HotweightsError
 from ..protocol import EntryRow
 from ..observe import free_port, post
+from ..standby.handoff import serving_pids
 from .config import ModelConfig
 
 logger = logging.getLogger("hotweights.switch")
@@ -57,6 +58,7 @@ class Engine:
         self.log_path = log_dir / f"{model.name.replace('/', '_')}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self.log_from = 0  # where this start's output begins in the log
         self.parks = parking and (model.engine == "hotweights" or not is_cpu_build())
         self.level = 0  # parked at
 
@@ -67,6 +69,19 @@ class Engine:
     @property
     def pid(self) -> int:
         return self.proc.pid if self.proc is not None else 0
+
+    def start_log(self) -> str:
+        """The engine's output since this start began."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self.log_from)
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def pids(self) -> list[int]:
+        """The processes of this start: with vLLM from a warm standby, the server is the standby's child."""
+        return serving_pids(self.pid, self.start_log()) if self.pid else []
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         m = self.model
@@ -159,6 +174,7 @@ class Engine:
         cmd, env = self.command()
         began = time.monotonic()
         with open(self.log_path, "ab") as log:
+            self.log_from = log.tell()
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          env=env, start_new_session=True)
         self.level = 0
@@ -199,9 +215,7 @@ class Engine:
         What happened, in a few words."""
         from ..client import connect
         from ..paths import daemon_paths
-        from ..unix import descendants
-
-        pids = {self.pid, *descendants(self.pid)}
+        pids = set(self.pids())
         rows = [r for r in self._rows() if r.nbytes and any(int(x.split(":")[0]) in pids
                                                              for x in r.parked.split(",") if x)]
         copied = 0

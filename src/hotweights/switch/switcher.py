@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HotweightsError
-from ..unix import descendants
+from ..evidence import STANDBY_USED_RE
 from .config import ModelConfig, SwitchConfig
 from .engines import AWAKE, DEEP, FAILED, PARKED, STARTING, STOPPED, Engine, EngineError
 from .metrics import SwitchMetrics
@@ -45,7 +45,7 @@ class Model:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def row(self, gpu: dict[int, int]) -> dict[str, Any]:
-        pids = [self.engine.pid, *descendants(self.engine.pid)] if self.engine.pid else []
+        pids = self.engine.pids()
         held = sum(gpu.get(p, 0) for p in pids) if gpu and pids else None
         return {"name": self.config.name, "engine": self.config.engine, "state": self.state, "pid": self.engine.pid,
                 "gpu_mib": held,
@@ -98,7 +98,9 @@ class Switcher:
         began = time.monotonic()
         try:
             cached = await asyncio.to_thread(m.engine.preload)
-            await asyncio.to_thread(m.engine.start)
+            cached += f", {time.monotonic() - began:.1f} s" if time.monotonic() - began >= 0.1 else ""
+            started = await asyncio.to_thread(m.engine.start)
+            how = " from a warm standby" if STANDBY_USED_RE.search(m.engine.start_log()) else ""
             if m.config is default or (m.config.keep_awake and len(self.awake()) < self.config.max_awake):
                 self._set(m, AWAKE)
                 m.last_used = time.time()
@@ -107,8 +109,8 @@ class Switcher:
                 moved = await self._park(m)
                 note = (m.state + moved if m.engine.parks else "stopped: parking is off" if not self.config.parking
                         else "stopped: this engine has no sleep mode")
-            logger.info("switch: %s ready in %.1f s (%s; %s)", m.config.name, time.monotonic() - began, cached,
-                        note)
+            logger.info("switch: %s ready in %.1f s (%s; started%s, %.1f s; %s)", m.config.name,
+                        time.monotonic() - began, cached, how, started, note)
         except EngineError as exc:
             m.error = str(exc)
             self._set(m, FAILED)

@@ -17,7 +17,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..unix import descendants
 from .environment import nvidia_smi
 
 
@@ -33,16 +32,17 @@ def _proc_status(pid: int) -> dict[str, int]:
     return out
 
 
-def sample(device: str, *, socket_dir: Path, engine_pid: int | None = None) -> dict:
+def sample(device: str, *, socket_dir: Path, engine_pids: list[int] | None = None) -> dict:
+    """Memory now: the keeper's pools and RSS, the engine's processes (``engine_pids``), the GPU's use."""
     status = subprocess.run([sys.executable, "-m", "hotweights", "status", "--json", "--socket-dir", str(socket_dir)],
                             capture_output=True, text=True)
     daemon = json.loads(status.stdout) if status.returncode == 0 else None
     result: dict = {"daemon_running": daemon is not None,
                     "pool_bytes": sum(daemon["bytes_by_device"].values()) if daemon else 0,
                     "daemon_rss": _proc_status(daemon["pid"]).get("VmRSS", 0) if daemon else 0}
-    if engine_pid is not None:
+    if engine_pids is not None:
         engine = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0, "RssShmem": 0}
-        for pid in [engine_pid, *descendants(engine_pid)]:
+        for pid in engine_pids:
             for k, v in _proc_status(pid).items():
                 engine[k] += v
         result["engine"] = engine

@@ -139,6 +139,12 @@ def saved_sentence(receipts: dict) -> str | None:
     if floor:
         what = "importing torch and creating a CUDA context" if device.startswith("cuda") else "importing torch"
         text += f" (the floor, a fresh python {what}, took {floor:.2f} s)"
+    waited = [f"{label} {r['phases']['imports']:.1f} s" for label, r in runs.items() if r.get("ready")
+              and (r.get("phases") or {}).get("imports", 0) > 5 and any(STANDBY_USED_RE.search(e)
+                                                                        for e in r.get("evidence", []))]
+    if waited:  # the launcher waited for a standby the start before had begun importing once it was ready
+        text += (f". Waited for a warm standby still importing: {', '.join(waited)} (each start prepares the "
+                 f"next one's standby once it is ready; a restart sooner than its imports pays the rest)")
     return text + "."
 
 

@@ -4,10 +4,10 @@ Steps: environment record -> a disk start with the checkpoint evicted from the p
 (``disk_cold``, unless ``cold=False``) -> the disk baseline (page cache warm) -> preload -> warm1
 and warm2 with the fallback disabled -> the park drill (the embedded engine, and vLLM on a GPU with
 ``--enable-sleep-mode``: park, memory while parked, wake, the same answer; a deep park, the weights
-unmapped, wake, the same answer) -> memory at
-four points -> drills (no daemon + fallback on, no daemon + fallback off, dtype mismatch) -> verdict.
-Each check is a ``Check`` that can fail on its own and says why in one line. Every server run is an ``observe`` run
-with its own log and JSON receipt under ``--out``.
+unmapped, wake, the same answer) -> memory at four points -> drills (no daemon + fallback on, no daemon +
+fallback off, dtype mismatch) -> verdict. Each check is a ``Check`` that can fail on its own and says why in
+one line. Every server run is an ``observe`` run with its own log and JSON receipt under ``--out``; its memory
+is counted over its processes, the server a warm standby forked for the launcher included.
 
 The daemon lives in a private socket directory made for the run, so verify never
 touches a production daemon. Engines are command templates (``--engine-cmd``), which
@@ -30,10 +30,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import CheckpointError
-from ..evidence import (
-    FALLBACK_MARK, MAPPED_RE, PARKED_RE, READY_MARK, STRICT_MARK, UNUSABLE_MARK, WOKE_RE, is_evidence, parse_startup,
-)
+from ..evidence import FALLBACK_MARK, MAPPED_RE, PARKED_RE, READY_MARK, STRICT_MARK, UNUSABLE_MARK, WOKE_RE
+from ..evidence import is_evidence, parse_startup
 from ..observe import Observed, complete, floor_s, post, require_free_port
+from ..standby.handoff import serving_pids
 from .config import ENGINE_CMDS, Check, Run, VerifyConfig
 from .environment import host_record
 from .memory import evict_page_cache, page_cache_resident, pool_mappings
@@ -75,7 +75,7 @@ class Procedure:
         return subprocess.run([sys.executable, "-m", "hotweights", *args], capture_output=True, text=True)
 
     def serve(self, label: str, *, load_format: str, extra: dict | None = None, dtype: str | None = None,
-              measure: str | None = None, during: Callable[[str, int], None] | None = None,
+              measure: str | None = None, during: Callable[[str, list[int]], None] | None = None,
               flags: tuple[str, ...] = ()) -> Run:
         require_free_port(self.config.port)  # else /health may answer from a server we did not start
         print(f"verify: {label}: starting the server ({self.config.engine}, load format {load_format})",
@@ -89,10 +89,11 @@ class Procedure:
         with Observed(label, cmd, out_dir=self.out, health_url=url + "/health", env=env) as obs:
             receipt = obs.wait_ready(timeout_s=self.config.timeout_s, interval_s=self.config.interval_s)
             answer = self._complete(url) if receipt.ready else None
+            pids = serving_pids(obs.proc.pid, obs.log_text())  # the server may be a warm standby's child
             if measure and receipt.ready:
-                self.memory[measure] = self._memory(engine_pid=obs.proc.pid)
+                self.memory[measure] = self._memory(engine_pids=pids)
             if during is not None and receipt.ready:
-                during(url, obs.proc.pid)
+                during(url, pids)
             obs.stop()
             log = obs.log_text()
         phases = (vllm_phases(log, receipt.started_utc, receipt.elapsed_s) if self.config.engine == "vllm"
@@ -106,15 +107,14 @@ class Procedure:
         self.runs[label] = run
         return run
 
-    def _complete(self, url: str) -> str | None:
-        # vLLM serves the model under its path
+    def _complete(self, url: str) -> str | None:  # vLLM serves the model under its path
         return complete(url, self.config.prompt, max_tokens=self.config.max_tokens,
                         model=self.config.model if self.config.engine == "vllm" else None)
 
-    def _memory(self, engine_pid: int | None = None) -> dict:
+    def _memory(self, engine_pids: list[int] | None = None) -> dict:
         from .memory import sample
 
-        return sample(self.config.device, socket_dir=self.socket_dir, engine_pid=engine_pid)
+        return sample(self.config.device, socket_dir=self.socket_dir, engine_pids=engine_pids)
 
     # -- the procedure ------------------------------------------------------------------
 
@@ -221,13 +221,13 @@ class Procedure:
         keeper's pools mapped, memory back to the parked residue -> wake -> the same answer."""
         base = self.runs["disk"].answer
 
-        def steps(url: str, pid: int) -> None:
+        def steps(url: str, pids: list[int]) -> None:
             for level in (1, 2):
                 began = time.perf_counter()
                 post(f"{url}/sleep?level={level}")
                 parked_s = time.perf_counter() - began
-                self.memory[f"parked_level{level}"] = self._memory(engine_pid=pid)
-                mapped = pool_mappings(pid)
+                self.memory[f"parked_level{level}"] = self._memory(engine_pids=pids)
+                mapped = sum(n for p in pids if (n := pool_mappings(p)) > 0)  # -1: gone
                 began = time.perf_counter()
                 post(f"{url}/wake_up")
                 woke_s = time.perf_counter() - began
