@@ -8,16 +8,22 @@
 # start-up preloads the three models, each followed at once by its first `hotweights vllm serve`: the
 # front's `ready in` lines time the preload and that start apart, and engine_starts says whether the start
 # waited for the preload's standby (issue 31: it should not any more). Then verify --engine vllm through
-# the launcher with its park drill (its memory now counts the server a standby forks).
+# the launcher with its park drill (its memory now counts the server a standby forks). The cache files
+# written during the switch step (caches_written.txt, with their times beside the front's lines) say what the
+# first start after each preload compiles again in the 16 s after its graph capture, which later starts skip.
 #   OUT=DIR bash benchmarks/gpu_switch_session.sh
 NO_POOLS_MODEL=1 source "$(dirname "$0")/gpu_session_start.sh"  # the pools did not change since they last ran
 step switch
+touch "$OUT/mark_before_switch"
 python3 benchmarks/switch_mix.py --models 3 --size 8b --gen-device cuda --engine vllm --switches 20 \
   --restart-switches 5 --modes restart,vllm_sleep,park_host --out "$W/switch" \
   --engine-args "--max-model-len 512 --gpu-memory-utilization 0.25" --partial-json "$OUT/switch_partial.json" \
   --json > "$OUT/switch_mix_8b.json" 2> "$OUT/switch_mix_8b.err"
 echo "switch rc=$?" >> "$OUT/switch_mix_8b.err"
 cp "$W"/switch/front-*.log "$OUT/" 2>/dev/null
+cp -r "$W"/switch/logs-* "$OUT/" 2>/dev/null  # the engines' own logs (vLLM's phases per start)
+find ~/.triton ~/.cache/vllm ~/.cache/flashinfer ~/.cache/torch -type f -newer "$OUT/mark_before_switch" \
+  -printf '%TT %s %p\n' 2>/dev/null | sort > "$OUT/caches_written.txt"
 step verify
 verify_vllm_06b
 step done

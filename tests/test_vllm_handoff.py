@@ -141,12 +141,13 @@ def test_the_processes_of_a_start_include_the_server_the_standby_forked(socket_d
     """The server is the standby's child, not the launcher's: what counts a start's memory, and matches the keeper's
     attach records to it (the switch's deep park, verify's memory), must find it through the launcher's line."""
     from hotweights import evidence
-    from hotweights.unix import descendants
+    from hotweights.unix import descendants, pid_alive
 
     start_standby(socket_dir)
     launcher = launch(socket_dir, work, "--wait")
     try:
         server = int(launcher.stdout.readline().split()[1])
+        assert "waiting" in launcher.stdout.readline() + launcher.stdout.readline()  # the launcher relays now
         assert server not in descendants(launcher.pid)
         pids = handoff.serving_pids(launcher.pid, "vLLM says hello\n" + evidence.standby_used(server, 3.2) + "\n")
         assert pids[0] == launcher.pid and server in pids
@@ -154,6 +155,9 @@ def test_the_processes_of_a_start_include_the_server_the_standby_forked(socket_d
     finally:
         launcher.send_signal(signal.SIGTERM)
         launcher.wait(30)
+    deadline = time.monotonic() + 30
+    while pid_alive(server) and time.monotonic() < deadline:  # its standby reaps it
+        time.sleep(0.1)
     assert server not in handoff.serving_pids(launcher.pid, evidence.standby_used(server, 3.2))  # it is gone
 
 
