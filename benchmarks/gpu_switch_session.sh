@@ -15,6 +15,8 @@
 NO_POOLS_MODEL=1 source "$(dirname "$0")/gpu_session_start.sh"  # the pools did not change since they last ran
 step switch
 touch "$OUT/mark_before_switch"
+nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$OUT/gpu_before_switch.txt" 2>&1
+ps -eo pid,ppid,rss,args --sort=-rss | head -20 >> "$OUT/gpu_before_switch.txt"  # what held 4 GiB last time
 python3 benchmarks/switch_mix.py --models 3 --size 8b --gen-device cuda --engine vllm --switches 20 \
   --restart-switches 5 --modes restart,vllm_sleep,park_host --out "$W/switch" \
   --engine-args "--max-model-len 512 --gpu-memory-utilization 0.25" --partial-json "$OUT/switch_partial.json" \
