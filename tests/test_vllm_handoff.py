@@ -149,16 +149,18 @@ def test_the_processes_of_a_start_include_the_server_the_standby_forked(socket_d
         server = int(launcher.stdout.readline().split()[1])
         assert "waiting" in launcher.stdout.readline() + launcher.stdout.readline()  # the launcher relays now
         assert server not in descendants(launcher.pid)
-        pids = handoff.serving_pids(launcher.pid, "vLLM says hello\n" + evidence.standby_used(server, 3.2) + "\n")
+        said = evidence.standby_server("vLLM says hello\n" + evidence.standby_used(server, 3.2) + "\n")
+        assert said == server and evidence.standby_server("a plain start\n") == 0
+        pids = handoff.serving_pids(launcher.pid, said)
         assert pids[0] == launcher.pid and server in pids
-        assert handoff.serving_pids(launcher.pid, "a plain start\n") == [launcher.pid, *descendants(launcher.pid)]
+        assert handoff.serving_pids(launcher.pid) == [launcher.pid, *descendants(launcher.pid)]
     finally:
         launcher.send_signal(signal.SIGTERM)
         launcher.wait(30)
     deadline = time.monotonic() + 30
     while pid_alive(server) and time.monotonic() < deadline:  # its standby reaps it
         time.sleep(0.1)
-    assert server not in handoff.serving_pids(launcher.pid, evidence.standby_used(server, 3.2))  # it is gone
+    assert server not in handoff.serving_pids(launcher.pid, server)  # it is gone
 
 
 @pytest.mark.slow

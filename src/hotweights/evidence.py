@@ -74,6 +74,12 @@ def standby_used(pid: int, imports_s: float) -> str:
     return f"Started vLLM from a warm standby (pid {pid}, imports saved {imports_s:.1f} s)"
 
 
+def standby_server(log_text: str) -> int:
+    """The pid of the server a warm standby forked for this start, from the launcher's line; 0 if none."""
+    handed = STANDBY_USED_RE.findall(log_text)
+    return int(handed[-1][0]) if handed else 0
+
+
 def standby_unused(reason: str) -> str:
     return f"{STANDBY_UNUSED_MARK} ({reason}); starting it plainly"
 

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HotweightsError, ProtocolError, TrustError
-from ..evidence import STANDBY_USED_RE
 from ..paths import check_socket_dir
 from ..unix import descendants, is_locked, lock_holder, peer_credentials, pid_alive, spawn_detached
 from ..wire import close_fds
@@ -87,13 +86,12 @@ class Server:
             self.conn.close()
 
 
-def serving_pids(pid: int, log_text: str) -> list[int]:
-    """``pid`` (a launcher, or the server itself) with its descendants and, where ``log_text`` (the output of that
-    one start) says it handed the start to a warm standby, the server's process tree too: a child of the standby,
-    not of the launcher. What a start's memory is counted over and the keeper's attach records are matched to."""
+def serving_pids(pid: int, server: int = 0) -> list[int]:
+    """``pid`` (a launcher, or the server itself) with its descendants and, where the start was handed to a warm
+    standby (``server``: its pid, ``evidence.standby_server`` of the start's output), the server's process tree
+    too: a child of the standby, not of the launcher. What a start's memory is counted over and the keeper's
+    attach records are matched to."""
     pids = [pid, *descendants(pid)]
-    handed = STANDBY_USED_RE.findall(log_text)
-    server = int(handed[-1][0]) if handed else 0
     if server and server not in pids and pid_alive(server):
         pids += [server, *descendants(server)]
     return pids

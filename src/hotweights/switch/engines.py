@@ -22,6 +22,7 @@ from pathlib import Path
 from ..engines.vllm.options import LOAD_FORMAT
 from ..engines.vllm.start import VllmStart, is_cpu_build
 from ..errors import HotweightsError
+from ..evidence import standby_server
 from ..protocol import EntryRow
 from ..observe import free_port, post
 from ..standby.handoff import serving_pids
@@ -58,7 +59,7 @@ class Engine:
         self.log_path = log_dir / f"{model.name.replace('/', '_')}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
-        self.log_from = 0  # where this start's output begins in the log
+        self.server = 0  # the server a warm standby forked for this start (the standby's child), if any
         self.parks = parking and (model.engine == "hotweights" or not is_cpu_build())
         self.level = 0  # parked at
 
@@ -70,18 +71,9 @@ class Engine:
     def pid(self) -> int:
         return self.proc.pid if self.proc is not None else 0
 
-    def start_log(self) -> str:
-        """The engine's output since this start began."""
-        try:
-            with open(self.log_path, "rb") as log:
-                log.seek(self.log_from)
-                return log.read().decode(errors="replace")
-        except OSError:
-            return ""
-
     def pids(self) -> list[int]:
         """The processes of this start: with vLLM from a warm standby, the server is the standby's child."""
-        return serving_pids(self.pid, self.start_log()) if self.pid else []
+        return serving_pids(self.pid, self.server) if self.pid else []
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         m = self.model
@@ -174,7 +166,7 @@ class Engine:
         cmd, env = self.command()
         began = time.monotonic()
         with open(self.log_path, "ab") as log:
-            self.log_from = log.tell()
+            log_from = log.tell()  # where this start's output begins
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          env=env, start_new_session=True)
         self.level = 0
@@ -183,6 +175,9 @@ class Engine:
                 raise EngineError(f"{self.model.name}: its engine exited with code {self.proc.returncode} while "
                                   f"starting: {self.tail()}")
             if self.healthy():
+                with open(self.log_path, "rb") as log:  # the launcher says which server it handed the start to
+                    log.seek(log_from)
+                    self.server = standby_server(log.read().decode(errors="replace"))
                 return time.monotonic() - began
             time.sleep(0.1)
         self.stop()
@@ -262,7 +257,7 @@ class Engine:
 
     def stop(self, grace_s: float = 30.0) -> None:
         """SIGTERM to its process group, SIGKILL after ``grace_s``."""
-        proc, self.proc = self.proc, None
+        proc, self.proc, self.server = self.proc, None, 0
         if proc is None or proc.poll() is not None:
             return
         try:

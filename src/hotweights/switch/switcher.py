@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HotweightsError
-from ..evidence import STANDBY_USED_RE
 from .config import ModelConfig, SwitchConfig
 from .engines import AWAKE, DEEP, FAILED, PARKED, STARTING, STOPPED, Engine, EngineError
 from .metrics import SwitchMetrics
@@ -98,9 +97,10 @@ class Switcher:
         began = time.monotonic()
         try:
             cached = await asyncio.to_thread(m.engine.preload)
-            cached += f", {time.monotonic() - began:.1f} s" if time.monotonic() - began >= 0.1 else ""
+            preloaded_s = time.monotonic() - began
+            cached += f", {preloaded_s:.1f} s" if preloaded_s >= 0.1 else ""
             started = await asyncio.to_thread(m.engine.start)
-            how = " from a warm standby" if STANDBY_USED_RE.search(m.engine.start_log()) else ""
+            how = " from a warm standby" if m.engine.server else ""
             if m.config is default or (m.config.keep_awake and len(self.awake()) < self.config.max_awake):
                 self._set(m, AWAKE)
                 m.last_used = time.time()

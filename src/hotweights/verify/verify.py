@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError
 from ..evidence import FALLBACK_MARK, MAPPED_RE, PARKED_RE, READY_MARK, STRICT_MARK, UNUSABLE_MARK, WOKE_RE
-from ..evidence import is_evidence, parse_startup
+from ..evidence import is_evidence, parse_startup, standby_server
 from ..observe import Observed, complete, floor_s, post, require_free_port
 from ..standby.handoff import serving_pids
 from .config import ENGINE_CMDS, Check, Run, VerifyConfig
@@ -89,7 +89,7 @@ class Procedure:
         with Observed(label, cmd, out_dir=self.out, health_url=url + "/health", env=env) as obs:
             receipt = obs.wait_ready(timeout_s=self.config.timeout_s, interval_s=self.config.interval_s)
             answer = self._complete(url) if receipt.ready else None
-            pids = serving_pids(obs.proc.pid, obs.log_text())  # the server may be a warm standby's child
+            pids = serving_pids(obs.proc.pid, standby_server(obs.log_text())) if receipt.ready else []
             if measure and receipt.ready:
                 self.memory[measure] = self._memory(engine_pids=pids)
             if during is not None and receipt.ready:

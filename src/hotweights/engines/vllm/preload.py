@@ -71,7 +71,7 @@ def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_di
     start = time.monotonic()
     before = {row.key: row.num_attaches for row in _engine_rows(paths, Path(model).name, tp_size)}
     obs = Observed(label, cmd, out_dir=log_dir, health_url=f"http://127.0.0.1:{port}/health")
-    said, standby = 0, "failed"
+    said = 0
     try:
         while True:
             rows = _engine_rows(paths, Path(model).name, tp_size)
