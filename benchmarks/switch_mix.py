@@ -39,6 +39,7 @@ from pathlib import Path
 
 from vllm_sleep import gpu_used_mib, host_used_mib
 
+from hotweights.evidence import STANDBY_USED_RE
 from hotweights.observe import free_port
 
 
@@ -116,7 +117,7 @@ def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock:
     for name in models:
         log_file = out / f"logs-{mode}" / f"{name}.log"
         text = log_file.read_text(errors="replace") if log_file.exists() else ""
-        starts[name] = {"from_standby": text.count("Started vLLM from a warm standby"),
+        starts[name] = {"from_standby": len(STANDBY_USED_RE.findall(text)),
                         "waited_for_standby": text.count("Waiting for the warm standby")}
     return {"startup_s": round(startup_s, 1), "switches": len(rows),
             "first_token_p50_s": round(statistics.median(times), 4), "first_token_p95_s": round(p95(times), 4),
