@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU (one H200, vLLM 0.26 staged per ../shared/gpu-vllm/README.md): what issue 32 still lacks there after
-# gpu_switch/switch_mix_8b_park.json (the park mode, measured): `hotweights switch` with three 8B demo models
+# gpu_switch/switch_mix_8b_park.json (the park mode, measured; every mode ran in gpu_switch/switch_mix_8b.json): `hotweights switch` with three 8B demo models
 # of different bytes (seeds 0-2), vLLM engines, an A-B-A-C mix, all modes side by side in one run: stopped
 # and started (--no-parking, llama-swap's way; 3 switches: each is a whole start; first, as it pays the three
 # preloads), parked with the weights on the GPU again (20 switches), vLLM's own sleep level 1 (weights from
