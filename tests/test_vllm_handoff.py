@@ -40,7 +40,8 @@ sys.exit(7)
 '''
 
 LAUNCH = '''
-import os, sys
+import logging, os, sys
+logging.basicConfig(level=logging.INFO)
 from pathlib import Path
 from hotweights.engines.vllm.standby import SPEC
 from hotweights.standby.handoff import hand_over, StandbyUnusable
@@ -232,8 +233,9 @@ def test_a_standby_for_a_python_named_by_its_bare_name_starts_and_one_that_canno
     assert time.monotonic() - began < 5
 
 
-@pytest.mark.slow
-def test_a_prepared_standby_waits_for_the_start_and_its_server_keeps_the_launchers_priority(socket_dir, work):
+@pytest.fixture
+def health():
+    """A start in progress (a process) and its health URL, which answers 200 once ``ready`` is set."""
     import http.server
     import threading
 
@@ -248,9 +250,39 @@ def test_a_prepared_standby_waits_for_the_start_and_its_server_keeps_the_launche
     ready = threading.Event()
     http_server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
     threading.Thread(target=http_server.serve_forever, daemon=True).start()
-    start = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # the start in progress
+    start = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
-        url = f"http://127.0.0.1:{http_server.server_address[1]}/health"
+        yield start, f"http://127.0.0.1:{http_server.server_address[1]}/health", ready
+    finally:
+        start.kill()
+        http_server.shutdown()
+
+
+@pytest.mark.slow
+def test_a_start_right_after_a_ready_one_waits_for_the_standby_that_one_prepared(socket_dir, work, health):
+    """``hotweights switch`` starts its engines one after another: the next start comes a moment after the
+    previous one is ready, while the standby that start prepared imports. It is waited for (on an H200 the second
+    engine found none and started plainly, 80.9 s); one still waiting for a start in progress is not."""
+    start, url, ready = health
+    try:
+        assert handoff.prepare(SPEC, socket_dir, dict(os.environ), after=(start.pid, url)) == "prepared"
+        began = time.monotonic()
+        out, err = launch(socket_dir, work).communicate(timeout=60)
+        assert "unusable: no standby ready" in out and "Waiting" not in err, (out, err)
+        assert time.monotonic() - began < 20  # not the 60 s a waiting start may wait
+        ready.set()  # the start is ready: the standby imports now, and the next start waits for it
+        launcher = launch(socket_dir, work)
+        out, err = launcher.communicate(timeout=120)
+        assert launcher.returncode == 7, (out, err)
+        assert "Waiting for the warm standby" in err, err
+    finally:
+        handoff.stop(SPEC, socket_dir)
+
+
+@pytest.mark.slow
+def test_a_prepared_standby_waits_for_the_start_and_its_server_keeps_the_launchers_priority(socket_dir, work, health):
+    start, url, ready = health
+    try:
         assert handoff.prepare(SPEC, socket_dir, dict(os.environ), after=(start.pid, url)) == "prepared"
         time.sleep(2.0)
         assert not handoff.status(SPEC, socket_dir)["ready"]  # it has not imported anything yet: the start goes first
@@ -266,5 +298,4 @@ def test_a_prepared_standby_waits_for_the_start_and_its_server_keeps_the_launche
         log = handoff.standby_paths(socket_dir).log.read_text()
         assert f"waiting for the start in progress (pid {start.pid}) to be ready: ready" in log
     finally:
-        start.kill()
-        http_server.shutdown()
+        handoff.stop(SPEC, socket_dir)

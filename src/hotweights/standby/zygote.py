@@ -44,7 +44,7 @@ from ..paths import ensure_socket_dir
 from ..unix import peer_credentials, set_process_title, take_pid_lock
 from ..wire import close_fds
 from .engine import EngineSpec, spec
-from .handoff import standby_paths
+from .handoff import standby_paths, start_ready
 from .messages import Exited, Hello, Ready, Start, Started, Stop, receive, send
 
 logger = logging.getLogger("hotweights.standby")
@@ -146,15 +146,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _wait_for(pid: int, url: str) -> str:
     """Until the start of ``pid`` answers ``url`` with 200, or exits, or ``AFTER_MAX_S`` pass; what happened."""
-    import urllib.request
     deadline = time.monotonic() + AFTER_MAX_S
     while time.monotonic() < deadline:
         if not Path(f"/proc/{pid}").exists():
             return "it exited"
-        with contextlib.suppress(OSError, ValueError):
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return "ready"
+        if start_ready(url):
+            return "ready"
         time.sleep(0.5)
     return f"not ready after {AFTER_MAX_S:.0f} s; importing anyway"
 
