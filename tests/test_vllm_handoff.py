@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from hotweights.engines.vllm.launcher import explicit_log_error_stack
 from hotweights.engines.vllm.start import VllmStart
 from hotweights.engines.vllm.standby import SPEC
 from hotweights.standby import handoff
@@ -101,6 +102,12 @@ def test_the_fingerprint_names_what_changed():
     changed = SPEC.fingerprint({"VLLM_X": "2", "CUDA_VISIBLE_DEVICES": "1"})
     assert [str(d) for d in changed.diff(base)] == ["env CUDA_VISIBLE_DEVICES: cached=(unset) requested=1",
                                                     "env VLLM_X: cached=1 requested=2"]
+    # read by vLLM after the fork (its dev routes): no pin, and the one default it sets at import made explicit
+    assert SPEC.fingerprint({"VLLM_X": "1", "VLLM_SERVER_DEV_MODE": "1"}).diff(SPEC.fingerprint({"VLLM_X": "1"})) == []
+    assert explicit_log_error_stack(["serve", "M"], {"VLLM_SERVER_DEV_MODE": "1"}) == ["serve", "M", "--log-error-stack"]
+    assert explicit_log_error_stack(["serve", "M"], {"VLLM_SERVER_DEV_MODE": "0"})[-1] == "--no-log-error-stack"
+    assert explicit_log_error_stack(["serve", "M"], {})[-1] == "--no-log-error-stack"
+    assert explicit_log_error_stack(["serve", "M", "--log-error-stack"], {}) == ["serve", "M", "--log-error-stack"]
 
 
 def test_the_standby_moves_only_by_its_transition_table(tmp_path):

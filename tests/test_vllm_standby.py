@@ -1,6 +1,7 @@
 """``hotweights vllm serve`` from a warm standby, against real vLLM (CPU build 0.32).
 
-Properties: a standby start answers like a plain start; SIGINT to the launcher stops the server and
+Properties: a standby start answers like a plain start, also one with ``VLLM_SERVER_DEV_MODE=1`` from a
+standby made without it (vLLM reads it after the fork: its dev routes are there); SIGINT to the launcher stops the server and
 frees its port; a killed launcher leaves no server behind; a killed standby costs a plain start; a
 standby made under another environment is not used. Timings are a benchmark's job
 (``benchmarks/vllm_restart.py --launcher``), not this test's.
@@ -54,6 +55,17 @@ def wait_for_standby(sock: Path, env: dict[str, str] | None = None, timeout_s: f
     raise AssertionError(f"no standby became ready: {state}; log: {Path(state['log']).read_text()[-3000:]}")
 
 
+def status_of(port: int, path: str) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
 def port_is_free(port: int, timeout_s: float = 60) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -78,17 +90,21 @@ def test_a_standby_start_serves_like_a_plain_one_and_stops_with_its_launcher(vll
         plain, port = launch("plain", vllm_model, tmp_path, socket_dir)
         assert plain.wait_ready(timeout_s=300, interval_s=0.5).ready, plain.log_text()[-3000:]
         expected = answer(port, vllm_model)
+        assert status_of(port, "/server_info") == 404  # vLLM's dev routes: VLLM_SERVER_DEV_MODE is not set
         plain.stop(grace_s=20)
         assert f"{evidence.STANDBY_UNUSED_MARK} (no standby ready" in plain.log_text()
         ready = wait_for_standby(socket_dir)
         assert ready["fits"] and ready["cuda_initialized"] is False and ready["threads"] == 1
 
-        # 2. from the standby: the same answer; Ctrl-C to the launcher stops the server and frees the port
-        warm, port = launch("warm", vllm_model, tmp_path, socket_dir)
+        # 2. from the standby: the same answer; Ctrl-C to the launcher stops the server and frees the port. With
+        # VLLM_SERVER_DEV_MODE=1 (a start that parks), which vLLM reads after the fork: the standby the plain start
+        # left fits, and the server it forks has the dev routes
+        warm, port = launch("warm", vllm_model, tmp_path, socket_dir, env={"VLLM_SERVER_DEV_MODE": "1"})
         assert warm.wait_ready(timeout_s=300, interval_s=0.5).ready, warm.log_text()[-3000:]
         used = evidence.STANDBY_USED_RE.search(warm.log_text())
         assert used, warm.log_text()[-3000:]
         assert answer(port, vllm_model) == expected
+        assert status_of(port, "/server_info") == 200
         supervisor = used.group(1)  # the standby stays as the server's supervisor; the server is its child
         titles = [Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
                   for child in Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()]

@@ -22,9 +22,10 @@ class EngineSpec:
     packages: tuple[str, ...]  # their versions and files pin a standby
     env_prefixes: tuple[str, ...]  # besides fingerprint.ENV_PREFIXES
     after_imports: Callable[[], list[str]] = field(default=lambda: [])  # run once imported; what it lacked
+    env_after_fork: tuple[str, ...] = ()  # of those prefixes, read by the engine only after the fork: no pin
 
     def fingerprint(self, environ: dict[str, str] | None = None) -> Fingerprint:
-        return Fingerprint.of(self.packages, self.env_prefixes, environ)
+        return Fingerprint.of(self.packages, self.env_prefixes, environ, self.env_after_fork)
 
 
 def spec(engine: str) -> EngineSpec:

@@ -29,13 +29,13 @@ class Fingerprint:
 
     @classmethod
     def of(cls, packages: tuple[str, ...], env_prefixes: tuple[str, ...],
-           environ: dict[str, str] | None = None) -> Fingerprint:
+           environ: dict[str, str] | None = None, ignored: tuple[str, ...] = ()) -> Fingerprint:
         env = os.environ if environ is None else environ
         out = {"python": f"{os.path.realpath(sys.executable)} {sys.version.split()[0]}"}
         for name in packages:
             out[f"package {name}"] = package_stamp(name)
         for key in env:
-            if key.startswith(ENV_PREFIXES + env_prefixes) and key not in IGNORED:
+            if key.startswith(ENV_PREFIXES + env_prefixes) and key not in IGNORED + ignored:
                 out[f"env {key}"] = env[key]
         return cls(tuple(sorted(out.items())))
 

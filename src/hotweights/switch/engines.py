@@ -84,9 +84,12 @@ class Engine:
         cmd = [sys.executable, "-m", "hotweights", "vllm", "serve", *common, *m.args]
         if "--load-format" not in m.args:  # the engine-layout entry the preload made, mapped zero-copy
             cmd += ["--load-format", "hotweights"]
-        if self.parks and "--enable-sleep-mode" not in cmd:
-            cmd.append("--enable-sleep-mode")
-        return cmd, {**env, "VLLM_SERVER_DEV_MODE": "1"} if self.parks else env
+        return cmd + self.sleep_mode(), {**env, "VLLM_SERVER_DEV_MODE": "1"} if self.parks else env
+
+    def sleep_mode(self) -> list[str]:
+        """vLLM's flag for a start that parks, given to its preload too: it is in vLLM's compile-cache key, so a
+        preload without it left the first start of each parking engine compiling again (23-31 s on an H200)."""
+        return ["--enable-sleep-mode"] if self.parks and "--enable-sleep-mode" not in self.model.args else []
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}  # the front checks keys, not engines
@@ -95,29 +98,34 @@ class Engine:
     def preload(self, timeout_s: float = 1800.0) -> str:
         """The model's weights into the keeper (``hotweights preload`` starts a daemon when none runs; the
         engine layout for vLLM), once: what happened, in a few words."""
-        m, args = self.model, list(self.model.args)
-        chosen = VllmStart.parse(args).load_format or LOAD_FORMAT
+        m = self.model
+        chosen = VllmStart.parse(list(m.args)).load_format or LOAD_FORMAT
         if m.engine == "vllm" and chosen != LOAD_FORMAT:
             return f"not preloaded (--load-format {chosen}: vLLM reads the checkpoint itself)"
         if m.engine == "vllm" and self.layout_cached():
             return "cached already"
-        if m.engine == "hotweights":
-            picked = [x for i, a in enumerate(args) if a in ("--device", "--dtype") and i + 1 < len(args)
-                      for x in (a, args[i + 1])]
-            cmd = ["preload", "--model", str(m.checkpoint), *picked]
-        else:
-            own = [a for i, a in enumerate(args) if a not in ("--load-format", "--model-loader-extra-config")
-                   and (i == 0 or args[i - 1] not in ("--load-format", "--model-loader-extra-config"))]
-            cmd = ["preload", "--engine", "vllm", "--model", str(m.checkpoint), *[f"--vllm-arg={a}" for a in own]]
         try:
-            done = subprocess.run([sys.executable, "-m", "hotweights", *cmd], capture_output=True, text=True,
-                                  env=self.env(), timeout=timeout_s)
+            done = subprocess.run([sys.executable, "-m", "hotweights", *self.preload_command()], capture_output=True,
+                                  text=True, env=self.env(), timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return f"not cached (the preload took over {timeout_s:.0f} s)"
         if done.returncode == 0:
             return "cached"
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return f"not cached ({last[-200:]})"
+
+    def preload_command(self) -> list[str]:
+        """``hotweights preload`` for this model: for vLLM with the engine's own flags (those of the load format
+        aside), so that what the preload's vLLM compiles is what the engine's first start finds cached."""
+        m, args = self.model, list(self.model.args)
+        if m.engine == "hotweights":
+            picked = [x for i, a in enumerate(args) if a in ("--device", "--dtype") and i + 1 < len(args)
+                      for x in (a, args[i + 1])]
+            return ["preload", "--model", str(m.checkpoint), *picked]
+        own = [a for i, a in enumerate(args) if a not in ("--load-format", "--model-loader-extra-config")
+               and (i == 0 or args[i - 1] not in ("--load-format", "--model-loader-extra-config"))]
+        return ["preload", "--engine", "vllm", "--model", str(m.checkpoint),
+                *[f"--vllm-arg={a}" for a in own + self.sleep_mode()]]
 
     def _rows(self) -> list[EntryRow]:
         """The keeper's entries (OSError or HotweightsError when none answers)."""

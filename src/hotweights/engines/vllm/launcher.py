@@ -47,7 +47,7 @@ def run(start: VllmStart, *, park: int = 0, park_idle_s: float = 3600.0) -> int:
     if start.is_serve and environ.get(handoff.DISABLE_ENV, "").lower() not in ("off", "0", "false"):
         directory = start.socket_dir
         try:
-            server = handoff.hand_over(SPEC, directory, module, args, env)
+            server = handoff.hand_over(SPEC, directory, module, explicit_log_error_stack(args, env), env)
         except handoff.StandbyUnusable as exc:
             logger.info(evidence.standby_unused(str(exc)))
         else:
@@ -59,6 +59,19 @@ def run(start: VllmStart, *, park: int = 0, park_idle_s: float = 3600.0) -> int:
     sys.stderr.flush()
     os.execve(cmd[0], cmd, env)
     return 1  # not reached
+
+
+def explicit_log_error_stack(args: list[str], env: dict[str, str]) -> list[str]:
+    """``args`` with vLLM's ``--log-error-stack`` made explicit: its default is ``VLLM_SERVER_DEV_MODE`` read
+    when vLLM is imported, which for a standby start was the standby's environment, not this start's
+    (``standby.SPEC.env_after_fork``). A choice the user made stays."""
+    if any(a.split("=", 1)[0] in ("--log-error-stack", "--no-log-error-stack") for a in args):
+        return args
+    try:
+        dev_mode = int(env.get("VLLM_SERVER_DEV_MODE", "0") or "0") != 0  # as vLLM reads it
+    except ValueError:
+        dev_mode = False
+    return [*args, "--log-error-stack" if dev_mode else "--no-log-error-stack"]
 
 
 def _run_parked(start: VllmStart, cmd: list[str], env: dict[str, str], level: int, idle_s: float) -> int:

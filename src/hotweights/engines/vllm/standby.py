@@ -11,6 +11,12 @@ The engine core: the launcher asks for ``VLLM_WORKER_MULTIPROC_METHOD=fork`` (se
 vLLM forks its EngineCore (and TP workers) from this already-imported process instead of starting
 fresh interpreters that import vLLM again. vLLM itself falls back to spawn when CUDA is initialized
 in the parent; its CPU platform always spawns.
+
+``VLLM_SERVER_DEV_MODE`` (the ``/sleep`` and ``/wake_up`` routes a parking start needs) does not pin a
+standby: vLLM 0.26 and 0.32 read it when they build the app, after the fork. Their one read at import, the
+default of ``--log-error-stack``, the launcher makes explicit on a standby start (``launcher``). Pinned, it
+made every start that parks (``hotweights switch``, verify's park drill) refuse the standby a plain start
+left, and the next plain start the one it left: on an H200 a switch engine then started plainly, 86 s.
 """
 
 from __future__ import annotations
@@ -35,4 +41,5 @@ SPEC = EngineSpec(
     packages=("vllm", "torch", "transformers", "hotweights"),
     env_prefixes=("VLLM_",),
     after_imports=_load_plugins,
+    env_after_fork=("VLLM_SERVER_DEV_MODE",),
 )
