@@ -104,10 +104,11 @@ def test_the_fingerprint_names_what_changed():
                                                     "env VLLM_X: cached=1 requested=2"]
     # read by vLLM after the fork (its dev routes): no pin, and the one default it sets at import made explicit
     assert SPEC.fingerprint({"VLLM_X": "1", "VLLM_SERVER_DEV_MODE": "1"}).diff(SPEC.fingerprint({"VLLM_X": "1"})) == []
-    assert explicit_log_error_stack(["serve", "M"], {"VLLM_SERVER_DEV_MODE": "1"}) == ["serve", "M", "--log-error-stack"]
-    assert explicit_log_error_stack(["serve", "M"], {"VLLM_SERVER_DEV_MODE": "0"})[-1] == "--no-log-error-stack"
-    assert explicit_log_error_stack(["serve", "M"], {})[-1] == "--no-log-error-stack"
-    assert explicit_log_error_stack(["serve", "M", "--log-error-stack"], {}) == ["serve", "M", "--log-error-stack"]
+    explicit = explicit_log_error_stack
+    assert explicit(["serve", "M"], {"VLLM_SERVER_DEV_MODE": "1"}) == ["serve", "M", "--log-error-stack"]
+    assert explicit(["serve", "M"], {"VLLM_SERVER_DEV_MODE": "0"})[-1] == "--no-log-error-stack"
+    assert explicit(["serve", "M"], {})[-1] == "--no-log-error-stack"
+    assert explicit(["serve", "M", "--log-error-stack"], {}) == ["serve", "M", "--log-error-stack"]
 
 
 def test_the_standby_moves_only_by_its_transition_table(tmp_path):

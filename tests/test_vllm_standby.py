@@ -1,8 +1,8 @@
 """``hotweights vllm serve`` from a warm standby, against real vLLM (CPU build 0.32).
 
 Properties: a standby start answers like a plain start, also one with ``VLLM_SERVER_DEV_MODE=1`` from a
-standby made without it (vLLM reads it after the fork: its dev routes are there); SIGINT to the launcher stops the server and
-frees its port; a killed launcher leaves no server behind; a killed standby costs a plain start; a
+standby made without it (vLLM reads it after the fork: its dev routes are there); SIGINT to the launcher
+stops the server and frees its port; a killed launcher leaves no server behind; a killed standby costs a plain start; a
 standby made under another environment is not used. Timings are a benchmark's job
 (``benchmarks/vllm_restart.py --launcher``), not this test's.
 
