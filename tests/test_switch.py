@@ -34,9 +34,10 @@ class Front:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / f"front-{self.port}.log"
         pairs = [x for name, path in models.items() for x in ("--model", f"{name}={path}")]
+        engine_args = ["--", "--max-model-len", "64"] if models else []  # else a --config file names them
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "hotweights", "switch", *pairs, "--port", str(self.port), "--log-dir",
-             str(tmp / f"logs-{self.port}"), *args, "--", "--max-model-len", "64"],
+             str(tmp / f"logs-{self.port}"), *args, *engine_args],
             stdout=open(self.log, "wb"), stderr=subprocess.STDOUT, env={**os.environ, "HOTWEIGHTS_SOCKET_DIR":
                                                                          str(socket_dir)})
         deadline = time.monotonic() + 120
@@ -275,6 +276,17 @@ def _load(tmp_path: Path, text: str) -> switch_config.SwitchConfig:
     return switch_config.load(path)
 
 
+def test_a_models_gpus_are_indices_among_those_the_front_sees(tmp_path, monkeypatch):
+    text = f"[[model]]\nname = 'a'\ncheckpoint = '{tmp_path}'\ngpus = [1]\n"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert _load(tmp_path, text).models[0].cuda_visible_devices() == "1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,GPU-5e1f")
+    assert _load(tmp_path, text).models[0].cuda_visible_devices() == "GPU-5e1f"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with pytest.raises(switch_config.ConfigError, match=r"gpus \[1\], but the front sees 1 GPU\(s\)"):
+        _load(tmp_path, text)
+
+
 def test_the_config_file_names_what_is_wrong(tmp_path):
     (tmp_path / "m").mkdir()
     good = f'[switch]\nport = 9000\nmax_awake = 2\n[[model]]\nname = "a"\ncheckpoint = "{tmp_path / "m"}"\n'
@@ -293,7 +305,12 @@ def test_the_config_file_names_what_is_wrong(tmp_path):
             (good + 'parked_weights = "disk"\n', "parked_weights must be gpu or host"),
             (good.replace("max_awake = 2", "max_awake = 'two'"), "max_awake must be int"),
             ("[model]\nname = 'a'\n", "models are [[model]] tables"),
-            ("[[model]\n", "not TOML")):
+            ("[[model]\n", "not TOML"),
+            (f"[[model]]\nname = 'a'\ncheckpoint = '{tmp_path}'\ngpus = [0, 0]\n",
+             "gpus must be distinct GPU indices"),
+            (f"[[model]]\nname = 'a'\ncheckpoint = '{tmp_path}'\nengine = 'vllm'\ngpus = [0]\n"
+             "args = ['--tensor-parallel-size', '2']\n",
+             "gpus lists 1 GPU\\(s\\) but --tensor-parallel-size 2 needs 2")):
         with pytest.raises(switch_config.ConfigError, match=message.replace("[", r"\[")):
             _load(tmp_path, text)
     done = run_cli("switch", "--model", "nameonly")
@@ -334,3 +351,37 @@ def test_a_parking_vllm_engine_is_preloaded_with_the_flags_it_starts_with(tmp_pa
                                         "--vllm-arg=--enable-sleep-mode"]
     engine.parks = False
     assert "--enable-sleep-mode" not in engine.command()[0] + engine.preload_command()
+
+
+@pytest.mark.slow
+def test_engines_on_gpus_of_their_own_stay_awake_together_and_one_that_spans_them_parks_both(two_models, keeper,
+                                                                                              tmp_path):
+    """``gpus`` per model: its engine (and preload) runs with that CUDA_VISIBLE_DEVICES, and ``max_awake`` counts
+    per GPU: a model on GPU 0 and one on GPU 1 are awake at once; one on both (TP=2) parks them both first."""
+    from hotweights.demo_model import write_demo_model
+
+    wide = write_demo_model(tmp_path / "wide", "tiny", seed=2)
+    rows = [("left", two_models["chat"], [0]), ("right", two_models["coder"], [1]), ("wide", wide, [0, 1])]
+    (tmp_path / "switch.toml").write_text("".join(
+        f'[[model]]\nname = "{name}"\ncheckpoint = "{path}"\nargs = ["--max-model-len", "64"]\ngpus = {gpus}\n'
+        for name, path, gpus in rows))
+    f = Front(tmp_path, {}, "--config", str(tmp_path / "switch.toml"), socket_dir=keeper)
+    try:
+        deadline = time.monotonic() + 120
+        while any(m["state"] == "starting" for m in f.status()["models"]):
+            assert time.monotonic() < deadline, f.status()
+            time.sleep(0.2)
+        client = f.client()
+        for name in ("left", "right"):
+            assert answer(client, name)
+        states = {m["name"]: m["state"] for m in f.status()["models"]}
+        assert states == {"left": "awake", "right": "awake", "wide": "parked"}, states
+        environ = Path(f"/proc/{f.state('right')['pid']}/environ").read_bytes().split(b"\0")
+        assert b"CUDA_VISIBLE_DEVICES=1" in environ and f.state("wide")["gpus"] == [0, 1]
+        assert answer(client, "wide")
+        states = {m["name"]: m["state"] for m in f.status()["models"]}
+        assert states == {"left": "parked", "right": "parked", "wide": "awake"}, states
+        done = run_cli("switch", "status", "--port", str(f.port))
+        assert re.search(r"wide\s+awake\s+hotweights\s+0,1 ", done.stdout), done.stdout
+    finally:
+        f.interrupt()

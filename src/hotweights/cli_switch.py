@@ -60,13 +60,14 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(state))
         return 0
-    print(f"{'MODEL':<20} {'STATE':<12} {'ENGINE':<10} {'PID':>7} {'GPU MiB':>8} {'WAKES':>5} {'WAITING':>7}  "
-          "LAST USED")
+    print(f"{'MODEL':<20} {'STATE':<12} {'ENGINE':<10} {'GPUS':<6} {'PID':>7} {'GPU MiB':>8} {'WAKES':>5} "
+          f"{'WAITING':>7}  LAST USED")
     for m in state["models"]:
         last = "-" if not m["last_used"] else f"{time.time() - m['last_used']:.0f} s ago"
         name = m["name"] + (" *" if m["name"] == state["default"] else "")
         gpu = "-" if m.get("gpu_mib") is None else m["gpu_mib"]
-        print(f"{name:<20} {m['state']:<12} {m['engine']:<10} {m['pid'] or '-':>7} {gpu:>8} {m['wakes']:>5} "
+        gpus = ",".join(str(g) for g in m.get("gpus") or []) or "any"
+        print(f"{name:<20} {m['state']:<12} {m['engine']:<10} {gpus:<6} {m['pid'] or '-':>7} {gpu:>8} {m['wakes']:>5} "
               f"{m['waiting']:>7}  "
               f"{last}" + (f"  ({m['error']})" if m["error"] else "") + ("" if m["parks"] else "  (no sleep mode: "
                                                                             "a switch stops and starts it)"))

@@ -20,6 +20,9 @@
     deep_park_after_s = 0    # embedded engine: a level-1 park deepens to 2 after this idle time (0: never)
     parked_weights = "gpu"   # "host": a parked engine's weights leave the GPU (deep park; the keeper keeps a
                              # host copy, made once at start-up) and its wake uploads them: many models per GPU
+    gpus = [0]               # the GPUs it runs on (CUDA_VISIBLE_DEVICES of its preload and engine; as many as
+                             # its --tensor-parallel-size); unset: those the front sees. max_awake counts per
+                             # GPU: engines on GPUs of their own stay awake beside each other
 """
 
 from __future__ import annotations
@@ -50,6 +53,23 @@ class ModelConfig:
     park_level: int = 1
     deep_park_after_s: float = 0.0
     parked_weights: str = "gpu"
+    gpus: tuple[int, ...] = ()  # () : every GPU the front sees
+
+    def cuda_visible_devices(self) -> str:
+        """``CUDA_VISIBLE_DEVICES`` for its processes: ``gpus`` are indices among the GPUs the front sees (those of
+        its own ``CUDA_VISIBLE_DEVICES``, when set); ConfigError for one it does not see."""
+        front = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if front is None:
+            return ",".join(str(g) for g in self.gpus)
+        seen = [x.strip() for x in front.split(",") if x.strip()]
+        if any(g >= len(seen) for g in self.gpus):
+            raise ConfigError(f"model {self.name}: gpus {list(self.gpus)}, but the front sees {len(seen)} GPU(s) "
+                              f"(CUDA_VISIBLE_DEVICES={front})")
+        return ",".join(seen[g] for g in self.gpus)
+
+    def shares_a_gpu(self, other: ModelConfig) -> bool:
+        """Whether the two can contend for GPU memory (a model without ``gpus`` may use any)."""
+        return not self.gpus or not other.gpus or bool(set(self.gpus) & set(other.gpus))
 
     @property
     def level(self) -> int:
@@ -76,7 +96,7 @@ class SwitchConfig:
 _SWITCH_KEYS = {"host": str, "port": int, "max_awake": int, "request_timeout_s": (int, float), "api_key": str,
                 "socket_dir": str, "parking": bool}
 _MODEL_KEYS = {"name": str, "checkpoint": str, "engine": str, "args": list, "default": bool, "keep_awake": bool,
-               "park_level": int, "deep_park_after_s": (int, float), "parked_weights": str}
+               "park_level": int, "deep_park_after_s": (int, float), "parked_weights": str, "gpus": list}
 
 
 def _typed(table: dict[str, Any], keys: dict[str, Any], where: str) -> dict[str, Any]:
@@ -104,12 +124,21 @@ def model(table: dict[str, Any], where: str) -> ModelConfig:
         raise ConfigError(f"{where}: parked_weights must be gpu or host, got {table['parked_weights']!r}")
     if not all(isinstance(a, str) for a in table.get("args", [])):
         raise ConfigError(f"{where}: args must be a list of strings")
+    gpus = table.get("gpus", [])
+    if not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus) or len(set(gpus)) < len(gpus):
+        raise ConfigError(f"{where}: gpus must be distinct GPU indices (0, 1, ...), got {gpus!r}")
+    args = list(table.get("args", []))
+    tp = int(args[args.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in args[:-1] else 1
+    if gpus and len(gpus) < tp:
+        raise ConfigError(f"{where}: gpus lists {len(gpus)} GPU(s) but --tensor-parallel-size {tp} needs {tp}")
     checkpoint = Path(table["checkpoint"]).expanduser()
     if not checkpoint.is_dir():
         raise ConfigError(f"{where}: checkpoint {checkpoint} is not a directory")
-    return ModelConfig(table["name"], checkpoint, table.get("engine", "hotweights"), tuple(table.get("args", [])),
+    made = ModelConfig(table["name"], checkpoint, table.get("engine", "hotweights"), tuple(args),
                        table.get("default", False), table.get("keep_awake", False), table.get("park_level", 1),
-                       float(table.get("deep_park_after_s", 0)), table.get("parked_weights", "gpu"))
+                       float(table.get("deep_park_after_s", 0)), table.get("parked_weights", "gpu"), tuple(gpus))
+    made.cuda_visible_devices()  # a GPU the front does not see is an error now, not at its first start
+    return made
 
 
 def build(switch: dict[str, Any], models: list[ModelConfig], where: str) -> SwitchConfig:

@@ -92,7 +92,10 @@ class Engine:
         return ["--enable-sleep-mode"] if self.parks and "--enable-sleep-mode" not in self.model.args else []
 
     def env(self) -> dict[str, str]:
+        """Its preload's, engine's and host copies' environment: the front's, with the model's GPUs."""
         env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}  # the front checks keys, not engines
+        if self.model.gpus:  # the cache keys name GPUs by UUID: any order of them finds its entries
+            env["CUDA_VISIBLE_DEVICES"] = self.model.cuda_visible_devices()
         return {**env, "HOTWEIGHTS_SOCKET_DIR": self.socket_dir} if self.socket_dir else env
 
     def preload(self, timeout_s: float = 1800.0) -> str:

@@ -1,14 +1,15 @@
 """Which engine is awake: requests wait for their model, a switch parks the least recently used engine first.
 
 One switch at a time (an ``asyncio.Lock``, whose waiters go first come, first served). A request for a model
-that is not awake waits for the lock; when it holds it: while ``max_awake`` engines are awake, the least
-recently used one that is not ``keep_awake`` stops taking requests, its requests in flight finish (a switch
-never cuts a stream), and it parks; then the model wakes (or starts again, if its engine died or cannot
-park). Every request waiting for that model is then let through at once: a switch serves the whole batch
-that waited for it, and a model is switched to again only in the order its requests came, so an A-B-A-B mix
-costs one switch per batch, not one per request. A wake the GPU refuses for memory (``cannot wake``) parks
-one more awake engine and tries again. A request that waits longer than ``request_timeout_s`` is answered
-503, and never by another model's engine.
+that is not awake waits for the lock; when it holds it: while ``max_awake`` engines that share a GPU with it
+are awake (models without ``gpus`` share every GPU), the least recently used one that is not ``keep_awake``
+stops taking requests, its requests in flight finish (a switch never cuts a stream), and it parks; then the
+model wakes (or starts again, if its engine died or cannot park). Every request waiting for that model is
+then let through at once: a switch serves the whole batch that waited for it, and a model is switched to
+again only in the order its requests came, so an A-B-A-B mix costs one switch per batch, not one per
+request. A wake the GPU refuses for memory (``cannot wake``) parks one more awake engine on its GPUs and
+tries again. A request that waits longer than ``request_timeout_s`` is answered 503, and never by another
+model's engine.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class Model:
         pids = self.engine.pids()
         held = sum(gpu.get(p, 0) for p in pids) if gpu and pids else None
         return {"name": self.config.name, "engine": self.config.engine, "state": self.state, "pid": self.engine.pid,
-                "gpu_mib": held,
+                "gpu_mib": held, "gpus": list(self.config.gpus) or None,
                 "port": self.engine.port, "inflight": self.inflight, "waiting": self.waiting,
                 "last_used": self.last_used or None, "wakes": self.wakes, "parks": self.engine.parks,
                 "error": self.error or None, "log": str(self.engine.log_path)}
@@ -67,6 +68,11 @@ class Switcher:
 
     def awake(self) -> list[Model]:
         return [m for m in self.models.values() if m.state == AWAKE]
+
+    def awake_beside(self, m: Model) -> list[Model]:
+        """The awake engines other than ``m`` that share a GPU with it: those ``max_awake`` counts for it, and
+        the ones whose park can free memory for it."""
+        return [x for x in self.awake() if x is not m and x.config.shares_a_gpu(m.config)]
 
     def _set(self, m: Model, state: str) -> None:
         m.state = state
@@ -101,7 +107,7 @@ class Switcher:
             cached += f", {preloaded_s:.1f} s" if preloaded_s >= 0.1 else ""
             started = await asyncio.to_thread(m.engine.start)
             how = " from a warm standby" if m.engine.server else ""
-            if m.config is default or (m.config.keep_awake and len(self.awake()) < self.config.max_awake):
+            if m.config is default or (m.config.keep_awake and len(self.awake_beside(m)) < self.config.max_awake):
                 self._set(m, AWAKE)
                 m.last_used = time.time()
                 note = "awake"
@@ -183,7 +189,7 @@ class Switcher:
             if m.state == AWAKE and not m.draining:
                 return  # a switch before this one woke it: this request is in its batch
             began = time.monotonic()
-            while len(self.awake()) >= self.config.max_awake and await self._park_one(m):
+            while len(self.awake_beside(m)) >= self.config.max_awake and await self._park_one(m):
                 pass
             try:
                 source = await self._wake(m)
@@ -222,9 +228,9 @@ class Switcher:
                     raise
 
     async def _park_one(self, keep: Model) -> bool:
-        """Park the least recently used awake engine other than ``keep`` (not kept awake), once its requests
-        in flight are done; False when there is none."""
-        candidates = [x for x in self.awake() if x is not keep and not x.config.keep_awake]
+        """Park the least recently used awake engine beside ``keep`` (on a GPU of its; not kept awake), once its
+        requests in flight are done; False when there is none."""
+        candidates = [x for x in self.awake_beside(keep) if not x.config.keep_awake]
         if not candidates:
             return False
         victim = min(candidates, key=lambda x: x.last_used)
