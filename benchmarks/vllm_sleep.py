@@ -20,7 +20,7 @@ with medians; ``same_answer`` says whether every answer equals the first; ``evid
 difference of KV cache or answer between the two.
 
 Run (GPU, vLLM staged per ../shared/gpu-vllm/README.md):
-    python3 benchmarks/vllm_sleep.py --model M --repeat 5 --json [--eager] [--stock]
+    python3 benchmarks/vllm_sleep.py --model M --repeat 5 --json [--eager] [--stock] [--tensor-parallel-size 2]
 """
 
 from __future__ import annotations
@@ -44,10 +44,16 @@ from hotweights.verify.vllm_log import facts
 ROUNDS = ("level1", "level2", "host")
 
 
-def gpu_used_mib() -> int:
+def gpu_used_per_gpu() -> list[int]:
+    """MiB in use on each GPU this process may use, in nvidia-smi's order."""
     out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                          capture_output=True, text=True).stdout
-    return int(out.split()[0])
+    return [int(x) for x in out.split()]
+
+
+def gpu_used_mib() -> int:
+    """MiB in use on every GPU together (a TP engine's ranks each hold their own)."""
+    return sum(gpu_used_per_gpu())
 
 
 def bare_context_mib() -> int:
@@ -106,47 +112,55 @@ def hw(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hotweights", *args], capture_output=True, text=True)
 
 
-def park_round(url: str, model: str, level: int, *, demote: tuple[str, str] | None = None) -> tuple[dict, str]:
-    """One park and wake; ``demote``: (socket dir, key) to demote while parked."""
+def park_round(url: str, model: str, level: int, *, demote: tuple[str, list[str]] | None = None
+               ) -> tuple[dict, str]:
+    """One park and wake; ``demote``: (socket dir, the keys of every rank) to demote while parked."""
     sleep_s = post(f"{url}/sleep?level={level}")
     with urllib.request.urlopen(f"{url}/is_sleeping", timeout=30) as r:
         sleeping = json.loads(r.read())["is_sleeping"]
     row: dict = {}
     if demote is not None:
-        done = hw("demote", demote[1], "--json", "--socket-dir", demote[0])
-        if done.returncode != 0:
-            raise SystemExit(f"demote failed: {done.stderr[-2000:]}")
-        row["demote_s"] = json.loads(done.stdout)["seconds"]
-    parked_mib, host_mib, apps = gpu_used_mib(), host_used_mib(), gpu_mib_by_pid()
+        row["demote_s"] = 0.0
+        for key in demote[1]:
+            done = hw("demote", key, "--json", "--socket-dir", demote[0])
+            if done.returncode != 0:
+                raise SystemExit(f"demote failed: {done.stderr[-2000:]}")
+            row["demote_s"] += json.loads(done.stdout)["seconds"]
+    per_gpu, host_mib, apps = gpu_used_per_gpu(), host_used_mib(), gpu_mib_by_pid()
+    parked_mib = sum(per_gpu)
     wake_s = post(f"{url}/wake_up")
     start = time.perf_counter()
     answer = complete(url, "The weight cache", model=model)
     row.update({"sleep_s": round(sleep_s, 3), "is_sleeping": sleeping, "parked_gpu_mib": parked_mib,
+                "parked_per_gpu_mib": per_gpu,
                 "parked_host_used_mib": host_mib, "parked_processes_mib": sum(apps.values()),
                 "parked_per_process_mib": apps, "wake_s": round(wake_s, 3),
                 "first_answer_after_wake_s": round(time.perf_counter() - start, 3)})
     return row, answer
 
 
-def entry_key(sock: str) -> tuple[str, int]:
+def entry_keys(sock: str) -> tuple[list[str], int]:
+    """The keeper's entries (one per TP rank) and their bytes together."""
     rows = json.loads(hw("status", "--json", "--socket-dir", sock).stdout)["entries"]
-    return rows[0]["key"], rows[0]["nbytes"]
+    return [r["key"] for r in rows], sum(r["nbytes"] for r in rows)
 
 
 def zero_copy(args: argparse.Namespace, base: list[str], out: Path) -> dict:
     sock = tempfile.mkdtemp(prefix="hw-sleep-", dir="/tmp")
     subprocess.run([sys.executable, "-m", "hotweights", "daemon", "--detach", "--socket-dir", sock], check=True,
                    stdout=subprocess.DEVNULL)
-    pre = hw("preload", "--engine", "vllm", "--model", str(args.model), "--socket-dir", sock, "--json",
-             *[f"--vllm-arg={a}" for a in base])
+    tp = ["--tensor-parallel-size", str(args.tensor_parallel_size)]
+    pre = hw("preload", "--engine", "vllm", "--model", str(args.model), "--socket-dir", sock, "--json", *tp,
+             *[f"--vllm-arg={a}" for a in base + ["--enable-sleep-mode"]])  # in vLLM's compile-cache key
     if pre.returncode != 0:
         raise SystemExit(f"preload failed: {pre.stderr[-3000:]}")
-    key, entry_bytes = entry_key(sock)
-    before_engine = gpu_used_mib()
+    keys, entry_bytes = entry_keys(sock)
+    before_per_gpu = gpu_used_per_gpu()
+    before_engine = sum(before_per_gpu)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(args.model), "--port", str(port),
-           *base, "--enable-sleep-mode", "--load-format", "hotweights", "--model-loader-extra-config",
+           *base, *tp, "--enable-sleep-mode", "--load-format", "hotweights", "--model-loader-extra-config",
            json.dumps({"socket_dir": sock, "fallback": False})]
     runs, answers = [], []
     with Observed("park", cmd, out_dir=out, health_url=f"{url}/health", env={"VLLM_SERVER_DEV_MODE": "1"}) as obs:
@@ -159,7 +173,7 @@ def zero_copy(args: argparse.Namespace, base: list[str], out: Path) -> dict:
         for _ in range(args.repeat):
             for name in ROUNDS:
                 row, answer = park_round(url, str(args.model), 1 if name == "level1" else 2,
-                                         demote=(sock, key) if name == "host" else None)
+                                         demote=(sock, keys) if name == "host" else None)
                 runs.append({"round": name, **row})
                 answers.append(answer)
         status = json.loads(hw("status", "--json", "--socket-dir", sock).stdout)
@@ -173,7 +187,15 @@ def zero_copy(args: argparse.Namespace, base: list[str], out: Path) -> dict:
     fields = ("sleep_s", "wake_s", "first_answer_after_wake_s", "parked_gpu_mib", "parked_processes_mib")
     graphs = re.search(r"Graph capturing finished in [\d.]+ secs?, took ([\d.]+) GiB", log)
     context = bare_context_mib()
-    return {"ready_s": receipt.elapsed_s, "gpu_mib": {"daemon_only": before_engine, "engine_awake": awake_mib},
+
+    def per_gpu(name: str) -> list[float]:  # a parked engine's residue on each GPU (its rank there), median
+        rows = [r["parked_per_gpu_mib"] for r in runs if r["round"] == name]
+        return [statistics.median(x[i] for x in rows) - (before_per_gpu[i] if name != "host" else 0)
+                for i in range(len(before_per_gpu))]
+
+    return {"ready_s": receipt.elapsed_s, "tensor_parallel_size": args.tensor_parallel_size,
+            "gpu_mib": {"daemon_only": before_engine, "engine_awake": awake_mib},
+            "parked_residue_per_gpu_mib": {n: per_gpu(n) for n in ROUNDS},
             "keeper_entry_mib": round(entry_bytes / 2**20),
             "median": {n: {f: med(n, f) for f in fields} for n in ROUNDS} | {"demote_s": med("host", "demote_s")},
             # level 1/2: the keeper's entry is on the GPU beside the parked engine; host: it was released
@@ -207,7 +229,7 @@ def stock(args: argparse.Namespace, base: list[str], out: Path) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(args.model), "--port", str(port),
-           *base, "--enable-sleep-mode"]
+           *base, "--tensor-parallel-size", str(args.tensor_parallel_size), "--enable-sleep-mode"]
     runs, answers = [], []
     with Observed("stock", cmd, out_dir=out, health_url=f"{url}/health", env={"VLLM_SERVER_DEV_MODE": "1"}) as obs:
         receipt = obs.wait_ready(timeout_s=580, interval_s=0.2)
@@ -238,6 +260,7 @@ def main() -> int:
     parser.add_argument("--stock", action="store_true", help="also vLLM's own sleep, weights from disk")
     parser.add_argument("--stock-repeat", type=int, default=3)
     parser.add_argument("--gpu-memory-utilization", default="0.5")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="one rank per GPU, each parks its own")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
