@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """``hotweights switch`` under an A-B-A-C request mix: switch to first token, parking vs stopping and starting.
 
-N demo models of one shape with different bytes (``demo-model --seed``), one keeper, then per mode a front
-(``hotweights switch --model m0=... --model m1=...``) and the mix m0, m1, m0, m2, m0, m1, ... (every request
+N demo models with different bytes (``demo-model --seed``; one shape, or ``--sizes`` one each), one keeper,
+then per mode a front (``hotweights switch --config``, a [[model]] per model: ``--gpus`` places each on GPUs
+of its own, a vLLM model on several with that tensor parallelism) and the mix m0, m1, m0, m2, m0, m1, ... (every request
 asks for another model than the one before: each is a switch), one streamed completion at a time, timed
 from the request to its first streamed token. Modes, in ``--modes`` order (one keeper for all):
 
@@ -20,6 +21,7 @@ GPU) the memory each parked engine holds and the GPU and host memory in use whil
 Run: .venv/bin/python benchmarks/switch_mix.py --models 3 --switches 20 --json            (CPU, tiny models)
      python3 benchmarks/switch_mix.py --size 8b --gen-device cuda --engine vllm \\
          --engine-args "--max-model-len 512 --gpu-memory-utilization 0.25" --json         (GPU)
+     ... --models 3 --sizes 8b,8b,32b --gpus "0;1;0,1"   (two GPUs: an 8B on each, a 32B with TP=2 on both)
 """
 
 from __future__ import annotations
@@ -71,14 +73,23 @@ def p95(xs: list[float]) -> float:
     return sorted(xs)[max(0, round(0.95 * len(xs)) - 1)]
 
 
+def model_table(name: str, path: Path, gpus: list[int], engine: str, engine_args: list[str], host: bool) -> str:
+    """The model's [[model]] table: a vLLM model on several GPUs runs with that tensor parallelism."""
+    tp = ["--tensor-parallel-size", str(len(gpus))] if engine == "vllm" and len(gpus) > 1 else []
+    return (f"[[model]]\nname = {json.dumps(name)}\ncheckpoint = {json.dumps(str(path))}\nengine = "
+            f"{json.dumps(engine)}\nargs = {json.dumps(engine_args + tp)}\n" + (f"gpus = {gpus}\n" if gpus else "")
+            + ('parked_weights = "host"\n' if host else ""))
+
+
 def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock: str, out: Path) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    pairs = [x for name, path in models.items() for x in ("--model", f"{name}={path}")]
-    flags = {"park": [], "restart": ["--no-parking"], "park_host": ["--parked-weights", "host"], "vllm_sleep": []}[mode]
     engine_args = shlex.split(args.engine_args) + (["--load-format", "auto"] if mode == "vllm_sleep" else [])
-    cmd = [sys.executable, "-m", "hotweights", "switch", *pairs, "--engine", args.engine, "--port", str(port),
-           "--log-dir", str(out / f"logs-{mode}"), *flags, "--", *engine_args]
+    config = out / f"switch-{mode}.toml"
+    config.write_text("".join(model_table(name, path, gpus, args.engine, engine_args, mode == "park_host")
+                              for (name, path), gpus in zip(models.items(), args.gpu_sets)))
+    cmd = [sys.executable, "-m", "hotweights", "switch", "--config", str(config), "--port", str(port),
+           "--log-dir", str(out / f"logs-{mode}"), *(["--no-parking"] if mode == "restart" else [])]
     log = out / f"front-{mode}.log"
     before = {"gpu_used_mib": gpu_used_mib(), "host_used_mib": host_used_mib()} if args.gpu else None
     began = time.monotonic()
@@ -132,6 +143,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=int, default=3)
     parser.add_argument("--size", default="tiny")
+    parser.add_argument("--sizes", default="", help="one size per model (comma-separated), instead of --size")
+    parser.add_argument("--gpus", default="", help='the GPUs of each model, ";" between models: "0;1;0,1"')
     parser.add_argument("--gen-device", default="cpu")
     parser.add_argument("--engine", default="hotweights", choices=["hotweights", "vllm"])
     parser.add_argument("--engine-args", default="--max-model-len 64")
@@ -143,6 +156,11 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.gpu = args.gen_device == "cuda" or "cuda" in args.engine_args or args.engine == "vllm"
+    sizes = args.sizes.split(",") if args.sizes else [args.size] * args.models
+    args.gpu_sets = [[int(g) for g in x.split(",") if g.strip()] for x in args.gpus.split(";")] if args.gpus else []
+    args.gpu_sets += [[]] * (args.models - len(args.gpu_sets))
+    if len(sizes) != args.models or len(args.gpu_sets) != args.models:
+        raise SystemExit(f"--sizes and --gpus name {args.models} models (--models), one each")
     out = args.out or Path(tempfile.mkdtemp(prefix="hw-switch-"))
     out.mkdir(parents=True, exist_ok=True)
     # a model directory written whole already (its tokenizer_config.json comes last) is used as it is; each is
@@ -151,10 +169,11 @@ def main() -> int:
     models = {f"m{i}": out / f"m{i}" for i in range(args.models)}
     for i, path in enumerate(models.values()):
         if not (path / "tokenizer_config.json").exists():
-            subprocess.run([sys.executable, "-m", "hotweights", "demo-model", str(path), "--size", args.size,
+            subprocess.run([sys.executable, "-m", "hotweights", "demo-model", str(path), "--size", sizes[i],
                             "--gen-device", args.gen_device, "--seed", str(i)], check=True, stdout=subprocess.DEVNULL)
     sock = tempfile.mkdtemp(prefix="hw-switch-sock-", dir="/tmp")
-    result: dict = {"models": args.models, "size": args.size, "engine": args.engine, "engine_args": args.engine_args}
+    result: dict = {"models": args.models, "size": args.size, "sizes": sizes, "gpus": args.gpu_sets,
+                    "engine": args.engine, "engine_args": args.engine_args}
     try:
         for mode in args.modes.split(","):
             try:
