@@ -50,9 +50,10 @@ def hw(*args: str) -> subprocess.CompletedProcess:
 
 
 def gpu_used_mib() -> int:
+    """MiB in use on every GPU together (one per TP rank)."""
     out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                          capture_output=True, text=True).stdout
-    return int(out.split()[0])
+    return sum(int(x) for x in out.split())
 
 
 def beside_drills(args: argparse.Namespace, base: list[str], sock: str, out: Path, expected: str) -> dict:
@@ -65,8 +66,8 @@ def beside_drills(args: argparse.Namespace, base: list[str], sock: str, out: Pat
     url = f"http://127.0.0.1:{port}"
     beside = [a if a != "0.5" else args.beside_util for a in base]
     cmd = [sys.executable, "-m", "hotweights", "vllm", "serve", str(args.model), "--port", str(port), *beside,
-           "--load-format", "hotweights", "--model-loader-extra-config",
-           json.dumps({"socket_dir": sock, "fallback": False})]
+           "--tensor-parallel-size", str(args.tensor_parallel_size), "--load-format", "hotweights",
+           "--model-loader-extra-config", json.dumps({"socket_dir": sock, "fallback": False})]
     log = out / "beside.log"
     began = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
@@ -105,6 +106,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--drills", action="store_true")
     parser.add_argument("--beside-util", default="0.85")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="a parked engine of N ranks, one per GPU")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="hw-takeover-"))
@@ -114,13 +116,15 @@ def main() -> int:
             *(["--enforce-eager"] if args.eager else [])]
     subprocess.run([sys.executable, "-m", "hotweights", "daemon", "--detach", "--socket-dir", sock], check=True,
                    stdout=subprocess.DEVNULL)
+    tp = ["--tensor-parallel-size", str(args.tensor_parallel_size)]
     pre = subprocess.run([sys.executable, "-m", "hotweights", "preload", "--engine", "vllm", "--model", str(args.model),
-                          "--socket-dir", sock, *[f"--vllm-arg={a}" for a in base]], capture_output=True, text=True)
+                          "--socket-dir", sock, *tp, *[f"--vllm-arg={a}" for a in base + ["--enable-sleep-mode"]]],
+                         capture_output=True, text=True)  # the park start's flag: it is in vLLM's compile-cache key
     if pre.returncode != 0:
         raise SystemExit(f"preload failed: {pre.stderr[-3000:]}")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "hotweights", "vllm", "serve", str(args.model), "--port", str(port), *base,
+    cmd = [sys.executable, "-m", "hotweights", "vllm", "serve", str(args.model), "--port", str(port), *base, *tp,
            "--load-format", "hotweights", "--model-loader-extra-config",
            json.dumps({"socket_dir": sock, "fallback": False}), "--park-on-exit", str(args.level)]
     runs, answers, outputs = [], [], []
@@ -152,6 +156,7 @@ def main() -> int:
     hw("stop", "--socket-dir", sock)
     takeovers = runs[1:]
     result = {"model": args.model.name, "eager": args.eager, "level": args.level, "repeat": args.repeat,
+              "tensor_parallel_size": args.tensor_parallel_size,
               "first_start_s": runs[0]["ready_s"],
               "takeover_ready_s_median": round(statistics.median(r["ready_s"] for r in takeovers), 3),
               "takeover_ready_s": [r["ready_s"] for r in takeovers],
