@@ -109,6 +109,7 @@ def test_the_fingerprint_names_what_changed():
     assert explicit(["serve", "M"], {"VLLM_SERVER_DEV_MODE": "0"})[-1] == "--no-log-error-stack"
     assert explicit(["serve", "M"], {})[-1] == "--no-log-error-stack"
     assert explicit(["serve", "M", "--log-error-stack"], {}) == ["serve", "M", "--log-error-stack"]
+    assert explicit(["serve", "M", "--config", "c.yaml"], {}) == ["serve", "M", "--config", "c.yaml"]
 
 
 def test_the_standby_moves_only_by_its_transition_table(tmp_path):

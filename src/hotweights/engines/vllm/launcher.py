@@ -64,8 +64,8 @@ def run(start: VllmStart, *, park: int = 0, park_idle_s: float = 3600.0) -> int:
 def explicit_log_error_stack(args: list[str], env: dict[str, str]) -> list[str]:
     """``args`` with vLLM's ``--log-error-stack`` made explicit: its default is ``VLLM_SERVER_DEV_MODE`` read
     when vLLM is imported, which for a standby start was the standby's environment, not this start's
-    (``standby.SPEC.env_after_fork``). A choice the user made stays."""
-    if any(a.split("=", 1)[0] in ("--log-error-stack", "--no-log-error-stack") for a in args):
+    (``standby.SPEC.env_after_fork``). A choice the user made stays, also one a ``--config`` file may hold."""
+    if any(a.split("=", 1)[0] in ("--log-error-stack", "--no-log-error-stack", "--config") for a in args):
         return args
     try:
         dev_mode = int(env.get("VLLM_SERVER_DEV_MODE", "0") or "0") != 0  # as vLLM reads it
