@@ -204,6 +204,27 @@ def test_a_standby_made_under_another_environment_is_refused_and_retired(socket_
     assert standby.wait(30) == 0
 
 
+@pytest.mark.slow
+def test_engines_on_gpus_of_their_own_keep_a_standby_each(socket_dir, work, monkeypatch):
+    """``CUDA_VISIBLE_DEVICES`` pins a standby (vLLM and torch read the device count at import): each value has a
+    place of its own, so a start on GPU 1 neither finds GPU 0's standby stale nor retires it."""
+    standbys = []
+    try:
+        for devices in ("0", "1"):
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", devices)  # the status the helper waits on: this one's
+            standbys.append(start_standby(socket_dir, {"CUDA_VISIBLE_DEVICES": devices}))
+        assert standbys[0].poll() is None
+        launcher = launch(socket_dir, work)  # CUDA_VISIBLE_DEVICES=1
+        out, err = launcher.communicate(timeout=60)
+        assert launcher.returncode == 7 and "CUDA_VISIBLE_DEVICES" not in out, (out, err)
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+        assert handoff.status(SPEC, socket_dir)["ready"]  # GPU 0's is still there, untouched
+    finally:
+        for devices in ("0", "1"):
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", devices)
+            handoff.stop(SPEC, socket_dir)
+
+
 def test_a_prepared_standby_holds_its_place_when_prepare_returns(socket_dir):
     """The start right after a preload must see the standby the preload left, even one still importing: by
     the time the preload's ``prepare`` (``settle_s``) returns, it holds its lock (``_wait_while_importing``

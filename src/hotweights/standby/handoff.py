@@ -2,9 +2,11 @@
 
 Runs in the hotweights CLI process (``hotweights vllm serve ...``), before the engine is imported, and
 imports nothing of it or of torch. The standby (``zygote.py``) is a process of the same Python with the
-engine already imported; it answers on ``<socket dir>/<engine>-standby-<tag>.sock``, one per engine
-and interpreter (``tag``: a digest of the interpreter's path). The socket directory is the daemon's:
-the same trust rules hold (a private directory of this user; the peer's uid is checked both ways).
+engine already imported; it answers on ``<socket dir>/<engine>-standby-<tag>.sock``, one per engine,
+interpreter and ``CUDA_VISIBLE_DEVICES`` (``tag``: a digest of the interpreter's path and that value, which
+pins a standby: engines on GPUs of their own, as ``hotweights switch`` places them, keep one each). The
+socket directory is the daemon's: the same trust rules hold (a private directory of this user; the peer's
+uid is checked both ways).
 
 A standby is used only when its fingerprint equals this launcher's (``fingerprint.py``); otherwise,
 or when none answers in time, the start is a plain one and says why in one line, naming the fields
@@ -49,8 +51,13 @@ class StandbyPaths:
     log: Path
 
 
-def standby_paths(directory: Path, engine: str = "vllm", python: str | None = None) -> StandbyPaths:
-    tag = hashlib.blake2b(os.path.realpath(python or sys.executable).encode(), digest_size=4).hexdigest()
+def standby_paths(directory: Path, engine: str = "vllm", python: str | None = None,
+                  devices: str | None = None) -> StandbyPaths:
+    """The standby's files for ``python`` (this one by default) and ``devices`` (``CUDA_VISIBLE_DEVICES``,
+    this process's by default; "" for unset)."""
+    devices = os.environ.get("CUDA_VISIBLE_DEVICES", "") if devices is None else devices
+    seed = os.path.realpath(python or sys.executable) + (f"\0{devices}" if devices else "")
+    tag = hashlib.blake2b(seed.encode(), digest_size=4).hexdigest()
     return StandbyPaths(*(directory / f"{engine}-standby-{tag}.{ext}" for ext in ("sock", "lock", "log")))
 
 
@@ -241,7 +248,7 @@ def prepare(engine: EngineSpec, directory: Path, environ: dict[str, str], *,
     python = shutil.which(python, path=environ.get("PATH", os.defpath)) if python else sys.executable
     if python is None:
         raise FileNotFoundError("the Python for the standby is not on PATH")
-    paths = standby_paths(directory, engine.name, python)
+    paths = standby_paths(directory, engine.name, python, environ.get("CUDA_VISIBLE_DEVICES", ""))
     if is_locked(paths.lock):
         return "ready"  # one is alive (or importing, or waiting)
     cmd = [python, "-m", "hotweights.standby.zygote", "--engine", engine.name, "--socket-dir", str(directory)]

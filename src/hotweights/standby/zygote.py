@@ -2,7 +2,7 @@
 
 ``python -m hotweights.standby.zygote --engine NAME --socket-dir D``, started detached by the launcher
 (``handoff.prepare``). It takes the lock ``<engine>-standby-<tag>.lock`` (one standby per engine,
-interpreter and socket directory), waits until the start it follows is ready (``--after-pid``,
+interpreter, ``CUDA_VISIBLE_DEVICES`` and socket directory), waits until the start it follows is ready (``--after-pid``,
 ``--after-url``: the two must not compete for the CPU, and a niceness would be inherited by the server
 it forks), imports what the engine's ``EngineSpec`` names, then answers on its socket (the peer's uid
 must be its own).
