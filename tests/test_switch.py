@@ -310,7 +310,11 @@ def test_the_config_file_names_what_is_wrong(tmp_path):
              "gpus must be distinct GPU indices"),
             (f"[[model]]\nname = 'a'\ncheckpoint = '{tmp_path}'\nengine = 'vllm'\ngpus = [0]\n"
              "args = ['--tensor-parallel-size', '2']\n",
-             "gpus lists 1 GPU\\(s\\) but --tensor-parallel-size 2 needs 2")):
+             "gpus lists 1 GPU\\(s\\) but --tensor-parallel-size 2 needs 2"),
+            (f"[[model]]\nname = 'a'\ncheckpoint = '{tmp_path}'\nengine = 'vllm'\ngpus = [0]\n"
+             "args = ['-tp=2']\n", "gpus lists 1 GPU"),
+            (f"[[model]]\nname = 'a'\ncheckpoint = '{tmp_path}'\nengine = 'vllm'\n"
+             "args = ['--tensor-parallel-size', 'two']\n", "args: --tensor-parallel-size takes a whole number")):
         with pytest.raises(switch_config.ConfigError, match=message.replace("[", r"\[")):
             _load(tmp_path, text)
     done = run_cli("switch", "--model", "nameonly")

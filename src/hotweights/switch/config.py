@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..engines.vllm.start import VllmStart
+
 ENGINES = ("hotweights", "vllm")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
@@ -128,7 +130,10 @@ def model(table: dict[str, Any], where: str) -> ModelConfig:
     if not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus) or len(set(gpus)) < len(gpus):
         raise ConfigError(f"{where}: gpus must be distinct GPU indices (0, 1, ...), got {gpus!r}")
     args = list(table.get("args", []))
-    tp = int(args[args.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in args[:-1] else 1
+    try:
+        tp = VllmStart.parse(args).tensor_parallel_size if table.get("engine") == "vllm" else 1
+    except ValueError as exc:
+        raise ConfigError(f"{where}: args: {exc}") from None
     if gpus and len(gpus) < tp:
         raise ConfigError(f"{where}: gpus lists {len(gpus)} GPU(s) but --tensor-parallel-size {tp} needs {tp}")
     checkpoint = Path(table["checkpoint"]).expanduser()

@@ -146,8 +146,7 @@ class Engine:
     def layout_cached(self) -> bool:
         """Whether the keeper holds this model's engine-layout entry of every rank (its device copy) already: a
         front started again skips the preload, a whole vLLM start per model (the start's attach checks the key)."""
-        args = list(self.model.args)
-        tp = int(args[args.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in args[:-1] else 1
+        tp = VllmStart.parse(list(self.model.args)).tensor_parallel_size  # the config checked it
         try:
             rows = self._own(self._rows())
         except (OSError, HotweightsError):

@@ -42,19 +42,30 @@ class VllmStart:
     dtype: str | None  # as written (``half``, ``auto``, ...)
     load_format: str | None
     extra: dict[str, Any] | None  # the extra config; None when it is not a JSON map (vLLM says so)
+    tp: str | None = None  # --tensor-parallel-size (or -tp) as written
 
     @classmethod
     def parse(cls, argv: list[str]) -> VllmStart:
         parser = argparse.ArgumentParser(add_help=False)
         for flag in ("--load-format", "--model-loader-extra-config", "--model", "--dtype"):
             parser.add_argument(flag)
+        parser.add_argument("--tensor-parallel-size", "-tp", dest="tp")
         known, rest = parser.parse_known_args(argv)
         try:
             extra = json.loads(known.model_loader_extra_config or "{}")
         except json.JSONDecodeError:
             extra = None
         model = known.model or (rest[1] if len(rest) > 1 and rest[0] == "serve" else None)
-        return cls(tuple(argv), model, known.dtype, known.load_format, extra if isinstance(extra, dict) else None)
+        return cls(tuple(argv), model, known.dtype, known.load_format, extra if isinstance(extra, dict) else None,
+                   known.tp)
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """Its ranks (1 when not given); ValueError naming the flag when it is not a whole number."""
+        try:
+            return int(self.tp or 1)
+        except ValueError:
+            raise ValueError(f"--tensor-parallel-size takes a whole number, got {self.tp!r}") from None
 
     @property
     def is_serve(self) -> bool:
