@@ -351,10 +351,15 @@ def test_a_parking_vllm_engine_is_preloaded_with_the_flags_it_starts_with(tmp_pa
     cmd, env = engine.command()
     assert cmd.count("--enable-sleep-mode") == 1 and env["VLLM_SERVER_DEV_MODE"] == "1"
     assert engine.preload_command() == ["preload", "--engine", "vllm", "--model", str(tmp_path / "m"),
-                                        "--vllm-arg=--max-model-len", "--vllm-arg=512",
+                                        "--tensor-parallel-size", "1", "--vllm-arg=--max-model-len", "--vllm-arg=512",
                                         "--vllm-arg=--enable-sleep-mode"]
     engine.parks = False
     assert "--enable-sleep-mode" not in engine.command()[0] + engine.preload_command()
+    # TP=2: the preload's own flag (it waits for an entry of each rank), not one it passes on to vLLM
+    tp2 = Engine(switch_config.ModelConfig("b", tmp_path / "m", engine="vllm",
+                                           args=("-tp", "2", "--load-format=hotweights", "--dtype", "bfloat16")),
+                 tmp_path, parking=False)
+    assert tp2.preload_command()[5:] == ["--tensor-parallel-size", "2", "--vllm-arg=--dtype", "--vllm-arg=bfloat16"]
 
 
 @pytest.mark.slow

@@ -119,15 +119,22 @@ class Engine:
 
     def preload_command(self) -> list[str]:
         """``hotweights preload`` for this model: for vLLM with the engine's own flags (those of the load format
-        aside), so that what the preload's vLLM compiles is what the engine's first start finds cached."""
+        aside), so that what the preload's vLLM compiles is what the engine's first start finds cached. The
+        tensor parallelism is the preload's own flag: it waits for an entry of every rank."""
         m, args = self.model, list(self.model.args)
         if m.engine == "hotweights":
             picked = [x for i, a in enumerate(args) if a in ("--device", "--dtype") and i + 1 < len(args)
                       for x in (a, args[i + 1])]
             return ["preload", "--model", str(m.checkpoint), *picked]
-        own = [a for i, a in enumerate(args) if a not in ("--load-format", "--model-loader-extra-config")
-               and (i == 0 or args[i - 1] not in ("--load-format", "--model-loader-extra-config"))]
-        return ["preload", "--engine", "vllm", "--model", str(m.checkpoint),
+        own, skip = [], False
+        for a in args:  # FLAG VALUE or FLAG=VALUE
+            name, eq, _ = a.partition("=")
+            if skip or name in ("--load-format", "--model-loader-extra-config", "--tensor-parallel-size", "-tp"):
+                skip = not skip and not eq
+                continue
+            own.append(a)
+        tp = VllmStart.parse(args).tensor_parallel_size
+        return ["preload", "--engine", "vllm", "--model", str(m.checkpoint), "--tensor-parallel-size", str(tp),
                 *[f"--vllm-arg={a}" for a in own + self.sleep_mode()]]
 
     def _rows(self) -> list[EntryRow]:
