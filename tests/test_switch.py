@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,63 +22,9 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
+from switch_front import Front, answer, port_free
 
-from hotweights.observe import free_port
 from hotweights.switch import config as switch_config
-
-
-class Front:
-    def __init__(self, tmp: Path, models: dict[str, Path], *args: str, socket_dir: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tmp / f"front-{self.port}.log"
-        pairs = [x for name, path in models.items() for x in ("--model", f"{name}={path}")]
-        engine_args = ["--", "--max-model-len", "64"] if models else []  # else a --config file names them
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hotweights", "switch", *pairs, "--port", str(self.port), "--log-dir",
-             str(tmp / f"logs-{self.port}"), *args, *engine_args],
-            stdout=open(self.log, "wb"), stderr=subprocess.STDOUT, env={**os.environ, "HOTWEIGHTS_SOCKET_DIR":
-                                                                         str(socket_dir)})
-        deadline = time.monotonic() + 120
-        while not self.ready():
-            assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()
-            time.sleep(0.2)
-
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def status(self, key: str = "") -> dict:
-        headers = {"authorization": f"Bearer {key}"} if key else {}
-        with urllib.request.urlopen(urllib.request.Request(self.url + "/switch/status", headers=headers)) as r:
-            return json.loads(r.read())
-
-    def state(self, name: str) -> dict:
-        return next(m for m in self.status()["models"] if m["name"] == name)
-
-    def client(self, key: str = "none"):
-        import openai
-
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
-
-    def interrupt(self) -> int:
-        self.proc.send_signal(signal.SIGINT)
-        return self.proc.wait(60)
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) != 0
-
-
-def answer(client, model: str) -> tuple[str, list[float]]:
-    """The greedy text and its token logprobs: two demo models of one shape differ in the second."""
-    got = client.completions.create(model=model, prompt="The weight cache", max_tokens=6, temperature=0, logprobs=1)
-    assert got.model == model
-    return got.choices[0].text, [round(x, 4) for x in got.choices[0].logprobs.token_logprobs]
 
 
 @pytest.fixture(scope="module")
@@ -304,6 +249,7 @@ def test_the_config_file_names_what_is_wrong(tmp_path):
             (good + "park_level = 3\n", "park_level must be 1 or 2"),
             (good + 'parked_weights = "disk"\n', "parked_weights must be gpu or host"),
             (good.replace("max_awake = 2", "max_awake = 'two'"), "max_awake must be int"),
+            (good.replace("max_awake = 2", "request_timeout_s = -5"), "request_timeout_s must be positive"),
             ("[model]\nname = 'a'\n", "models are [[model]] tables"),
             ("[[model]\n", "not TOML"),
             (f"[[model]]\nname = 'a'\ncheckpoint = '{tmp_path}'\ngpus = [0, 0]\n",
@@ -360,6 +306,20 @@ def test_a_parking_vllm_engine_is_preloaded_with_the_flags_it_starts_with(tmp_pa
                                            args=("-tp", "2", "--load-format=hotweights", "--dtype", "bfloat16")),
                  tmp_path, parking=False)
     assert tp2.preload_command()[5:] == ["--tensor-parallel-size", "2", "--vllm-arg=--dtype", "--vllm-arg=bfloat16"]
+
+
+def test_a_vllm_model_with_its_own_load_format_in_either_spelling_is_started_with_it_and_not_preloaded(tmp_path):
+    """The review's bug: ``--load-format=auto`` was not preloaded, yet started with ``--load-format hotweights``."""
+    from hotweights.switch.engines import Engine
+
+    for args in (("--load-format=auto",), ("--load-format", "auto")):
+        engine = Engine(switch_config.ModelConfig("a", tmp_path / "m", engine="vllm", args=args), tmp_path)
+        cmd, _ = engine.command()
+        assert "hotweights" not in cmd[cmd.index("serve") + 1:] and all(a in cmd for a in args), cmd
+        assert engine.preload().startswith("not preloaded (--load-format auto"), args
+    engine = Engine(switch_config.ModelConfig("a", tmp_path / "m", engine="vllm"), tmp_path)
+    cmd, _ = engine.command()
+    assert cmd[cmd.index("--load-format") + 1] == "hotweights"  # the default: the engine layout, zero-copy
 
 
 @pytest.mark.slow

@@ -78,6 +78,24 @@ def require_free_port(port: int) -> None:
                              f"(make demo: DEMO_PORT=8001 make demo)") from None
 
 
+class PortBusy(ValueError):
+    """A port another process listens on; the message says which and what to do."""
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port``, taken before a server loads anything: a busy port is one line at once
+    (PortBusy), not an error after minutes of start-up. The server listens on it (uvicorn's ``sockets=``)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise PortBusy(f"cannot listen on {host}:{port} ({exc.strerror}): another process has the port; stop it "
+                       f"or pass another --port") from None
+    return sock
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (another process may take it)."""
     with socket.socket() as s:

@@ -21,13 +21,13 @@ import importlib
 import importlib.util
 import logging
 import os
-import socket
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import evidence
+from ..standby.parked import take_port
 from .config import ServeConfig
 from .generate import Generator
 from .tokenizer import read_json
@@ -170,15 +170,7 @@ def run(config: ServeConfig) -> int:
     for extra in ("starlette", "pydantic", "uvicorn"):  # a missing extra is one line before anything loads
         if importlib.util.find_spec(extra) is None:
             raise ModuleNotFoundError(f"No module named {extra!r}", name=extra)
-    # take the port before the model loads: a busy port is one line at once, not after a load
-    sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((config.host, config.port))
-    except OSError as exc:
-        sock.close()
-        raise ValueError(f"cannot listen on {config.host}:{config.port} ({exc.strerror}): another process has the "
-                         f"port; stop it or pass another --port") from None
+    sock = take_port(config.host, config.port, config.attach.socket_dir)  # before the model loads
     web = SideImport("hotweights.serve.web")  # starlette, pydantic, uvicorn, while the model loads
     generator, started = load(config, overlap=web.start)
     loaded = process_age_s()

@@ -20,7 +20,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from http import HTTPStatus
 from typing import Any
 
 # uvicorn's protocol modules too, so that starting to listen imports nothing
@@ -38,7 +37,7 @@ from starlette.routing import Route
 from .. import __version__
 from .answers import Clock, JobStream, Plan, collect, logprobs_of, sse, usage
 from .engine import Engine
-from .errors import error_response
+from .errors import error_response, http_error
 from .generate import Generator, SamplingParams
 from .metrics import ServerMetrics
 from .park import ParkError, Parking
@@ -59,10 +58,6 @@ def create_app(generator: Generator, model_name: str, on_start=None, metrics: Se
         yield
 
     error = error_response
-
-    async def http_error(_request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, HTTPException)  # an unknown path or method: vLLM names it by the status's phrase
-        return error(exc.status_code, str(exc.detail), kind=HTTPStatus(exc.status_code).phrase)
 
     def post(body: type[BaseModel], handle: Callable[[Any], Any]):
         """A POST route: the JSON body validated as ``body``, ``handle`` run on a worker thread (it generates)."""

@@ -35,13 +35,14 @@ import json
 import logging
 import os
 import signal
+import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ..key import FieldDiff
-from ..observe import post, wait_healthy
+from ..observe import PortBusy, listen, post, wait_healthy
 from ..unix import pid_alive
 from .fingerprint import Fingerprint
 
@@ -94,6 +95,25 @@ def records(directory: Path) -> list[Record]:
         else:
             path.unlink(missing_ok=True)
     return found
+
+
+def take_port(host: str, port: int, socket_dir: str | None) -> socket.socket:
+    """``observe.listen``; PortBusy names a parked engine of this user that holds the port, and how to stop it."""
+    from urllib.parse import urlsplit
+
+    from ..paths import daemon_paths
+
+    try:
+        return listen(host, port)
+    except PortBusy as exc:
+        directory = daemon_paths(socket_dir).directory / "parked"
+        held = [r for r in records(directory) if urlsplit(r.url).port == port] if directory.is_dir() else []
+        if not held:
+            raise
+        r = held[0]
+        state = f"parked at level {r.level}" if r.level else "awake behind a --park-on-exit launcher"
+        raise PortBusy(f"{exc}; it is a {r.engine} engine {state} (pid {r.pid}): `hotweights parked --retire "
+                       f"{r.pid}` stops it") from None
 
 
 def read_record(path: Path) -> Record:

@@ -158,6 +158,9 @@ def build(switch: dict[str, Any], models: list[ModelConfig], where: str) -> Swit
         raise ConfigError(f"{where}: more than one model is the default")
     if switch.get("max_awake", 1) < 1:
         raise ConfigError(f"{where}: max_awake must be at least 1")
+    if switch.get("request_timeout_s", 300) <= 0:
+        raise ConfigError(f"{where}: request_timeout_s must be positive (seconds a request may wait for its "
+                          f"model), got {switch['request_timeout_s']!r}")
     if not 0 < switch.get("port", 8000) < 65536:
         raise ConfigError(f"{where}: port must be 1-65535")
     values = {k: switch[k] for k in _SWITCH_KEYS if k in switch}

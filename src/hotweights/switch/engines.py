@@ -82,7 +82,7 @@ class Engine:
         if m.engine == "hotweights":
             return [sys.executable, "-m", "hotweights", "serve", *common, *m.args], env
         cmd = [sys.executable, "-m", "hotweights", "vllm", "serve", *common, *m.args]
-        if "--load-format" not in m.args:  # the engine-layout entry the preload made, mapped zero-copy
+        if VllmStart.parse(list(m.args)).load_format is None:  # the engine layout the preload made, zero-copy
             cmd += ["--load-format", "hotweights"]
         return cmd + self.sleep_mode(), {**env, "VLLM_SERVER_DEV_MODE": "1"} if self.parks else env
 

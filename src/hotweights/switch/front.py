@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import tempfile
 import time
@@ -23,15 +22,19 @@ from pathlib import Path
 import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..serve.errors import error_response as error
+from ..serve.errors import http_error, stream_error
+from ..standby.parked import take_port
 from .config import SwitchConfig
 from .engines import gpu_mib_by_pid
 from .metrics import SwitchMetrics
-from .switcher import Switcher, Unavailable
+from .switcher import Model, Switcher, Unavailable
+from .validate import Refused, model_of
 
 logger = logging.getLogger("hotweights.switch")
 
@@ -75,38 +78,76 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None) -> Starlette:
         if not authorized(request):
             return error(401, "Unauthorized")
         body = await request.body()
-        try:
-            name = json.loads(body).get("model")
-        except (ValueError, AttributeError):
-            return error(400, "the body must be a JSON object")
-        if not isinstance(name, str) or name not in switcher.models:
-            metrics.requests.labels(str(name)[:64], "unknown_model").inc()
-            return error(404, f"The model `{name}` does not exist.", "model")
-        try:
-            m = await switcher.acquire(name)
-        except Unavailable as exc:
-            metrics.requests.labels(name, "unavailable").inc()
-            return error(503, str(exc))
-        try:
-            upstream = await client.send(client.build_request(
-                "POST", f"{m.engine.url}{request.url.path}", content=body,
-                headers={"content-type": "application/json"}), stream=True)
-        except httpx.HTTPError as exc:
-            switcher.release(m)
-            metrics.requests.labels(name, "unavailable").inc()
-            return error(503, f"the engine of `{name}` did not answer ({exc}); it starts again on the next request")
+        try:  # before anything parks for it
+            name = model_of(request.url.path, body, switcher.models, config.default.name)
+        except Refused as exc:
+            metrics.requests.labels("", "refused").inc()
+            return error(exc.status, str(exc), exc.param)
+        opening = asyncio.create_task(open_upstream(name, request.url.path, body))
+        gone = asyncio.create_task(disconnected(request))
+        await asyncio.wait({opening, gone}, return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        if not opening.done():  # the client left while its request waited or generated: cancel it upstream
+            opening.cancel()
+            await asyncio.gather(opening, return_exceptions=True)
+            metrics.requests.labels(name, "abandoned").inc()
+            return Response(status_code=499)
+        opened = opening.result()
+        if isinstance(opened, Response):
+            return opened
+        m, upstream = opened
         metrics.requests.labels(name, "served").inc()
-
-        async def relay() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in upstream.aiter_raw():
-                    yield chunk
-            finally:
-                await upstream.aclose()
-                switcher.release(m)
-
         kept = {k: v for k, v in upstream.headers.items() if k.lower() in ("content-type", "cache-control")}
-        return StreamingResponse(relay(), status_code=upstream.status_code, headers=kept)
+        events = upstream.headers.get("content-type", "").startswith("text/event-stream")
+        return StreamingResponse(relay(m, upstream, events), status_code=upstream.status_code, headers=kept)
+
+    async def open_upstream(name: str, path: str, body: bytes) -> Response | tuple[Model, httpx.Response]:
+        """The engine's response to this request (its headers), or the error the front answers. An engine found
+        dead when its connection fails is started again for this request, once."""
+        for attempt in (1, 2):
+            try:
+                m = await switcher.acquire(name)
+            except Unavailable as exc:
+                metrics.requests.labels(name, "unavailable").inc()
+                return error(503, str(exc))
+            sent = False
+            try:
+                upstream = await client.send(client.build_request(
+                    "POST", f"{m.engine.url}{path}", content=body, headers={"content-type": "application/json"}),
+                    stream=True)
+                sent = True
+                return m, upstream
+            except httpx.TransportError as exc:
+                problem = str(exc) or type(exc).__name__
+            finally:
+                if not sent:  # failed, or cancelled because the client left
+                    switcher.release(m)
+            if attempt == 1 and await switcher.engine_died(m):
+                logger.warning("switch: %s: its engine is gone (%s); starting it again for this request", name,
+                               problem)
+                continue
+            metrics.requests.labels(name, "unavailable").inc()
+            return error(503, f"the engine of `{name}` did not answer ({problem})")
+        raise AssertionError("unreachable: the second attempt returns")
+
+    async def relay(m: Model, upstream: httpx.Response, events: bool) -> AsyncIterator[bytes]:
+        """The engine's bytes as they come; an answer that breaks off (the engine died) ends a stream with an
+        error event in vLLM's shape, and one line in the log."""
+        tail = b"\n\n"
+        try:
+            async for chunk in upstream.aiter_raw():
+                tail = (tail + chunk)[-2:]
+                yield chunk
+        except httpx.TransportError as exc:
+            name = m.config.name
+            logger.warning("switch: %s: its engine's answer broke off (%s)%s", name, str(exc) or type(exc).__name__,
+                           "; the stream ends with an error event" if events else "")
+            if events:
+                yield (b"" if tail == b"\n\n" else b"\n\n") + stream_error(
+                    f"the engine of `{name}` stopped in the middle of this answer; retry the request")
+        finally:
+            await upstream.aclose()
+            switcher.release(m)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncGenerator[None, None]:
@@ -122,7 +163,7 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None) -> Starlette:
             await asyncio.to_thread(switcher.stop_all)
             logger.info("switch: every engine stopped")
 
-    app = Starlette(lifespan=lifespan, routes=[
+    app = Starlette(lifespan=lifespan, exception_handlers={HTTPException: http_error}, routes=[
         Route("/health", health), Route("/metrics", scrape), Route("/v1/models", models),
         Route("/switch/status", status),
         Route("/v1/completions", forward, methods=["POST"]),
@@ -131,10 +172,17 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None) -> Starlette:
     return app
 
 
+async def disconnected(request: Request) -> None:
+    """Returns when the client has gone (its body was read: what the server receives next is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def run(config: SwitchConfig, log_dir: Path | None = None) -> int:
     """Serve until SIGINT/SIGTERM; every engine started is stopped on the way out."""
     import uvicorn
 
+    sock = take_port(config.host, config.port, config.socket_dir or None)  # before any engine starts
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per relayed request otherwise
     app = create_app(config, log_dir)
     names = ", ".join(m.name + (" (default)" if m is config.default else "") for m in config.models)
@@ -142,5 +190,5 @@ def run(config: SwitchConfig, log_dir: Path | None = None) -> int:
                 app.state.switcher.models[config.default.name].engine.log_path.parent)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
                                            timeout_graceful_shutdown=30))
-    server.run()
+    server.run(sockets=[sock])
     return 0

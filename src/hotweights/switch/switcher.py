@@ -248,6 +248,24 @@ class Switcher:
             victim.draining = False
         return True
 
+    async def engine_died(self, m: Model, wait_s: float = 2.0) -> bool:
+        """Whether ``m``'s engine is gone, asked when its connection failed (its process may take a moment to
+        end after its socket closed): if so, it is marked failed, so that the next ``acquire`` starts it again."""
+        deadline = time.monotonic() + wait_s
+        while m.engine.alive():
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        if m.state in (AWAKE, PARKED, DEEP):
+            self._exited(m)
+        return True
+
+    def _exited(self, m: Model) -> None:
+        code = m.engine.proc.returncode if m.engine.proc is not None else None
+        m.error = f"its engine exited (code {code}); it starts again on the next request"
+        logger.warning("switch: %s: %s", m.config.name, m.error)
+        self._set(m, FAILED)
+
     async def watch(self, interval_s: float = 0.5) -> None:
         """Engines that died are marked failed (their next request starts them again); parked embedded engines
         idle past ``deep_park_after_s`` deepen to level 2."""
@@ -255,10 +273,7 @@ class Switcher:
             await asyncio.sleep(interval_s)
             for m in self.models.values():
                 if m.state in (AWAKE, PARKED, DEEP) and not m.engine.alive() and not self.lock.locked():
-                    code = m.engine.proc.returncode if m.engine.proc is not None else None
-                    m.error = f"its engine exited (code {code}); it starts again on the next request"
-                    logger.warning("switch: %s: %s", m.config.name, m.error)
-                    self._set(m, FAILED)
+                    self._exited(m)
                 elif (m.state == PARKED and m.config.deep_park_after_s and m.config.engine == "hotweights"
                       and time.monotonic() - m.parked_at > m.config.deep_park_after_s and not self.lock.locked()):
                     async with self.lock:

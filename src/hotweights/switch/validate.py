@@ -1,0 +1,71 @@
+"""What the front checks of a request before it may switch for it: the body is a JSON object, ``model`` is a
+served model's name (absent: the default model, as vLLM serves its model), and the fields whose bounds every
+engine shares (vLLM's ``SamplingParams`` checks and the embedded server's schema agree on these) are in them,
+so that a request its engine would refuse never parks another model first.
+
+Not covered: what only the engine knows (the prompt against its context length, fields one engine serves and
+another refuses); those are the engine's answer, relayed. Unknown fields pass: the engine decides.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class Refused(Exception):
+    """A request the front answers itself (400, or 404 for a model it does not serve), naming the field."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.param, self.status = param, status
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="allow")  # the engine reads the rest
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    n: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool | None = None
+
+
+class _Completion(_Common):
+    prompt: str | list[str] | list[int] | list[list[int]] | None = None
+    logprobs: int | None = Field(default=None, ge=0)
+
+
+class _Chat(_Common):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0)
+
+
+BODIES: dict[str, type[_Common]] = {"/v1/completions": _Completion, "/v1/chat/completions": _Chat}
+
+
+def model_of(path: str, body: bytes, served: dict[str, Any], default: str) -> str:
+    """The served model ``body`` asks for at ``path``; Refused when the front can tell it would be refused."""
+    try:
+        request = BODIES[path].model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0] if exc.errors() else {}
+        if first.get("type", "").startswith("json") or first.get("type") == "model_type":
+            raise Refused("the body must be a JSON object (the request's fields)") from None
+        param = ".".join(str(p) for p in first.get("loc", ())) or None
+        raise Refused(f"invalid request: {param + ': ' if param else ''}{first.get('msg', 'bad value')}",
+                      param) from None
+    if request.model is None:
+        return default
+    if request.model not in served:
+        raise Refused(f"The model `{request.model}` does not exist. Valid models: {', '.join(served)}.", "model",
+                      status=404)
+    return request.model

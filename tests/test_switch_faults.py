@@ -1,0 +1,173 @@
+"""``hotweights switch`` when things go wrong, with real processes: a real front, real embedded engines (three
+tiny demo models with different bytes), real kills and real client disconnects. An engine killed right before a
+request is started again for it; a client that leaves cancels its request upstream, so the switch behind it
+goes on; a request without ``model`` goes to the default; a request its engine would refuse is refused before
+anything parks; an engine that dies mid-stream ends the stream with vLLM's error event; a second front on a
+taken port fails before it starts anything.
+
+Run: pytest tests/test_switch_faults.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+from switch_front import Front, answer
+
+pytestmark = pytest.mark.slow
+
+LONG = 4000  # tokens: ~19 s of generation for a tiny demo model on the 2-core dev machine
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    from hotweights.demo_model import write_demo_model
+
+    root = tmp_path_factory.mktemp("fault-models")
+    return {name: write_demo_model(root / name, "tiny", seed=i) for i, name in enumerate(("a", "b", "c"))}
+
+
+@pytest.fixture(scope="module")
+def keeper():
+    sock = Path(tempfile.mkdtemp(prefix="hwsf-", dir="/tmp"))
+    yield sock
+    run_cli("stop", "--socket-dir", str(sock))
+
+
+@pytest.fixture(scope="module")
+def front(models, keeper, tmp_path_factory):
+    f = Front(tmp_path_factory.mktemp("faults"), models, socket_dir=keeper, engine_args=("--max-model-len", "4096"))
+    deadline = time.monotonic() + 120
+    while any(m["state"] == "starting" for m in f.status()["models"]):
+        assert time.monotonic() < deadline, f.status()
+        time.sleep(0.2)
+    yield f
+    if f.proc.poll() is None:
+        f.interrupt()
+
+
+def post(url: str, body: dict | bytes, timeout: float = 120) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def metric(front: Front, text: str) -> float:
+    with urllib.request.urlopen(front.url + "/metrics") as r:
+        lines = [x for x in r.read().decode().splitlines() if x.startswith(text)]
+    return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
+
+
+def test_a_request_right_after_the_awake_engine_dies_is_answered_by_its_restart(front):
+    """Before: a 503 for every request within the 0.5 s before the watcher saw the engine gone."""
+    expected = answer(front.client(), "a")
+    pid = front.state("a")["pid"]
+    os.kill(pid, signal.SIGKILL)
+    assert answer(front.client(), "a") == expected  # at once: the front finds it dead and starts it again
+    row = front.state("a")
+    assert row["state"] == "awake" and row["pid"] != pid
+    assert "its engine is gone" in front.log.read_text() and "starting it again for this request" in \
+        front.log.read_text()
+
+
+def test_a_client_that_leaves_cancels_its_request_so_the_switch_behind_it_goes_on(front):
+    """Before: the engine generated for a client that had gone, and the switch waited 12.8-16.7 s behind it."""
+    answer(front.client(), "a")  # a awake
+    abandoned = metric(front, 'hotweights_switch_requests_total{model="a",outcome="abandoned"}')
+    body = json.dumps({"model": "a", "prompt": "The weight cache", "max_tokens": LONG, "temperature": 0}).encode()
+    with socket.create_connection(("127.0.0.1", front.port)) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 10
+        while front.state("a")["inflight"] != 1:  # generating
+            assert time.monotonic() < deadline, front.status()
+            time.sleep(0.05)
+    left = time.monotonic()  # the client closed its connection
+    deadline = left + 4
+    while front.state("a")["inflight"] != 0:
+        assert time.monotonic() < deadline, f"the request of a client that left is still in flight: {front.status()}"
+        time.sleep(0.05)
+    assert answer(front.client(), "b")  # the switch to b did not wait for the abandoned generation
+    assert time.monotonic() - left < 8, "a 4,000-token generation takes ~19 s here: the switch waited for it"
+    assert metric(front, 'hotweights_switch_requests_total{model="a",outcome="abandoned"}') == abandoned + 1
+
+
+def test_a_request_without_a_model_is_served_by_the_default_model(front):
+    code, got = post(front.url + "/v1/completions", {"prompt": "The weight cache", "max_tokens": 3})
+    assert code == 200 and got["model"] == "a", got  # before: 404 "The model `None` does not exist."
+    code, got = post(front.url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                          "max_tokens": 3})
+    assert code == 200 and got["model"] == "a", got
+
+
+@pytest.mark.parametrize("body, param", [({"max_tokens": -1}, "max_tokens"), ({"temperature": -0.5}, "temperature"),
+                                         ({"top_p": 0}, "top_p"), ({"n": 0}, "n"), ({"model": 7}, "model"),
+                                         ({"stream": "maybe"}, "stream")])
+def test_a_request_its_engine_would_refuse_is_refused_before_anything_parks(front, body, param):
+    answer(front.client(), "a")  # a awake, c parked
+    wakes = front.state("c")["wakes"]
+    code, got = post(front.url + "/v1/completions", {"model": "c", "prompt": "x", **body})
+    assert code == 400 and got["error"]["param"] == param and got["error"]["type"] == "BadRequestError", got
+    assert front.state("c")["state"] == "parked" and front.state("c")["wakes"] == wakes  # no switch was paid
+    assert front.state("a")["state"] == "awake"
+
+
+def test_a_body_that_is_not_an_object_and_an_unknown_model_are_refused_in_vllms_shape(front):
+    for body in (b"[1]", b"not json"):
+        code, got = post(front.url + "/v1/completions", body)
+        assert code == 400 and "the body must be a JSON object" in got["error"]["message"], got
+    code, got = post(front.url + "/v1/chat/completions", {"model": "a"})
+    assert code == 400 and got["error"]["param"] == "messages", got
+    code, got = post(front.url + "/v1/completions", {"model": "nobody", "prompt": "x"})
+    assert code == 404 and got["error"]["message"].startswith("The model `nobody` does not exist"), got
+
+
+def test_an_engine_that_dies_mid_stream_ends_the_stream_with_an_error_event_and_one_log_line(front):
+    answer(front.client(), "b")  # b awake
+    pid = front.state("b")["pid"]
+    body = json.dumps({"model": "b", "prompt": "The weight cache", "max_tokens": LONG, "stream": True}).encode()
+    req = urllib.request.Request(front.url + "/v1/completions", data=body, headers={"content-type": "application/json"})
+    events = []
+    with urllib.request.urlopen(req, timeout=60) as r:
+        for line in r:
+            if line.startswith(b"data: "):
+                events.append(line[6:].strip())
+                if len(events) == 5:
+                    os.kill(pid, signal.SIGKILL)
+    assert events[-1] == b"[DONE]", events[-3:]
+    error = json.loads(events[-2])["error"]
+    assert error["type"] == "InternalServerError" and error["code"] == 500 and "stopped in the middle" in \
+        error["message"], error
+    assert all(b'"text"' in e for e in events[:-2])  # the tokens before it came whole
+    text = front.log.read_text()
+    assert "b: its engine's answer broke off" in text and "the stream ends with an error event" in text
+    assert "Traceback" not in text and "Exception in ASGI application" not in text
+
+
+def test_a_second_front_on_a_taken_port_fails_before_it_starts_anything(front, models, keeper, tmp_path):
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "hotweights", "switch", "--model", f"a={models['a']}", "--port",
+                           str(front.port), "--log-dir", str(tmp_path / "logs")], capture_output=True, text=True,
+                          env={**os.environ, "HOTWEIGHTS_SOCKET_DIR": str(keeper)}, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"hotweights switch: cannot listen on 127.0.0.1:{front.port} (Address already in use): another process has "
+        f"the port; stop it or pass another --port"], done.stderr
+    assert not (tmp_path / "logs" / "a.log").exists()  # no engine was started, nothing preloaded
+    assert time.monotonic() - began < 30  # the front's imports only (a preload would add ~4 s, vLLM's minutes)
