@@ -68,3 +68,12 @@ def answer(client, model: str) -> tuple[str, list[float]]:
     got = client.completions.create(model=model, prompt="The weight cache", max_tokens=6, temperature=0, logprobs=1)
     assert got.model == model
     return got.choices[0].text, [round(x, 4) for x in got.choices[0].logprobs.token_logprobs]
+
+
+def checkpoint_names(path: Path) -> Path:
+    """A directory the switch's config check takes for a checkpoint (the names it looks for: config.json and a
+    safetensors file), for tests of the configuration that start nothing."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text("{}")
+    (path / "model.safetensors").write_bytes(b"")
+    return path

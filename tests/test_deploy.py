@@ -18,6 +18,7 @@ import sys
 import kubernetes_validate
 import pytest
 import yaml
+from switch_front import checkpoint_names
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFESTS = sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
@@ -93,7 +94,7 @@ def test_the_switch_example_config_is_one_the_switch_takes(tmp_path):
     configmap = next(yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "switch-deployment.yaml").read_text()))
     text = configmap["data"]["switch.toml"]
     for directory in re.findall(r'checkpoint = "(/models/[^"]+)"', text):
-        (tmp_path / directory.lstrip("/")).mkdir(parents=True)
+        checkpoint_names(tmp_path / directory.lstrip("/"))
         text = text.replace(f'"{directory}"', f'"{tmp_path / directory.lstrip("/")}"')
     (tmp_path / "switch.toml").write_text(text)
     config = switch_config.load(tmp_path / "switch.toml")
@@ -106,7 +107,7 @@ def test_the_switch_docs_example_is_one_the_switch_takes(tmp_path):
 
     text = (ROOT / "docs" / "switch.md").read_text().split("```toml\n", 1)[1].split("```", 1)[0]
     for directory in set(re.findall(r'checkpoint = "(/models/[^"]+)"', text)):
-        (tmp_path / directory.lstrip("/")).mkdir(parents=True)
+        checkpoint_names(tmp_path / directory.lstrip("/"))
         text = text.replace(f'"{directory}"', f'"{tmp_path / directory.lstrip("/")}"')
     (tmp_path / "switch.toml").write_text(text)
     config = switch_config.load(tmp_path / "switch.toml")

@@ -111,6 +111,13 @@ def test_ctrl_c_parks_the_same_start_wakes_it_and_another_start_retires_it(model
     (record,) = parked(sock)
     assert record["level"] == 1 and record["pid"] != first.proc.pid  # the server outlived its launcher
     assert complete(first.url) == (503, "the engine is sleeping")  # it keeps the port, parked
+    plain = subprocess.run([sys.executable, "-m", "hotweights", "serve", str(models["small"]), "--port", str(port),
+                            "--model-loader-extra-config", json.dumps({"socket_dir": str(sock)})],
+                           capture_output=True, text=True, timeout=60)  # a start that is no take-over: it says who
+    assert plain.returncode == 2 and plain.stderr.strip().splitlines() == [
+        f"hotweights serve: cannot listen on 127.0.0.1:{port} (Address already in use): another process has the "
+        f"port; stop it or pass another --port; it is a hotweights engine parked at level 1 (pid {record['pid']}): "
+        f"`hotweights parked --retire {record['pid']}` stops it"], plain.stderr
 
     second = Launcher(models["small"], sock, port, tmp_path / "2.log")
     woke = f"Woke a parked engine for this start (pid {record['pid']})"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
-from switch_front import Front, answer, port_free
+from switch_front import Front, answer, checkpoint_names, port_free
 
 from hotweights.switch import config as switch_config
 
@@ -140,7 +141,8 @@ def test_an_api_key_guards_the_front_a_model_that_cannot_start_is_unavailable_an
         two_models, keeper, tmp_path):
     import openai
 
-    (tmp_path / "broken").mkdir()  # no checkpoint in it: its engine cannot start
+    broken = shutil.copytree(two_models["chat"], tmp_path / "broken")
+    (broken / "tokenizer.json").unlink()  # a checkpoint its engine cannot start: no tokenizer
     f = Front(tmp_path, {"chat": two_models["chat"], "broken": tmp_path / "broken"}, "--api-key", "sesame",
               socket_dir=keeper)
     with pytest.raises(openai.AuthenticationError):
@@ -222,7 +224,7 @@ def _load(tmp_path: Path, text: str) -> switch_config.SwitchConfig:
 
 
 def test_a_models_gpus_are_indices_among_those_the_front_sees(tmp_path, monkeypatch):
-    text = f"[[model]]\nname = 'a'\ncheckpoint = '{tmp_path}'\ngpus = [1]\n"
+    text = f"[[model]]\nname = 'a'\ncheckpoint = '{checkpoint_names(tmp_path / 'm')}'\ngpus = [1]\n"
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert _load(tmp_path, text).models[0].cuda_visible_devices() == "1"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,GPU-5e1f")
@@ -233,7 +235,7 @@ def test_a_models_gpus_are_indices_among_those_the_front_sees(tmp_path, monkeypa
 
 
 def test_the_config_file_names_what_is_wrong(tmp_path):
-    (tmp_path / "m").mkdir()
+    checkpoint_names(tmp_path / "m")
     good = f'[switch]\nport = 9000\nmax_awake = 2\n[[model]]\nname = "a"\ncheckpoint = "{tmp_path / "m"}"\n'
     config = _load(tmp_path, good + f'[[model]]\nname = "b"\ncheckpoint = "{tmp_path / "m"}"\ndefault = true\n'
                                     'engine = "vllm"\nargs = ["--max-model-len", "512"]\nparked_weights = "host"\n')
@@ -241,10 +243,12 @@ def test_the_config_file_names_what_is_wrong(tmp_path):
     assert config.models[1].args == ("--max-model-len", "512") and config.models[1].level == 2  # host: deep park
     assert config.models[0].level == 1 and config.models[0].parked_weights == "gpu"
     for text, message in (
-            (good + "[[model]]\nname = \"a\"\ncheckpoint = \"/\"\n", "a is named twice"),
+            (good + f"[[model]]\nname = \"a\"\ncheckpoint = \"{tmp_path / 'm'}\"\n", "a is named twice"),
             (good.replace("port = 9000", "prot = 9000"), "unknown key 'prot'"),
             (good + 'engine = "sglang"\n', "engine must be one of hotweights, vllm"),
-            (good.replace(str(tmp_path / "m"), "/nonexistent"), "checkpoint /nonexistent is not a directory"),
+            (good.replace(str(tmp_path / "m"), "/nonexistent"),
+             "checkpoint: model directory /nonexistent does not exist"),
+            (good.replace(str(tmp_path / "m"), str(tmp_path)), f"checkpoint: no \\*.safetensors files in {tmp_path}"),
             ("[switch]\n", "no model"),
             (good + "park_level = 3\n", "park_level must be 1 or 2"),
             (good + 'parked_weights = "disk"\n', "parked_weights must be gpu or host"),
@@ -294,13 +298,13 @@ def test_a_parking_vllm_engine_is_preloaded_with_the_flags_it_starts_with(tmp_pa
                                       args=("--max-model-len", "512", "--load-format", "hotweights"))
     engine = Engine(model, tmp_path)
     engine.parks = True  # as on vLLM's GPU build (its CPU build has no sleep mode: no parking there)
-    cmd, env = engine.command()
+    cmd, env = engine.command(0)
     assert cmd.count("--enable-sleep-mode") == 1 and env["VLLM_SERVER_DEV_MODE"] == "1"
     assert engine.preload_command() == ["preload", "--engine", "vllm", "--model", str(tmp_path / "m"),
                                         "--tensor-parallel-size", "1", "--vllm-arg=--max-model-len", "--vllm-arg=512",
                                         "--vllm-arg=--enable-sleep-mode"]
     engine.parks = False
-    assert "--enable-sleep-mode" not in engine.command()[0] + engine.preload_command()
+    assert "--enable-sleep-mode" not in engine.command(0)[0] + engine.preload_command()
     # TP=2: the preload's own flag (it waits for an entry of each rank), not one it passes on to vLLM
     tp2 = Engine(switch_config.ModelConfig("b", tmp_path / "m", engine="vllm",
                                            args=("-tp", "2", "--load-format=hotweights", "--dtype", "bfloat16")),
@@ -314,11 +318,11 @@ def test_a_vllm_model_with_its_own_load_format_in_either_spelling_is_started_wit
 
     for args in (("--load-format=auto",), ("--load-format", "auto")):
         engine = Engine(switch_config.ModelConfig("a", tmp_path / "m", engine="vllm", args=args), tmp_path)
-        cmd, _ = engine.command()
+        cmd, _ = engine.command(0)
         assert "hotweights" not in cmd[cmd.index("serve") + 1:] and all(a in cmd for a in args), cmd
         assert engine.preload().startswith("not preloaded (--load-format auto"), args
     engine = Engine(switch_config.ModelConfig("a", tmp_path / "m", engine="vllm"), tmp_path)
-    cmd, _ = engine.command()
+    cmd, _ = engine.command(0)
     assert cmd[cmd.index("--load-format") + 1] == "hotweights"  # the default: the engine layout, zero-copy
 
 

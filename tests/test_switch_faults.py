@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -171,3 +174,131 @@ def test_a_second_front_on_a_taken_port_fails_before_it_starts_anything(front, m
         f"the port; stop it or pass another --port"], done.stderr
     assert not (tmp_path / "logs" / "a.log").exists()  # no engine was started, nothing preloaded
     assert time.monotonic() - began < 30  # the front's imports only (a preload would add ~4 s, vLLM's minutes)
+
+
+def test_a_folder_that_is_not_a_checkpoint_is_refused_before_anything_starts(models, keeper, tmp_path):
+    """Before: the switch's check passed the folder of the models, and its engine failed on the tokenizer,
+    sending the user to install sentencepiece; ``serve`` said the same."""
+    parent = models["a"].parent
+    for cmd in (["switch", "--model", f"a={models['a']}", "--model", f"all={parent}", "--port", "0"],
+                ["serve", str(parent)]):
+        done = subprocess.run([sys.executable, "-m", "hotweights", *cmd], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "HOTWEIGHTS_SOCKET_DIR": str(keeper)})
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode in (1, 2) and len(lines) == 1, done.stderr
+        assert f"no *.safetensors files in {parent}; hotweights reads safetensors checkpoints only" in lines[0]
+        assert "sentencepiece" not in done.stderr
+
+
+def test_a_model_whose_start_failed_is_not_started_again_by_every_request(models, keeper, tmp_path):
+    """Before: each request for it parked the healthy model and paid the failing start again (~6 s)."""
+    broken = shutil.copytree(models["b"], tmp_path / "broken")
+    tokenizer = (broken / "tokenizer.json").read_bytes()
+    (broken / "tokenizer.json").unlink()
+    f = Front(tmp_path, {"a": models["a"], "broken": broken}, socket_dir=keeper)
+    try:
+        deadline = time.monotonic() + 60
+        while f.state("broken")["state"] != "failed":
+            assert time.monotonic() < deadline, f.status()
+            time.sleep(0.2)
+        answer(f.client(), "a")
+        wakes = f.state("a")["wakes"]
+        for _ in range(2):
+            began = time.monotonic()
+            code, got = post(f.url + "/v1/completions", {"model": "broken", "prompt": "x", "max_tokens": 1})
+            assert code == 503 and time.monotonic() - began < 1.5, (code, got)  # its reason, at once
+            message = got["error"]["message"]
+            assert message.startswith("broken: its engine exited with code 2 while starting: Couldn't instantiate "
+                                      "the backend tokenizer") and "(tried again in" in message, message
+            assert "\n" not in message and message.count("its engine exited") == 1, message
+        assert f.state("a")["state"] == "awake" and f.state("a")["wakes"] == wakes  # never parked for it
+        error = f.state("broken")["error"]
+        assert "\n" not in error and error.count("its engine exited") == 1 and len(error) < 600, error
+        (broken / "tokenizer.json").write_bytes(tokenizer)  # its files change: the next request starts it
+        assert answer(f.client(), "broken")
+        assert f.state("broken")["state"] == "awake" and f.state("broken")["error"] is None
+    finally:
+        f.interrupt()
+
+
+def test_unknown_paths_and_methods_are_answered_in_vllms_json_shape(front):
+    for method, path, code in (("GET", "/nope", 404), ("GET", "/v1/completions", 405)):
+        req = urllib.request.Request(front.url + path, method=method)
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(req, timeout=10)
+        body = json.loads(caught.value.read())  # before: plain text "Not Found"
+        assert caught.value.code == code and body["error"]["code"] == code, body
+
+
+def test_the_wake_line_says_how_long_the_switch_waited_for_the_other_models_requests(front):
+    answer(front.client(), "a")
+    body = {"model": "a", "prompt": "The weight cache", "max_tokens": 300, "temperature": 0}
+    busy = threading.Thread(target=post, args=(front.url + "/v1/completions", body))
+    busy.start()
+    deadline = time.monotonic() + 10
+    while front.state("a")["inflight"] != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert answer(front.client(), "c")
+    busy.join()
+    from hotweights.evidence import SWITCH_AWAKE_RE
+
+    line = [m for m in SWITCH_AWAKE_RE.finditer(front.log.read_text()) if m.group(1) == "c"][-1]
+    waited = re.search(r"waited ([\d.]+) s for a's requests, parked a in ([\d.]+) s, woke c in ([\d.]+) s",
+                       line.group(4))
+    assert waited, line.group(0)
+    drain, park, wake = (float(x) for x in waited.groups())
+    assert drain > 0.3 and park < drain and wake < drain, line.group(0)  # the wait was a's generation, not the wake
+    assert abs(drain + park + wake - float(line.group(2))) < 0.05, line.group(0)
+
+
+def test_status_sends_the_key_from_the_environment_and_a_closed_pipe_is_no_error(models, keeper, tmp_path):
+    f = Front(tmp_path, {"a": models["a"]}, "--api-key", "sesame", socket_dir=keeper)
+    try:
+        env = {**os.environ, "VLLM_API_KEY": "sesame"}
+        done = subprocess.run([sys.executable, "-m", "hotweights", "switch", "status", "--port", str(f.port)],
+                              capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == 0 and "a *" in done.stdout, done.stderr  # before: 401 "(give --api-key)"
+        reader = subprocess.Popen([sys.executable, "-m", "hotweights", "switch", "status", "--json", "--port",
+                                   str(f.port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        reader.stdout.close()  # `| head` that has read enough before the status is written
+        _, err = reader.communicate(timeout=60)
+        assert reader.returncode == 0 and b"Broken pipe" not in err and b"Traceback" not in err, err
+    finally:
+        f.interrupt()
+
+
+def test_a_request_during_start_up_is_served_as_soon_as_its_engine_is_up(models, keeper, tmp_path):
+    """Start-up starts a, b, c in turn; a request for c while b starts is served by c's engine once it is up: kept
+    awake for it (before: started, parked, then woken)."""
+    f = Front(tmp_path, models, socket_dir=keeper)  # /health: a serves; b's start has begun
+    try:
+        assert f.state("c")["state"] == "starting"
+        assert answer(f.client(), "c")
+        text = f.log.read_text()
+        assert re.search(r"c ready in [\d.]+ s \(.*; awake, for 1 waiting request\(s\)\)", text), text
+        assert "c awake in" not in text and "c parked" not in text  # no park and wake for it
+    finally:
+        f.interrupt()
+
+
+def test_a_front_says_on_the_way_out_that_the_keeper_keeps_the_weights_or_stops_the_one_it_started(models,
+                                                                                                tmp_path):
+    sock = Path(tempfile.mkdtemp(prefix="hwsk-", dir="/tmp"))
+    try:
+        f = Front(tmp_path, {"a": models["a"]}, socket_dir=sock)  # its preload starts the keeper
+        assert f.interrupt() in (0, 130)
+        said = f.log.read_text()
+        assert re.search(r"the keeper \(pid \d+\) keeps the weights, so that the next front starts at once; "
+                         r"`hotweights stop` frees them \(or run the front with --stop-keeper\)", said), said
+        assert run_cli("status", "--socket-dir", str(sock)).returncode == 0  # still there
+        g = Front(tmp_path, {"a": models["a"]}, "--stop-keeper", socket_dir=sock)
+        assert g.interrupt() in (0, 130)
+        assert "(it ran before this front)" in g.log.read_text()  # not its keeper: left running
+        run_cli("stop", "--socket-dir", str(sock))
+        h = Front(tmp_path, {"a": models["a"]}, "--stop-keeper", socket_dir=sock)
+        assert h.interrupt() in (0, 130)
+        assert "stopped the keeper this front started" in h.log.read_text()
+        assert run_cli("status", "--socket-dir", str(sock)).returncode == 1
+    finally:
+        run_cli("stop", "--socket-dir", str(sock))

@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as exc:  # a feature whose extra is not installed
         print(f"hotweights {args.command}: {missing_extra(exc.name or '', args.command)}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader left (`... | head`): what it read was what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 0
     except OSError as exc:  # a path the user named that cannot be used: one line, no traceback
         where = f"cannot use {exc.filename}: " if exc.filename else ""
         print(f"hotweights {args.command}: {where}{exc.strerror or exc}", file=sys.stderr)
@@ -139,10 +142,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def _model_dir(path: str) -> str:
     """A local model directory, or one line saying it is not one (no hub, no network)."""
     from .errors import CheckpointError
+    from .loading.checkpoint import check_model_dir
 
     if not Path(path).is_dir():
         raise CheckpointError(f"model directory {path} does not exist; models are local directories "
                               f"(download the model first)")
+    check_model_dir(path)
     return path
 
 
@@ -161,12 +166,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return run(config)
     import dataclasses
 
+    from .argv import strip
     from .paths import daemon_paths
     from .standby import front, parked
 
     start = dataclasses.asdict(config) | {"model": os.path.realpath(config.model)}
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
-    argv = front.strip_flag(front.strip_flag(sys.argv[1:], "--park-on-exit"), "--park-idle-s")
+    argv = strip(sys.argv[1:], parked.PARK_ON_EXIT, parked.PARK_IDLE_S)
     return front.run_front(daemon_paths(config.attach.socket_dir).directory, "hotweights",
                             parked.start_fingerprint("hotweights", start, ("hotweights", "torch", "transformers")),
                             f"http://{host}:{config.port}", [sys.executable, "-m", "hotweights", *argv],
@@ -235,11 +241,12 @@ def cmd_vllm(args: argparse.Namespace) -> int:
         return 2
     from .engines.vllm import launcher, preflight
 
-    from .standby.front import flag_value, strip_flag
+    from .argv import strip
+    from .standby.parked import PARK_IDLE_S, PARK_ON_EXIT
 
-    argv = strip_flag(strip_flag(args.vllm_args, "--park-on-exit"), "--park-idle-s")  # hotweights' own flags
-    park = int(flag_value(args.vllm_args, "--park-on-exit", "1") or 0)
-    idle_s = float(flag_value(args.vllm_args, "--park-idle-s", "3600") or 3600)
+    argv = strip(args.vllm_args, PARK_ON_EXIT, PARK_IDLE_S)  # hotweights' own flags
+    park = int(PARK_ON_EXIT.value(args.vllm_args, "1") or 0)
+    idle_s = float(PARK_IDLE_S.value(args.vllm_args, "3600") or 3600)
     start = VllmStart.parse(argv)  # once, for the preflight, the launcher and the standby
     preflight.check(start)  # a strict start the daemon cannot serve exits 1 here, with the strict message
     return launcher.run(start, park=park, park_idle_s=idle_s)

@@ -160,13 +160,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-awake", type=int, default=None, help="engines awake at once (default 1)")
     p.add_argument("--request-timeout-s", type=float, default=None,
                    help="how long a request waits for its model before a 503 (default 300)")
-    p.add_argument("--api-key", default=None, help="Bearer key the front asks for on /v1 (default: $VLLM_API_KEY)")
+    p.add_argument("--api-key", default=None, help="Bearer key the front asks for on /v1 (default: $VLLM_API_KEY; "
+                                                   "status sends it)")
     p.add_argument("--log-dir", default=None, help="where each engine's log goes (default: a new temporary directory)")
     p.add_argument("--no-parking", action="store_true",
                    help="a switch stops the engine and starts the next one instead of parking it (for comparison)")
     p.add_argument("--parked-weights", choices=["gpu", "host"], default=None,
                    help="the quick form: where a parked engine's weights stay (host: off the GPU, so more models fit; "
                         "a wake uploads them)")
+    p.add_argument("--stop-keeper", action="store_true",
+                   help="on the way out, stop the keeper if this front started it (else it keeps the weights for the "
+                        "next start)")
+    p.add_argument("--schedule", choices=["fair", "fifo"], default=None,
+                   help="which waiting model a switch serves next: fair (default: the most requests waiting; one "
+                        "waiting over starve_after_s first) or fifo (first come)")
     p.add_argument("--json", action="store_true", help="status: one JSON object")
 
     p = sub.add_parser("parked", help="the parked engines of this user (--park-on-exit): list, wake, retire")

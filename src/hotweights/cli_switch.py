@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -18,7 +19,8 @@ def cmd_switch(args: argparse.Namespace) -> int:
         return _status(args)
     options = {"host": args.host, "port": args.port, "max_awake": args.max_awake,
                "request_timeout_s": args.request_timeout_s, "api_key": args.api_key,
-               "parking": False if args.no_parking else None}
+               "parking": False if args.no_parking else None, "stop_keeper": True if args.stop_keeper else None,
+               "schedule": args.schedule}
     engine_args = list(getattr(args, "cmd", []) or [])
     if args.config and (args.models or engine_args or args.parked_weights):
         raise ValueError("--config names every model; --model NAME=DIR, --parked-weights and -- ENGINE ARGS are the "
@@ -26,9 +28,7 @@ def cmd_switch(args: argparse.Namespace) -> int:
     try:
         if args.config:
             config = switch_config.load(args.config)
-            config = switch_config.build({**{k: getattr(config, k) for k in ("host", "port", "max_awake",
-                                                                              "request_timeout_s", "api_key",
-                                                                              "socket_dir", "parking")},
+            config = switch_config.build({**{k: getattr(config, k) for k in switch_config.SWITCH_KEYS},
                                           **{k: v for k, v in options.items() if v is not None}},
                                          list(config.models), args.config)
         else:
@@ -46,7 +46,8 @@ def cmd_switch(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     host = args.host or "127.0.0.1"
     url = f"http://{host}:{args.port or 8000}/switch/status"
-    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    key = args.api_key or os.environ.get("VLLM_API_KEY", "")  # as the front reads it
+    headers = {"authorization": f"Bearer {key}"} if key else {}
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
             state = json.loads(r.read())
@@ -60,15 +61,16 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(state))
         return 0
+    from .switch.model import ModelRow
+
     print(f"{'MODEL':<20} {'STATE':<12} {'ENGINE':<10} {'GPUS':<6} {'PID':>7} {'GPU MiB':>8} {'WAKES':>5} "
           f"{'WAITING':>7}  LAST USED")
-    for m in state["models"]:
-        last = "-" if not m["last_used"] else f"{time.time() - m['last_used']:.0f} s ago"
-        name = m["name"] + (" *" if m["name"] == state["default"] else "")
-        gpu = "-" if m.get("gpu_mib") is None else m["gpu_mib"]
-        gpus = ",".join(str(g) for g in m.get("gpus") or []) or "any"
-        print(f"{name:<20} {m['state']:<12} {m['engine']:<10} {gpus:<6} {m['pid'] or '-':>7} {gpu:>8} {m['wakes']:>5} "
-              f"{m['waiting']:>7}  "
-              f"{last}" + (f"  ({m['error']})" if m["error"] else "") + ("" if m["parks"] else "  (no sleep mode: "
-                                                                            "a switch stops and starts it)"))
+    for m in (ModelRow.from_json(row) for row in state["models"]):
+        last = "-" if not m.last_used else f"{time.time() - m.last_used:.0f} s ago"
+        name = m.name + (" *" if m.name == state["default"] else "")
+        gpu = "-" if m.gpu_mib is None else m.gpu_mib
+        gpus = ",".join(str(g) for g in m.gpus or []) or "any"
+        print(f"{name:<20} {m.state:<12} {m.engine:<10} {gpus:<6} {m.pid or '-':>7} {gpu:>8} {m.wakes:>5} "
+              f"{m.waiting:>7}  {last}" + (f"  ({m.error})" if m.error else "")
+              + ("" if m.parks else "  (no sleep mode: a switch stops and starts it)"))
     return 0

@@ -127,6 +127,25 @@ PARKED_RE = re.compile(r"Parked (\S+) \(level (\d)\): freed ([\d.]+) GiB in ([\d
 WOKE_RE = re.compile(r"Woke (\S+) in ([\d.]+) s \(weights (kept mapped|from \w+)\)")
 
 
+# a wake refused (the engine stays parked): by vLLM's workers for memory, by the embedded server when its
+# weights cannot be found again; the switch and the parked front tell them apart by these
+CANNOT_WAKE_MARK = "cannot wake"
+NO_ROOM_RE = re.compile(r"cannot wake (\S+): it needs ([\d.]+) GiB back on its GPU but ([\d.]+) GiB is free")
+
+
+def cannot_wake_no_room(name: str, need_bytes: int, free_bytes: int) -> str:
+    return (f"cannot wake {name}: it needs {need_bytes / GIB:.2f} GiB back on its GPU but {free_bytes / GIB:.2f} GiB "
+            f"is free; park or stop another engine first (nothing was changed: it stays parked)")
+
+
+def woke_source(text: str) -> str | None:
+    """Where the weights of the last wake in ``text`` came from (``gpu``, ``host``, ``disk``), None when they
+    stayed mapped or no wake is in it."""
+    found = list(WOKE_RE.finditer(text))
+    kept = not found or found[-1].group(3) == "kept mapped"
+    return None if kept else found[-1].group(3).removeprefix("from ")
+
+
 def parked(model: str, level: int, freed_bytes: int, seconds: float, *, weights_mapped: bool) -> str:
     return (f"Parked {model} (level {level}): freed {freed_bytes / GIB:.2f} GiB in {seconds:.3f} s "
             f"({'weights kept mapped' if weights_mapped else 'weights unmapped'})")
@@ -135,3 +154,17 @@ def parked(model: str, level: int, freed_bytes: int, seconds: float, *, weights_
 def woke(model: str, seconds: float, source: str | None) -> str:
     """``source``: where the weights came from (gpu, host, disk), None when they stayed mapped."""
     return f"Woke {model} in {seconds:.3f} s ({'weights kept mapped' if source is None else f'weights from {source}'})"
+
+
+# the switch's line for each switch (``hotweights switch``): its time, where the weights came from, and what it
+# waited for: each engine it parked first (waiting for that engine's requests in flight, then the park itself)
+SWITCH_AWAKE_RE = re.compile(r"switch: (\S+) awake in ([\d.]+) s \(weights (\w+)(?:; (.*))?\)")
+
+
+def switch_awake(model: str, seconds: float, source: str, parked: list[tuple[str, float, float]],
+                 wake_s: float) -> str:
+    """``parked``: ``(model, seconds waiting for its requests, seconds parking it)`` of each engine parked first."""
+    waits = "".join(f"waited {drain:.3f} s for {name}'s requests, parked {name} in {park:.3f} s, "
+                    for name, drain, park in parked)
+    return (f"switch: {model} awake in {seconds:.3f} s (weights {source}"
+            + (f"; {waits}woke {model} in {wake_s:.3f} s)" if parked else ")"))

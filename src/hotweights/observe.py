@@ -23,19 +23,17 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .argv import Option
+from .unix import signal_group, stop_group
+
 DEFAULT_HEALTH_URL = "http://127.0.0.1:8000/health"
 
 
 def health_url_for(command: list[str]) -> str:
     """Where a server started by ``command`` answers ``/health``: its ``--port`` (and ``--host`` unless it
     binds every address), else port 8000 on 127.0.0.1, the default of ``vllm serve`` and ``hotweights serve``."""
-    found = {"--port": "8000", "--host": "127.0.0.1"}
-    for i, arg in enumerate(command):
-        name, eq, value = arg.partition("=")
-        if name in found:
-            found[name] = value if eq else (command[i + 1] if i + 1 < len(command) else found[name])
-    host = "127.0.0.1" if found["--host"] in ("0.0.0.0", "::", "") else found["--host"]
-    return f"http://{host}:{found['--port']}/health"
+    port, host = Option(("--port",)).value(command) or "8000", Option(("--host",)).value(command) or "127.0.0.1"
+    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}/health"
 
 
 def complete(base_url: str, prompt: str, *, max_tokens: int = 16, model: str | None = None,
@@ -154,7 +152,7 @@ class Observed:
     def wait_ready(self, *, timeout_s: float = 600.0, interval_s: float = 1.0) -> Receipt:
         deadline = self.t0 + timeout_s
         while True:
-            if _healthy(self.health_url):
+            if healthy(self.health_url):
                 self.receipt.ready = True
                 break
             if self.proc.poll() is not None:
@@ -181,30 +179,18 @@ class Observed:
 
     def stop(self, *, grace_s: float = 30.0) -> int | None:
         """SIGINT the process group, SIGKILL it after ``grace_s``; returns the exit code."""
-        if self.proc.poll() is None:
-            _signal_group(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                _signal_group(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        _signal_group(self.proc.pid, signal.SIGKILL)  # stragglers the leader left behind
+        stop_group(self.proc.pid, grace_s, first=signal.SIGINT, child=self.proc)
+        signal_group(self.proc.pid, signal.SIGKILL)  # stragglers the leader left behind
         if not self._log.closed:
             self._log.close()
         return self.proc.returncode
 
 
-def _signal_group(pgid: int, sig: int) -> None:
+def healthy(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether ``url`` (a server's ``/health``) answers 200 now."""
     try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status == 200
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return bool(r.status == 200)
     except OSError:
         return False
 
@@ -244,7 +230,7 @@ def post(url: str, timeout_s: float = 120) -> bytes:
 def wait_healthy(base_url: str, timeout_s: float, interval_s: float = 0.02) -> None:
     """Until ``base_url``/health answers 200; TimeoutError after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while not _healthy(f"{base_url}/health"):
+    while not healthy(f"{base_url}/health"):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{base_url}/health did not answer 200 within {timeout_s:.0f} s")
         time.sleep(interval_s)

@@ -10,9 +10,11 @@ fds point at (the daemon checks memfd seals and sizes on publish).
 
 from __future__ import annotations
 
+import re
 import socket
 import typing
 from dataclasses import dataclass, field, fields
+from collections.abc import Iterable
 from typing import Any
 
 from .codec import Codec
@@ -117,6 +119,7 @@ class HelloOk:
 
 
 _ROW_TYPES: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "float": (int, float)}
+_ROW_SHAPES = {"tp": re.compile(r"\d+/\d+"), "parked": re.compile(r"(\d+:\d+(,\d+:\d+)*)?")}
 _ROW_STAND_INS = {"arch": "", "tp": "0/1", "num_pools": 0, "num_attaches": 0, "published_at": 0.0, "host_nbytes": 0,
                   "parked": ""}
 
@@ -141,6 +144,22 @@ class EntryRow:
     host_nbytes: int = 0  # bytes of its host copy (0: none); ``nbytes`` is 0 when only the host copy is left
     parked: str = ""  # "pid:level,..." of the engines parked on it
 
+    @property
+    def parked_on(self) -> tuple[tuple[int, int], ...]:
+        """``(pid, level)`` of each engine parked on this entry (``parked`` on the wire, ``"pid:level,..."``)."""
+        return tuple((int(pid), int(level)) for pid, _, level in (note.partition(":") for note in self.parked.split(",")
+                                                                  if note))
+
+    @staticmethod
+    def parked_text(notes: Iterable[tuple[int, int]]) -> str:
+        return ",".join(f"{pid}:{level}" for pid, level in notes)
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        """``(rank, size)`` of its tensor parallelism (``tp`` on the wire, ``"rank/size"``)."""
+        rank, _, size = self.tp.partition("/")
+        return int(rank), int(size or 1)
+
     def to_wire(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
@@ -159,6 +178,9 @@ class EntryRow:
                 raise ProtocolError(f"status row field {f.name!r} must be {f.type}, got {type(value).__name__}",
                                     code="bad_reply")
             values[f.name] = float(typing.cast(float, value)) if f.type == "float" else value
+        for name, shape in _ROW_SHAPES.items():
+            if not shape.fullmatch(values[name]):
+                raise ProtocolError(f"status row field {name!r} is malformed: {values[name][:80]!r}", code="bad_reply")
         return cls(**values)
 
 

@@ -6,15 +6,19 @@ Linux only (``SO_PEERCRED``, ``flock``). Stdlib only: the keeper imports it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import os
 import shutil
+import signal
 import socket
 import struct
+import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Protocol
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int]:
@@ -116,6 +120,50 @@ def pid_alive(pid: int, *, others: bool = True) -> bool:
         return False
     except PermissionError:
         return others
+    return True
+
+
+def signal_group(pgid: int, signum: int) -> bool:
+    """``signum`` to the process group ``pgid``; False when it is gone (or not ours to signal)."""
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+class _Child(Protocol):
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def stop_group(pid: int, grace_s: float = 30.0, *, first: int = signal.SIGTERM, child: _Child | None = None) -> None:
+    """Stop a server and all it started: ``first`` to the process group ``pid`` leads (a server started in a
+    session of its own), SIGKILL to the group after ``grace_s``. Returns once ``pid`` is gone: ``child`` (its
+    ``subprocess.Popen``) is waited for, which reaps it; else ``pid`` is polled (and reaped if it is ours)."""
+    if not signal_group(pid, first):
+        if child is not None:
+            child.wait()
+        return
+    if not _ended(pid, grace_s, child):
+        signal_group(pid, signal.SIGKILL)
+        _ended(pid, 30.0, child)
+
+
+def _ended(pid: int, timeout_s: float, child: _Child | None) -> bool:
+    if child is not None:
+        try:
+            child.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+    deadline = time.monotonic() + timeout_s
+    while pid_alive(pid, others=False):
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
     return True
 
 

@@ -106,7 +106,7 @@ class _Snapshot:
         parked = GaugeMetricFamily("hotweights_entry_parked_engines", "Engines parked on an entry", labels=["key"])
         for e in s["entries"]:
             host.add_metric([e.key], e.host_nbytes)
-            parked.add_metric([e.key], len([p for p in e.parked.split(",") if p]))
+            parked.add_metric([e.key], len(e.parked_on))
         yield host
         yield parked
         yield GaugeMetricFamily("hotweights_clients", "Live client connections", value=s["clients"])

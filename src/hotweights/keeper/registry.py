@@ -162,7 +162,8 @@ class Registry:
             for key in dict.fromkeys([*self._entries, *self._host]):
                 device, host = self._entries.get(key), self._host.get(key)
                 row = (device or host).row()  # type: ignore[union-attr]  # one of them is there
-                parked = ",".join(f"{pid}:{level}" for pid, (level, _) in sorted(self._parked.get(key, {}).items()))
+                held_by = sorted(self._parked.get(key, {}).items())
+                parked = EntryRow.parked_text((pid, level) for pid, (level, _) in held_by)
                 rows.append(dataclasses.replace(row, nbytes=device.manifest.nbytes if device else 0,
                                                 host_nbytes=host.manifest.nbytes if host else 0, parked=parked))
             parked_by: dict[str, int] = {}

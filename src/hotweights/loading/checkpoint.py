@@ -139,6 +139,25 @@ def open_checkpoint(directory: str | os.PathLike[str], *, validate: bool = True)
     return ckpt
 
 
+def check_model_dir(directory: str | os.PathLike[str]) -> Path:
+    """A directory a server can start from: its safetensors shards (by name) and ``config.json``. CheckpointError
+    with preload's words otherwise, before anything starts (a folder of models, say, instead of one)."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise CheckpointError(f"model directory {root} does not exist or is not a directory")
+    _shard_names(root)
+    return check_config_dir(root)
+
+
+def check_config_dir(root: Path) -> Path:
+    """A directory with a ``config.json`` (what any engine reads first); CheckpointError otherwise."""
+    if not root.is_dir():
+        raise CheckpointError(f"model directory {root} does not exist or is not a directory")
+    if not (root / "config.json").is_file():
+        raise CheckpointError(f"no config.json in {root}; a model directory holds it beside its weight files")
+    return root
+
+
 def _shard_names(root: Path) -> list[str]:
     index = root / INDEX_NAME
     if index.exists():

@@ -118,41 +118,6 @@ def run_front(daemon_dir: Path, engine: str, start: Fingerprint, url: str, cmd: 
             log.unlink(missing_ok=True)
 
 
-def strip_flag(argv: list[str], flag: str) -> list[str]:
-    """``argv`` without ``flag`` and its optional numeric value (``--flag``, ``--flag N``, ``--flag=N``)."""
-    out, skip = [], False
-    for i, token in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        if token == flag:
-            skip = i + 1 < len(argv) and _is_number(argv[i + 1])
-            continue
-        if token.startswith(flag + "="):
-            continue
-        out.append(token)
-    return out
-
-
-def flag_value(argv: list[str], flag: str, bare: str) -> str | None:
-    """The value of ``flag`` in ``argv`` (``bare`` when it is given without one), None when absent."""
-    value = None
-    for i, token in enumerate(argv):
-        if token == flag:
-            value = argv[i + 1] if i + 1 < len(argv) and _is_number(argv[i + 1]) else bare
-        elif token.startswith(flag + "="):
-            value = token.split("=", 1)[1]
-    return value
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
 def launch(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     """The server, in its own session (the terminal's Ctrl-C reaches only the launcher), writing to ``log``."""
     with open(log, "ab") as out:

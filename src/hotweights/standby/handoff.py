@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HotweightsError, ProtocolError, TrustError
+from ..observe import healthy
 from ..paths import check_socket_dir
 from ..unix import descendants, is_locked, lock_holder, peer_credentials, pid_alive, spawn_detached
 from ..wire import close_fds
@@ -86,7 +87,7 @@ class Server:
         except (EOFError, OSError, ProtocolError) as exc:
             # the standby died: the server got SIGTERM with it (PR_SET_PDEATHSIG); wait until it is gone
             logger.error("the standby supervising pid %d went away (%s); waiting for the server to end", self.pid, exc)
-            while Path(f"/proc/{self.pid}").exists():
+            while pid_alive(self.pid):
                 time.sleep(0.2)
             return 1
         finally:
@@ -149,16 +150,6 @@ SETTLE_S = 10.0  # how long the preload waits for the standby it spawned to hold
 IMPORT_WAIT_S = 60.0  # a standby importing its engine is ready sooner than a plain start imports it again
 
 
-def start_ready(url: str, timeout_s: float = 1.0) -> bool:
-    """Whether the start whose health URL this is answers 200 (a start a standby follows, ``--after-url``)."""
-    import urllib.request
-
-    with contextlib.suppress(OSError, ValueError):
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
-            return bool(r.status == 200)
-    return False
-
-
 def _wait_while_importing(lock: Path, sock: Path, timeout_s: float = IMPORT_WAIT_S) -> None:
     """When a standby holds its lock but does not answer yet because it is importing (the start it followed,
     if any, is ready or gone: a preload's standby, or one prepared by the previous start, which may still
@@ -176,13 +167,13 @@ def _wait_while_importing(lock: Path, sock: Path, timeout_s: float = IMPORT_WAIT
         return
     after = int(argv[argv.index(b"--after-pid") + 1]) if b"--after-pid" in argv else 0
     url = argv[argv.index(b"--after-url") + 1].decode(errors="replace") if b"--after-url" in argv else ""
-    if after and Path(f"/proc/{after}").exists() and not (url and start_ready(url)):
+    if after and pid_alive(after) and not (url and healthy(url, 1.0)):
         return
     import socket
 
     logger.info("Waiting for the warm standby (pid %d), which is importing its engine", pid)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+    while time.monotonic() < deadline and pid_alive(pid):
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as probe:
             if probe.connect_ex(str(sock)) == 0:  # listening: it has imported (a connection it just drops)
                 return

@@ -29,21 +29,21 @@ of other users (the directory is this user's).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
 import os
-import signal
 import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import evidence
+from ..argv import Option
 from ..key import FieldDiff
 from ..observe import PortBusy, listen, post, wait_healthy
-from ..unix import pid_alive
+from ..unix import pid_alive, stop_group
 from .fingerprint import Fingerprint
 
 logger = logging.getLogger(__name__)
@@ -54,6 +54,9 @@ def alive(pid: int) -> bool:
 
 
 WAKE_TIMEOUT_S = 60.0
+# hotweights' own options on a server's command line, taken out before the server sees it
+PARK_ON_EXIT = Option(("--park-on-exit",), "number")  # [1|2]
+PARK_IDLE_S = Option(("--park-idle-s",))
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +181,8 @@ def wake_refusal(record: Record, exc: Exception) -> str:
         lines = Path(record.log).read_text(errors="replace").splitlines()[-400:]
     except OSError:
         lines = []
-    said = next((x[x.index("hotweights: "):] for x in reversed(lines) if "hotweights: cannot wake" in x), str(exc))
+    mark = f"hotweights: {evidence.CANNOT_WAKE_MARK}"
+    said = next((x[x.index("hotweights: "):] for x in reversed(lines) if mark in x), str(exc))
     still = _is_sleeping(record.url)
     return said + ("" if still is None else " (it is still parked)" if still else " (it is awake)")
 
@@ -200,17 +204,4 @@ def _say(diffs: list[FieldDiff]) -> str:
 
 def stop(pid: int, grace_s: float = 20.0) -> None:
     """SIGTERM to the server's session (it leads one), SIGKILL after ``grace_s``."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        return
-    deadline = time.monotonic() + grace_s
-    while alive(pid) and time.monotonic() < deadline:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        time.sleep(0.05)
-    if alive(pid):
-        with contextlib.suppress(OSError):
-            os.killpg(pid, signal.SIGKILL)
+    stop_group(pid, grace_s)

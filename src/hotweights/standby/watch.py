@@ -24,8 +24,7 @@ def parked_keys(daemon_dir: Path, session: int) -> list[str]:
             rows = client.status().rows()
     except (HotweightsError, OSError):
         return []
-    return [r.key for r in rows if any(_session_of(int(note.split(":")[0])) == session
-                                       for note in r.parked.split(",") if note)]
+    return [r.key for r in rows if any(_session_of(pid) == session for pid, _ in r.parked_on)]
 
 
 def _session_of(pid: int) -> int:

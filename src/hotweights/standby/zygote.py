@@ -40,11 +40,12 @@ import traceback
 from pathlib import Path
 
 from ..errors import ProtocolError
+from ..observe import healthy
 from ..paths import ensure_socket_dir
-from ..unix import peer_credentials, set_process_title, take_pid_lock
+from ..unix import peer_credentials, pid_alive, set_process_title, signal_group, take_pid_lock
 from ..wire import close_fds
 from .engine import EngineSpec, spec
-from .handoff import standby_paths, start_ready
+from .handoff import standby_paths
 from .messages import Exited, Hello, Ready, Start, Started, Stop, receive, send
 
 logger = logging.getLogger("hotweights.standby")
@@ -148,9 +149,9 @@ def _wait_for(pid: int, url: str) -> str:
     """Until the start of ``pid`` answers ``url`` with 200, or exits, or ``AFTER_MAX_S`` pass; what happened."""
     deadline = time.monotonic() + AFTER_MAX_S
     while time.monotonic() < deadline:
-        if not Path(f"/proc/{pid}").exists():
+        if not pid_alive(pid):
             return "it exited"
-        if start_ready(url):
+        if healthy(url, 1.0):
             return "ready"
         time.sleep(0.5)
     return f"not ready after {AFTER_MAX_S:.0f} s; importing anyway"
@@ -281,16 +282,11 @@ def _supervise(conn: socket.socket, server: int) -> int:
                 launcher_gone = True
                 poller.unregister(conn)
                 logger.warning("the launcher went away: stopping server pid %d", server)
-                _signal_group(server, signal.SIGTERM)
+                signal_group(server, signal.SIGTERM)
                 deadline = time.monotonic() + GRACE_S
         if deadline and time.monotonic() > deadline:
-            _signal_group(server, signal.SIGKILL)
+            signal_group(server, signal.SIGKILL)
             deadline = None
-
-
-def _signal_group(pid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signum)
 
 
 if __name__ == "__main__":

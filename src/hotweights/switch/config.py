@@ -8,6 +8,9 @@
     api_key = ""             # like vllm serve --api-key (else $VLLM_API_KEY): Bearer on /v1/*
     socket_dir = ""          # the keeper's (default: hotweights' default)
     parking = true           # false: a switch stops the engine and starts the next one (llama-swap's way)
+    stop_keeper = false      # true: on the way out, stop the keeper if this front started it (frees the weights)
+    schedule = "fair"        # which waiting model goes next: "fair" (most requests waiting; one waiting over
+    starve_after_s = 10      # starve_after_s goes first) or "fifo" (first come)
 
     [[model]]
     name = "chat"            # the API's model name
@@ -34,7 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..engines.vllm.options import LOAD_FORMAT
 from ..engines.vllm.start import VllmStart
+from ..errors import CheckpointError
+from ..loading.checkpoint import check_config_dir, check_model_dir
 
 ENGINES = ("hotweights", "vllm")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
@@ -89,14 +95,18 @@ class SwitchConfig:
     api_key: str = ""
     socket_dir: str = ""
     parking: bool = True
+    stop_keeper: bool = False  # on the way out, stop the keeper if this front's preloads started it
+    schedule: str = "fair"  # or "fifo": which waiting model a switch serves next (switcher.py)
+    starve_after_s: float = 10.0  # fair: a model whose request has waited this long goes next
 
     @property
     def default(self) -> ModelConfig:
         return next((m for m in self.models if m.default), self.models[0])
 
 
-_SWITCH_KEYS = {"host": str, "port": int, "max_awake": int, "request_timeout_s": (int, float), "api_key": str,
-                "socket_dir": str, "parking": bool}
+SWITCH_KEYS = {"host": str, "port": int, "max_awake": int, "request_timeout_s": (int, float), "api_key": str,
+               "socket_dir": str, "parking": bool, "stop_keeper": bool, "schedule": str,
+               "starve_after_s": (int, float)}
 _MODEL_KEYS = {"name": str, "checkpoint": str, "engine": str, "args": list, "default": bool, "keep_awake": bool,
                "park_level": int, "deep_park_after_s": (int, float), "parked_weights": str, "gpus": list}
 
@@ -137,8 +147,11 @@ def model(table: dict[str, Any], where: str) -> ModelConfig:
     if gpus and len(gpus) < tp:
         raise ConfigError(f"{where}: gpus lists {len(gpus)} GPU(s) but --tensor-parallel-size {tp} needs {tp}")
     checkpoint = Path(table["checkpoint"]).expanduser()
-    if not checkpoint.is_dir():
-        raise ConfigError(f"{where}: checkpoint {checkpoint} is not a directory")
+    own_format = table.get("engine") == "vllm" and VllmStart.parse(args).load_format not in (None, LOAD_FORMAT)
+    try:  # vLLM reading the checkpoint itself may read other formats than safetensors
+        check_model_dir(checkpoint) if not own_format else check_config_dir(checkpoint)
+    except CheckpointError as exc:
+        raise ConfigError(f"{where}: checkpoint: {exc}") from None
     made = ModelConfig(table["name"], checkpoint, table.get("engine", "hotweights"), tuple(args),
                        table.get("default", False), table.get("keep_awake", False), table.get("park_level", 1),
                        float(table.get("deep_park_after_s", 0)), table.get("parked_weights", "gpu"), tuple(gpus))
@@ -147,7 +160,7 @@ def model(table: dict[str, Any], where: str) -> ModelConfig:
 
 
 def build(switch: dict[str, Any], models: list[ModelConfig], where: str) -> SwitchConfig:
-    _typed(switch, _SWITCH_KEYS, f"{where} [switch]")
+    _typed(switch, SWITCH_KEYS, f"{where} [switch]")
     if not models:
         raise ConfigError(f"{where}: no model ([[model]] tables, or --model NAME=DIR)")
     names = [m.name for m in models]
@@ -158,12 +171,14 @@ def build(switch: dict[str, Any], models: list[ModelConfig], where: str) -> Swit
         raise ConfigError(f"{where}: more than one model is the default")
     if switch.get("max_awake", 1) < 1:
         raise ConfigError(f"{where}: max_awake must be at least 1")
+    if switch.get("schedule", "fair") not in ("fair", "fifo"):
+        raise ConfigError(f"{where}: schedule must be fair or fifo, got {switch['schedule']!r}")
     if switch.get("request_timeout_s", 300) <= 0:
         raise ConfigError(f"{where}: request_timeout_s must be positive (seconds a request may wait for its "
                           f"model), got {switch['request_timeout_s']!r}")
     if not 0 < switch.get("port", 8000) < 65536:
         raise ConfigError(f"{where}: port must be 1-65535")
-    values = {k: switch[k] for k in _SWITCH_KEYS if k in switch}
+    values = {k: switch[k] for k in SWITCH_KEYS if k in switch}
     values.setdefault("api_key", os.environ.get("VLLM_API_KEY", ""))
     return SwitchConfig(tuple(models), **values)
 
@@ -197,5 +212,5 @@ def quick(pairs: list[str], engine: str, args: list[str], switch: dict[str, Any]
         if not sep or not name or not directory:
             raise ConfigError(f"--model takes NAME=DIR, got {pair!r}")
         models.append(model({"name": name, "checkpoint": directory, "engine": engine, "args": list(args),
-                             "parked_weights": parked_weights}, f"--model #{i + 1}"))
+                             "parked_weights": parked_weights}, f"--model #{i + 1} ({name})"))
     return build({k: v for k, v in switch.items() if v is not None}, models, "the command line")

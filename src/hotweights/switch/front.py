@@ -16,7 +16,7 @@ import hmac
 import logging
 import tempfile
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
@@ -30,19 +30,23 @@ from starlette.routing import Route
 from ..serve.errors import error_response as error
 from ..serve.errors import http_error, stream_error
 from ..standby.parked import take_port
-from .config import SwitchConfig
-from .engines import gpu_mib_by_pid
+from .config import ModelConfig, SwitchConfig
+from .engines import Engine, EngineLike, gpu_mib_by_pid
 from .metrics import SwitchMetrics
-from .switcher import Model, Switcher, Unavailable
+from .model import Model
+from .states import ModelState
+from .switcher import Switcher, Unavailable
 from .validate import Refused, model_of
 
 logger = logging.getLogger("hotweights.switch")
 
 
-def create_app(config: SwitchConfig, log_dir: Path | None = None) -> Starlette:
+def create_app(config: SwitchConfig, log_dir: Path | None = None,
+               engines: Callable[[ModelConfig], EngineLike] | None = None) -> Starlette:
+    """The front's app; ``engines`` makes a model's engine (default: its real server process, ``Engine``)."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="hotweights-switch-"))
     metrics = SwitchMetrics()
-    switcher = Switcher(config, log_dir, metrics)
+    switcher = Switcher(config, metrics, engines or (lambda m: Engine(m, log_dir, config.socket_dir, config.parking)))
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
 
     def authorized(request: Request) -> bool:
@@ -52,7 +56,7 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None) -> Starlette:
         return hmac.compare_digest(given.encode(), f"Bearer {config.api_key}".encode())
 
     async def health(_request: Request) -> Response:
-        if switcher.ready.is_set() and switcher.models[config.default.name].state != "failed":
+        if switcher.ready.is_set() and switcher.models[config.default.name].state is not ModelState.FAILED:
             return Response(status_code=200)
         return error(503, f"the default model {config.default.name} is not serving yet")
 
@@ -69,7 +73,7 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None) -> Starlette:
             return error(401, "Unauthorized")
         gpu = await asyncio.to_thread(gpu_mib_by_pid)
         return JSONResponse({"default": config.default.name, "max_awake": config.max_awake, "log_dir": str(log_dir),
-                             "models": [m.row(gpu) for m in switcher.models.values()]})
+                             "models": [m.row(gpu).to_json() for m in switcher.models.values()]})
 
     async def scrape(_request: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -151,17 +155,19 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncGenerator[None, None]:
-        starting = asyncio.create_task(switcher.start_all())
+        keeper_before = await asyncio.to_thread(keeper_pid, config.socket_dir)  # 0: this front's preloads start it
+        scheduling = asyncio.create_task(switcher.run())
         watching = asyncio.create_task(switcher.watch())
         try:
             yield
         finally:
-            for task in (starting, watching):
+            for task in (scheduling, watching):
                 task.cancel()
-            await asyncio.gather(starting, watching, return_exceptions=True)
+            await asyncio.gather(scheduling, watching, return_exceptions=True)
             await client.aclose()
-            await asyncio.to_thread(switcher.stop_all)
+            await switcher.stop_all()
             logger.info("switch: every engine stopped")
+            await asyncio.to_thread(leave_keeper, config, keeper_before)
 
     app = Starlette(lifespan=lifespan, exception_handlers={HTTPException: http_error}, routes=[
         Route("/health", health), Route("/metrics", scrape), Route("/v1/models", models),
@@ -170,6 +176,38 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None) -> Starlette:
         Route("/v1/chat/completions", forward, methods=["POST"])])
     app.state.switcher = switcher
     return app
+
+
+def keeper_pid(socket_dir: str) -> int:
+    """The pid of the keeper answering in ``socket_dir`` (the default when ""), 0 when none does."""
+    from ..client import connect
+    from ..errors import HotweightsError
+    from ..paths import daemon_paths
+
+    try:
+        with connect(daemon_paths(socket_dir or None)) as client:
+            return client.status().pid
+    except (HotweightsError, OSError):
+        return 0
+
+
+def leave_keeper(config: SwitchConfig, before: int) -> None:
+    """On the way out: the keeper keeps the weights for the next start (said in one line); with ``stop_keeper`` a
+    keeper this front's preloads started is stopped, its entries freed."""
+    from ..client import connect
+    from ..paths import daemon_paths
+
+    pid = keeper_pid(config.socket_dir)
+    if not pid:
+        return
+    if config.stop_keeper and pid != before:
+        with connect(daemon_paths(config.socket_dir or None)) as client:
+            client.stop()
+        logger.info("switch: stopped the keeper this front started (pid %d): its weights are freed", pid)
+        return
+    ran = " (it ran before this front)" if pid == before else ""
+    logger.info("switch: the keeper (pid %d%s) keeps the weights, so that the next front starts at once; "
+                "`hotweights stop` frees them%s", pid, ran, "" if ran else " (or run the front with --stop-keeper)")
 
 
 async def disconnected(request: Request) -> None:
@@ -184,10 +222,10 @@ def run(config: SwitchConfig, log_dir: Path | None = None) -> int:
 
     sock = take_port(config.host, config.port, config.socket_dir or None)  # before any engine starts
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per relayed request otherwise
+    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="hotweights-switch-"))
     app = create_app(config, log_dir)
     names = ", ".join(m.name + (" (default)" if m is config.default else "") for m in config.models)
-    logger.info("switch: http://%s:%d for %s; logs in %s", config.host, config.port, names,
-                app.state.switcher.models[config.default.name].engine.log_path.parent)
+    logger.info("switch: http://%s:%d for %s; logs in %s", config.host, config.port, names, log_dir)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
                                            timeout_graceful_shutdown=30))
     server.run(sockets=[sock])

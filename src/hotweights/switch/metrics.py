@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from .engines import AWAKE, DEEP, FAILED, PARKED, STARTING, STOPPED
-
-STATES = (AWAKE, PARKED, DEEP, STARTING, FAILED, STOPPED)
+from .states import ModelState
 
 
 class SwitchMetrics:
@@ -24,7 +22,8 @@ class SwitchMetrics:
         self._state = Gauge("hotweights_switch_model_state", "1 for the state each model is in", ["model", "state"],
                             registry=r)
         self.requests = Counter("hotweights_switch_requests", "Requests by model and outcome (served, unavailable, "
-                                "unknown_model)", ["model", "outcome"], registry=r)
+                                "abandoned: the client left first; refused by the front, model \"\")",
+                                ["model", "outcome"], registry=r)
 
     def switch(self, model: str, source: str, seconds: float) -> None:
         self._switches.labels(model, source).inc()
@@ -33,6 +32,6 @@ class SwitchMetrics:
     def waiting(self, model: str, n: int) -> None:
         self._waiting.labels(model).set(n)
 
-    def state(self, model: str, state: str) -> None:
-        for s in STATES:
-            self._state.labels(model, s).set(1 if s == state else 0)
+    def state(self, model: str, state: ModelState) -> None:
+        for s in ModelState:
+            self._state.labels(model, s.value).set(1 if s is state else 0)

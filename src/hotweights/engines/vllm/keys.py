@@ -26,6 +26,7 @@ from ...loading.diagnosis import Candidate
 from ...loading.digest import DigestCache
 from ...pools.devices import Device, resolve_device
 from . import capabilities
+from .options import LAYOUT_PREFIX
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -48,7 +49,7 @@ def keys_for(vllm_config: Any, config: AttachConfig) -> Keys:
     device = torch.device(vllm_config.device_config.device)
     dev = resolve_device(str(device) if device.type == "cuda" else "cpu")  # "cuda": the current device
     dtype = str(model_config.dtype).removeprefix("torch.")
-    layout = f"vllm/{getattr(vllm, '__version__', 'unknown')}"
+    layout = f"{LAYOUT_PREFIX}{getattr(vllm, '__version__', 'unknown')}"
     if quant := getattr(model_config, "quantization", None):
         layout += f"/quant={quant}"
     cache_dtype = getattr(vllm_config.cache_config, "cache_dtype", "auto")

@@ -28,6 +28,7 @@ import os
 import sys
 
 from ... import evidence
+from ...argv import Option
 from ...standby import handoff
 from .standby import SPEC
 from .start import VllmStart
@@ -65,7 +66,7 @@ def explicit_log_error_stack(args: list[str], env: dict[str, str]) -> list[str]:
     """``args`` with vLLM's ``--log-error-stack`` made explicit: its default is ``VLLM_SERVER_DEV_MODE`` read
     when vLLM is imported, which for a standby start was the standby's environment, not this start's
     (``standby.SPEC.env_after_fork``). A choice the user made stays, also one a ``--config`` file may hold."""
-    if any(a.split("=", 1)[0] in ("--log-error-stack", "--no-log-error-stack", "--config") for a in args):
+    if Option(("--log-error-stack", "--no-log-error-stack", "--config"), "none").present(args):
         return args
     try:
         dev_mode = int(env.get("VLLM_SERVER_DEV_MODE", "0") or "0") != 0  # as vLLM reads it
@@ -85,7 +86,7 @@ def _run_parked(start: VllmStart, cmd: list[str], env: dict[str, str], level: in
     if is_cpu_build():
         raise ValueError("--park-on-exit needs vLLM's sleep mode, which its CPU build does not have: start "
                          "without it (a restart still maps the cached weights and uses the standby)")
-    if "--enable-sleep-mode" not in cmd:
+    if not Option(("--enable-sleep-mode",), "none").present(cmd):
         cmd = [*cmd, "--enable-sleep-mode"]
     url = start.health_url.removesuffix("/health")
     fingerprint = parked.start_fingerprint("vllm", {"argv": list(start.argv)}, SPEC.packages, SPEC.env_prefixes)

@@ -8,12 +8,23 @@ an H200: ``benchmarks/results/gpu_sleep/``).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ...config import AttachConfig
+from ...protocol import EntryRow
 
 LOAD_FORMAT = "hotweights"
 LAYOUTS = ("auto", "engine", "checkpoint")
+LAYOUT_PREFIX = "vllm/"  # an engine-layout entry's layout: vllm/<version>[/quant=..][/kv=..] (keys.py)
+
+
+def engine_rows(rows: list[EntryRow], model_dir: str | Path, tp_size: int | None = None) -> list[EntryRow]:
+    """The keeper's engine-layout rows of the checkpoint in ``model_dir`` (by its directory's name, as the key's
+    ``model``), of a ``tp_size``-way start when given."""
+    name = Path(model_dir).name
+    return [r for r in rows if r.model == name and r.layout.startswith(LAYOUT_PREFIX)
+            and (tp_size is None or r.rank[1] == tp_size)]
 
 
 def split_extra_config(extra: Any) -> tuple[str, AttachConfig]:

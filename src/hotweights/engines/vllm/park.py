@@ -26,7 +26,6 @@ from typing import Any
 import torch
 
 from ... import evidence
-from ...evidence import GIB
 from ...loading import resident
 
 logger = logging.getLogger(__name__)
@@ -94,6 +93,4 @@ def _check_fits(worker: Any, own: int, unmapped: int) -> None:
                 pass
     free = torch.cuda.mem_get_info()[0]
     if need > free:
-        raise RuntimeError(f"hotweights: cannot wake {_name(worker)}: it needs {need / GIB:.2f} GiB back on its GPU "
-                           f"but {free / GIB:.2f} GiB is free; park or stop another engine first (nothing was "
-                           f"changed: it stays parked)")
+        raise RuntimeError(f"hotweights: {evidence.cannot_wake_no_room(_name(worker), need, free)}")

@@ -36,6 +36,7 @@ from ...evidence import GIB, WRITE_THROUGH_FAILED
 from ...observe import Observed, free_port
 from ...paths import DaemonPaths, daemon_paths
 from ...protocol import EntryRow
+from .options import engine_rows
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_di
             rows = _engine_rows(paths, Path(model).name, tp_size)
             published = [r for r in rows if r.key not in before]
             mapped = [r for r in rows if r.key in before and r.num_attaches > before[r.key]]
-            if {r.tp for r in published + mapped} >= {f"{rank}/{tp_size}" for rank in range(tp_size)}:
+            if {r.rank[0] for r in published + mapped} >= set(range(tp_size)):
                 break
             text = obs.log_text()
             failure = next((line for line in text.splitlines() if any(f in line for f in WRITE_THROUGH_FAILED)), None)
@@ -102,8 +103,8 @@ def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_di
     finally:
         obs.stop(grace_s=20)
     out = [{"num_tensors": r.num_tensors, "gib": r.tensor_nbytes / GIB, "model": r.model, "key": r.key,
-            "device": r.device} for r in sorted(published, key=lambda r: r.tp)]
-    return VllmPreloadResult(out, len({r.tp for r in mapped} - {r.tp for r in published}), time.monotonic() - start,
+            "device": r.device} for r in sorted(published, key=lambda r: r.rank)]
+    return VllmPreloadResult(out, len({r.rank for r in mapped} - {r.rank for r in published}), time.monotonic() - start,
                              str(obs.log_path), started_up, standby)
 
 
@@ -125,5 +126,4 @@ def _leave_standby(directory: Path, python: str) -> str:
 def _engine_rows(paths: DaemonPaths, model: str, tp_size: int) -> list[EntryRow]:
     """The daemon's engine-layout rows of ``model`` for a ``tp_size``-way start (one per rank when done)."""
     with connect(paths) as client:
-        return [r for r in client.status().rows() if r.model == model and r.layout.startswith("vllm/")
-                and r.tp.endswith(f"/{tp_size}")]
+        return engine_rows(client.status().rows(), model, tp_size)

@@ -1,5 +1,5 @@
 """A vLLM command line as hotweights reads it: parsed once (``VllmStart.parse``), then taken by the strict
-preflight, the launcher and the standby hand-off, which used to read the argv again each.
+preflight, the launcher, the standby hand-off and the switch; options are taken out with ``argv.Option``.
 
 vLLM-free. Reads only the flags hotweights acts on (``--model``, ``--dtype``, ``--load-format``,
 ``--model-loader-extra-config``, ``--host``, ``--port``), in both spellings (``--flag v`` and
@@ -18,11 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...argv import Option
 from ...observe import health_url_for
 from ...paths import resolve_socket_dir
 from .options import LOAD_FORMAT
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
+# the options hotweights takes out of a vLLM command line or changes (``argv.strip``)
+LOAD_FORMAT_OPTION = Option(("--load-format",))
+EXTRA_CONFIG = Option(("--model-loader-extra-config",))
+TENSOR_PARALLEL = Option(("--tensor-parallel-size", "-tp"))
 
 
 def is_cpu_build() -> bool:

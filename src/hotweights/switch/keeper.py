@@ -1,0 +1,69 @@
+"""What the switch asks the keeper about one model: its entries (typed rows), whether the engine layout of every
+rank is cached already, and moving the weights of a parked engine to the keeper's host copy (``hotweights
+demote``: a process with a CUDA context makes it; the keeper has none). Torch-free.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from ..client import connect
+from ..evidence import size_text
+from ..paths import daemon_paths
+from ..protocol import EntryRow
+from .config import ModelConfig
+from .kinds import EngineKind
+from .process import EngineError
+
+
+class KeeperView:
+    """The keeper's entries of one model (OSError or HotweightsError from the calls when no keeper answers)."""
+
+    def __init__(self, model: ModelConfig, kind: EngineKind, socket_dir: str, env: dict[str, str]) -> None:
+        self.model, self.kind, self.socket_dir, self.env = model, kind, socket_dir, env
+
+    def rows(self) -> list[EntryRow]:
+        with connect(daemon_paths(self.socket_dir or None)) as client:
+            return client.status().rows()
+
+    def own(self) -> list[EntryRow]:
+        """The entries of this model, as its engine maps them."""
+        return [r for r in self.rows() if self.kind.owns(r, self.model)]
+
+    def layout_cached(self) -> bool:
+        """Whether an entry of every rank is on its device already: a front started again skips the preload (for
+        vLLM a whole start per model; the engine's attach checks the key)."""
+        size = self.kind.ranks(self.model)
+        have = {r.rank for r in self.own() if r.nbytes}
+        return all((rank, size) in have for rank in range(size))
+
+    def host_copy_ahead(self) -> int:
+        """A host copy of each of this (awake) model's entries, their GPU copies kept: its first park with
+        ``parked_weights = "host"`` then only lets the GPU copy go. The entries copied."""
+        todo = [r for r in self.own() if r.nbytes and not r.host_nbytes]
+        for row in todo:
+            self._demote(row.key, keep=True)
+        return len(todo)
+
+    def weights_to_host(self, pids: set[int]) -> str:
+        """Let the GPU copies of the entries the engine ``pids`` are parked on go, keeping a host copy of each (made
+        here if there is none yet): its next wake uploads them. What happened, in a few words."""
+        rows = [r for r in self.rows() if r.nbytes and any(pid in pids for pid, _ in r.parked_on)]
+        copied = [r for r in rows if not r.host_nbytes]
+        for row in copied:
+            self._demote(row.key)
+        with connect(daemon_paths(self.socket_dir or None)) as client:
+            for row in rows:
+                if row.host_nbytes:
+                    client.release(row.key, tier="device")
+        made = "" if not copied else " (its host copy made)" if len(copied) == 1 else f" ({len(copied)} host copies " \
+            "made)"
+        return f"{size_text(sum(r.nbytes for r in rows))} to host memory{made}"
+
+    def _demote(self, key: str, keep: bool = False) -> None:
+        cmd = [sys.executable, "-m", "hotweights", "demote", key, "--json", *(["--keep"] if keep else [])]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=600)
+        if done.returncode != 0:
+            raise EngineError(f"{self.model.name}: no host copy of {key}: "
+                              f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")

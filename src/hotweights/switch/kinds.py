@@ -1,0 +1,94 @@
+"""The engines a switch can run, one table row each (``KINDS``, found by the config's ``engine``): the command of
+its server, the preload that fills the keeper for it, which keeper entries are its own, whether it parks.
+
+- ``hotweights``: ``hotweights serve MODEL`` (parks: ``/sleep``, ``/wake_up``, on loopback only);
+- ``vllm``: ``hotweights vllm serve MODEL`` (from the warm standby), the engine layout the preload made mapped
+  zero-copy, with ``--enable-sleep-mode`` and ``VLLM_SERVER_DEV_MODE=1`` where vLLM has a sleep mode (its GPU
+  build). Its CPU build has none: there a park stops the engine and a wake starts it again.
+
+A new engine is a new row. Torch-free.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from .. import argv
+from ..engines.vllm.options import LOAD_FORMAT
+from ..engines.vllm.start import EXTRA_CONFIG, LOAD_FORMAT_OPTION, TENSOR_PARALLEL, VllmStart, is_cpu_build
+from ..protocol import EntryRow
+from .config import ModelConfig
+
+SLEEP_MODE = argv.Option(("--enable-sleep-mode",), "none")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineKind:
+    name: str
+
+    def parks(self, parking: bool) -> bool:
+        """Whether its engines park (else a park stops them and a wake starts them again)."""
+        return parking
+
+    def command(self, m: ModelConfig, port: int, parks: bool) -> tuple[list[str], dict[str, str]]:
+        """Its server's command on ``127.0.0.1:port``, and what it adds to the environment."""
+        return [sys.executable, "-m", "hotweights", "serve", *_common(m, port), *m.args], {}
+
+    def not_preloaded(self, m: ModelConfig) -> str:
+        """Why this model has nothing to preload ("" when it has)."""
+        return ""
+
+    def preload_command(self, m: ModelConfig, parks: bool) -> list[str]:
+        """``hotweights preload ...`` for it (the CLI's arguments)."""
+        picked = {name: argv.Option((name,)).value(m.args) for name in ("--device", "--dtype")}
+        return ["preload", "--model", str(m.checkpoint), *[x for name, v in picked.items() if v for x in (name, v)]]
+
+    def owns(self, row: EntryRow, m: ModelConfig) -> bool:
+        """Whether a keeper entry holds this model's weights as its engine maps them."""
+        return row.model == m.checkpoint.name
+
+    def ranks(self, m: ModelConfig) -> int:
+        return 1
+
+
+@dataclass(frozen=True, slots=True)
+class VllmKind(EngineKind):
+    def parks(self, parking: bool) -> bool:
+        return parking and not is_cpu_build()
+
+    def command(self, m: ModelConfig, port: int, parks: bool) -> tuple[list[str], dict[str, str]]:
+        cmd = [sys.executable, "-m", "hotweights", "vllm", "serve", *_common(m, port), *m.args]
+        if VllmStart.parse(list(m.args)).load_format is None:  # the engine layout the preload made, zero-copy
+            cmd += ["--load-format", LOAD_FORMAT]
+        return cmd + _sleep_mode(m, parks), {"VLLM_SERVER_DEV_MODE": "1"} if parks else {}
+
+    def not_preloaded(self, m: ModelConfig) -> str:
+        chosen = VllmStart.parse(list(m.args)).load_format or LOAD_FORMAT
+        return "" if chosen == LOAD_FORMAT else f"not preloaded (--load-format {chosen}: vLLM reads the checkpoint)"
+
+    def preload_command(self, m: ModelConfig, parks: bool) -> list[str]:
+        """With the engine's own flags (the load format's aside), so that what the preload's vLLM compiles is
+        what the first start finds cached; ``--enable-sleep-mode`` with them, as it is in vLLM's compile-cache
+        key (without it each parking engine's first start compiled again: 23-31 s on an H200). The tensor
+        parallelism is the preload's own flag: it waits for an entry of every rank."""
+        own = argv.strip(m.args, LOAD_FORMAT_OPTION, EXTRA_CONFIG, TENSOR_PARALLEL)
+        return ["preload", "--engine", "vllm", "--model", str(m.checkpoint), "--tensor-parallel-size",
+                str(self.ranks(m)), *[f"--vllm-arg={a}" for a in own + _sleep_mode(m, parks)]]
+
+    def owns(self, row: EntryRow, m: ModelConfig) -> bool:
+        return row.model == m.checkpoint.name and row.layout.startswith("vllm/")
+
+    def ranks(self, m: ModelConfig) -> int:
+        return VllmStart.parse(list(m.args)).tensor_parallel_size  # the config checked it
+
+
+def _common(m: ModelConfig, port: int) -> list[str]:
+    return [str(m.checkpoint), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", m.name]
+
+
+def _sleep_mode(m: ModelConfig, parks: bool) -> list[str]:
+    return ["--enable-sleep-mode"] if parks and not SLEEP_MODE.present(m.args) else []
+
+
+KINDS: dict[str, EngineKind] = {"hotweights": EngineKind("hotweights"), "vllm": VllmKind("vllm")}

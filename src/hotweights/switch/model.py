@@ -1,0 +1,78 @@
+"""A model behind the switch as the switcher keeps it (``Model``), and as ``/switch/status`` and ``hotweights switch
+status`` show it (``ModelRow``, frozen). Torch-free."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .config import ModelConfig
+from .engines import EngineLike
+from .states import Failure, ModelState
+
+
+@dataclass
+class Model:
+    config: ModelConfig
+    engine: EngineLike
+    state: ModelState = ModelState.STARTING
+    started: bool = False  # start-up reached it (or a request did): its engine was started once
+    inflight: int = 0
+    waiting: int = 0
+    arrivals: list[float] = field(default_factory=list)  # time.monotonic() of each request waiting for it
+    draining: bool = False  # a switch parks it once its requests in flight are done: no new one goes in
+    reserved: int = 0  # waiting requests a switch already counted in flight
+    last_used: float = 0.0
+    parked_at: float = 0.0
+    wakes: int = 0
+    attempts_failed: int = 0  # switches to it that failed: a request waiting across one is answered 503
+    start_failures: int = 0  # starts that failed in a row: the back-off doubles with each
+    failure: Failure | None = None
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def error(self) -> str:
+        return self.failure.message if self.failure is not None else ""
+
+    def waited_s(self) -> float:
+        """How long its longest-waiting request has waited."""
+        return time.monotonic() - min(self.arrivals) if self.arrivals else 0.0
+
+    def row(self, gpu: dict[int, int]) -> ModelRow:
+        pids = self.engine.pids()
+        held = sum(gpu.get(p, 0) for p in pids) if gpu and pids else None
+        return ModelRow(self.name, self.config.engine, self.state.value, self.engine.pid, held,
+                        list(self.config.gpus) or None, self.engine.port, self.inflight, self.waiting,
+                        self.last_used or None, self.wakes, self.engine.parks, self.error or None,
+                        str(self.engine.log_path))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRow:
+    name: str
+    engine: str
+    state: str
+    pid: int
+    gpu_mib: int | None  # what its processes hold on the GPU (nvidia-smi), None where it cannot be read
+    gpus: list[int] | None
+    port: int
+    inflight: int
+    waiting: int
+    last_used: float | None
+    wakes: int
+    parks: bool
+    error: str | None  # one line
+    log: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> ModelRow:
+        return cls(**{k: row.get(k) for k in cls.__dataclass_fields__})

@@ -1,0 +1,183 @@
+"""What the switch does to its engines, one at a time: the moves between states (``move``, the only door), a start-up,
+a park, a wake, making room beside a model. ``switcher.Switcher`` decides when. Torch-free."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from ..errors import HotweightsError
+from .config import ModelConfig, SwitchConfig
+from .engines import EngineError, EngineLike, WakeRefused
+from .metrics import SwitchMetrics
+from .model import Model
+from .schedule import pick_victim
+from .states import TRANSITIONS, Failure, InvalidTransition, ModelState
+
+S = ModelState
+logger = logging.getLogger("hotweights.switch")
+BACKOFF_S, BACKOFF_MAX_S = 30.0, 600.0
+
+
+class Operations:
+    def __init__(self, config: SwitchConfig, metrics: SwitchMetrics,
+                 engines: Callable[[ModelConfig], EngineLike]) -> None:
+        self.config, self.metrics = config, metrics
+        self.models = {m.name: Model(m, engines(m)) for m in config.models}
+        self.busy = asyncio.Lock()  # held by the one start, park or wake going on
+        self.ready = asyncio.Event()  # start-up reached the default model
+        self._kick = asyncio.Event()  # a request waits, or an engine changed: the scheduler looks again
+        self._moved = asyncio.Event()  # set (and replaced) on every change: waiting requests look again
+
+    def move(self, m: Model, to: ModelState) -> None:
+        """The one way a model changes state; a move the table does not allow is refused (a bug: logged, raised)."""
+        if to not in TRANSITIONS[m.state]:
+            logger.error("switch: %s: refused move %s -> %s", m.name, m.state, to)
+            raise InvalidTransition(f"{m.name}: {m.state} -> {to} is not a move of the switch")
+        m.state = to
+        self.metrics.state(m.name, to)
+        self._changed()
+
+    def _changed(self) -> None:
+        self._kick.set()
+        self._moved.set()
+        self._moved = asyncio.Event()
+
+    def awake(self) -> list[Model]:
+        return [m for m in self.models.values() if m.state is S.AWAKE]
+
+    def awake_beside(self, m: Model) -> list[Model]:
+        """The awake engines other than ``m`` that share a GPU with it: those ``max_awake`` counts for it."""
+        return [x for x in self.awake() if x is not m and x.config.shares_a_gpu(m.config)]
+
+    def _exited(self, m: Model) -> None:
+        m.failure = Failure("died", f"its engine exited (code {m.engine.exit_code}); it starts again on the next "
+                                    f"request")
+        logger.warning("switch: %s: %s", m.name, m.failure.message)
+        self.move(m, S.FAILED)
+
+    async def _start_up(self, m: Model) -> None:
+        """Preload and start ``m``; it stays awake when it is the default, a request waits for it, or it is kept
+        awake with room beside it; else it parks."""
+        m.started = True
+        began = time.monotonic()
+        try:
+            cached = await asyncio.to_thread(m.engine.preload)
+            preloaded_s = time.monotonic() - began
+            cached += f", {preloaded_s:.1f} s" if preloaded_s >= 0.1 else ""
+            started = await asyncio.to_thread(m.engine.start)
+        except EngineError as exc:
+            self._start_failed(m, exc)
+            logger.error("switch: %s unavailable: %s", m.name, exc)
+            return
+        how = " from a warm standby" if m.engine.server else ""
+        if m.config is self.config.default or m.waiting or (m.config.keep_awake and len(self.awake_beside(m))
+                                                              < self.config.max_awake):
+            await self._make_room(m)
+            self._awake(m)
+            note = "awake" + (f", for {m.waiting} waiting request(s)" if m.waiting else "")
+            if m.config.parked_weights == "host" and m.engine.parks:
+                await self._host_copy_ahead(m)
+        else:
+            moved = await self._park(m)
+            note = (m.state + moved if m.engine.parks else "stopped: parking is off" if not self.config.parking
+                    else "stopped: this engine has no sleep mode")
+        logger.info("switch: %s ready in %.1f s (%s; started%s, %.1f s; %s)", m.name, time.monotonic() - began,
+                    cached, how, started, note)
+
+    def _start_failed(self, m: Model, exc: EngineError) -> None:
+        """A start that failed is not tried again by every request: after 30 s, then 60, ... up to 10 min, or at
+        once when the checkpoint's files change."""
+        m.start_failures += 1
+        backoff = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (m.start_failures - 1))
+        m.failure = Failure("start", str(exc), time.monotonic() + backoff, m.engine.files())
+        m.attempts_failed += 1
+        self.move(m, S.FAILED)
+
+    async def _host_copy_ahead(self, m: Model) -> None:
+        try:
+            made = await asyncio.to_thread(m.engine.host_copy_ahead)
+            logger.info("switch: %s: its host copy made ahead (%d entries)", m.name, made)
+        except (EngineError, OSError, HotweightsError) as exc:
+            logger.warning("switch: %s: no host copy ahead (%s); its first park makes it", m.name, exc)
+
+    def _awake(self, m: Model) -> None:
+        """``m`` serves: every request waiting for it now is in flight before the next switch, which could otherwise
+        park it again before they ran."""
+        m.failure, m.start_failures = None, 0
+        m.last_used = time.time()
+        self.move(m, S.AWAKE)
+        batch = max(0, m.waiting - m.reserved)
+        m.reserved += batch
+        m.inflight += batch
+        if m.inflight:
+            m.idle.clear()
+
+    async def _make_room(self, m: Model) -> list[tuple[str, float, float]]:
+        """Park engines beside ``m`` until ``max_awake`` lets it wake; what was parked, with its drain and park."""
+        parked = []
+        while len(self.awake_beside(m)) >= self.config.max_awake and (done := await self._park_one(m)):
+            parked.append(done)
+        return parked
+
+    async def _wake(self, m: Model) -> str:
+        """Wake ``m`` (or start it again); a wake refused for memory parks one more engine and tries again."""
+        while True:
+            try:
+                if m.state in (S.FAILED, S.STOPPED) or not m.engine.alive():
+                    was = m.state
+                    self.move(m, S.STARTING)
+                    await asyncio.to_thread(m.engine.start)
+                    return "restart" if was is S.FAILED else "start"
+                return await asyncio.to_thread(m.engine.wake)
+            except WakeRefused:
+                if not await self._park_one(m):
+                    raise
+
+    async def _park_one(self, keep: Model) -> tuple[str, float, float] | None:
+        """Park one awake engine beside ``keep`` (not kept awake), once its requests in flight are done:
+        ``(its name, seconds waiting for them, seconds parking)``; None when there is none."""
+        candidates = [x for x in self.awake_beside(keep) if not x.config.keep_awake]
+        if not candidates:
+            return None
+        victim = pick_victim(candidates, self.config.schedule)
+        victim.draining = True
+        began = time.monotonic()
+        try:
+            if victim.inflight:
+                await victim.idle.wait()
+            drained = time.monotonic()
+            moved = await self._park(victim)
+            logger.info("switch: %s %s for %s%s", victim.name, victim.state, keep.name, moved)
+        except EngineError as exc:
+            logger.error("switch: %s; stopping it", exc)
+            await asyncio.to_thread(victim.engine.stop)
+            self.move(victim, S.STOPPED)
+            drained = began
+        finally:
+            victim.draining = False
+        return victim.name, drained - began, time.monotonic() - drained
+
+    async def _park(self, m: Model, level: int = 0) -> str:
+        """Park ``m`` at its configured level (or ``level``; EngineError when it would not); with ``parked_weights
+        = "host"`` its weights then leave the GPU: ', N GiB to host memory' (or why they stay)."""
+        level = level or m.config.level
+        await asyncio.to_thread(m.engine.park, level)
+        moved = ""
+        if m.config.parked_weights == "host" and m.engine.parks:
+            try:
+                moved = ", " + await asyncio.to_thread(m.engine.weights_to_host)
+            except (EngineError, OSError, HotweightsError) as exc:
+                logger.warning("switch: %s", exc)
+                moved = f", weights kept on the GPU ({exc})"
+        m.parked_at = time.monotonic()  # once its weights are where they stay
+        self.move(m, (S.DEEP if level == 2 or m.state is S.DEEP else S.PARKED) if m.engine.parks else S.STOPPED)
+        return moved
+
+    async def stop_all(self) -> None:
+        await asyncio.gather(*(asyncio.to_thread(m.engine.stop) for m in self.models.values()))
+        for m in self.models.values():
+            if m.state is not S.STOPPED:
+                self.move(m, S.STOPPED)

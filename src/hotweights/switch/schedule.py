@@ -1,0 +1,53 @@
+"""The switch's choices, as functions of its models' state (so that they are tested without engines): which model a
+switch serves next, which awake engine parks for it, and when a request is answered 503 without a switch.
+
+``fair`` (the default): a model whose longest-waiting request has waited over ``starve_after_s`` goes next (the
+longest first), else the one with the most requests waiting (then the longest-waiting); an idle engine parks
+before a busy one (a busy one's requests in flight are waited for: a long generation would hold every other
+model back), then the least recently used. ``fifo``: the request that came first, the least recently used.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from .config import SwitchConfig
+from .model import Model
+from .states import ModelState
+
+
+def next_model(models: Iterable[Model], config: SwitchConfig, default: Model) -> Model | None:
+    """The model to start or switch to next: one requests wait for (by the schedule), else the next one start-up
+    has not reached (the default first), else None."""
+    models = list(models)
+    wanted = [m for m in models if m.waiting > m.reserved and not (m.state is ModelState.AWAKE and not m.draining)
+              and not refusal(m)]
+    if wanted:
+        if config.schedule == "fifo":
+            return max(wanted, key=lambda m: m.waited_s())
+        starving = [m for m in wanted if m.waited_s() > config.starve_after_s]
+        if starving:
+            return max(starving, key=lambda m: m.waited_s())
+        return max(wanted, key=lambda m: (m.waiting - m.reserved, m.waited_s()))
+    left = [m for m in models if not m.started]
+    return default if default in left else (left[0] if left else None)
+
+
+def pick_victim(candidates: list[Model], schedule: str) -> Model:
+    """The awake engine to park for another."""
+    if schedule == "fifo":
+        return min(candidates, key=lambda x: x.last_used)
+    return min(candidates, key=lambda x: (x.inflight > 0, x.last_used))
+
+
+def refusal(m: Model) -> str:
+    """Why a request for ``m`` is answered 503 now without a switch ("" when a switch may serve it): its start
+    failed, the back-off has not passed and its checkpoint's files are as they were."""
+    f = m.failure
+    if m.state is not ModelState.FAILED or f is None or f.kind != "start":
+        return ""
+    left = f.retry_at - time.monotonic()
+    if left <= 0 or m.engine.files() != f.files:
+        return ""
+    return f"{f.message} (tried again in {left:.0f} s, or at once when its checkpoint's files change)"

@@ -1,0 +1,55 @@
+"""The states of a model behind the switch, and the moves between them (one table; ``Switcher.move`` is the only
+door, and refuses, logs and raises on a move the table does not have: a bug, never a user's input).
+
+    starting -> awake | parked | deep-parked | stopped | failed      (its start-up, or a start for a request)
+    awake    -> parked | deep-parked | stopped | failed
+    parked   -> awake | deep-parked | stopped | failed | starting    (starting: it died parked, and a request
+    deep     -> awake | stopped | failed | starting                   starts it again)
+    stopped  -> starting | failed
+    failed   -> starting | stopped
+
+``failed`` holds two cases apart (``Failure``): an engine that died while it served (the next request starts it
+again at once) and a start that failed (retried only after a back-off, or once the checkpoint's files changed:
+a start that failed for a reason that will not change is not paid again by every request).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class ModelState(enum.StrEnum):
+    STARTING = "starting"
+    AWAKE = "awake"
+    PARKED = "parked"
+    DEEP = "deep-parked"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+S = ModelState
+TRANSITIONS: dict[ModelState, frozenset[ModelState]] = {
+    S.STARTING: frozenset({S.AWAKE, S.PARKED, S.DEEP, S.STOPPED, S.FAILED}),
+    S.AWAKE: frozenset({S.PARKED, S.DEEP, S.STOPPED, S.FAILED}),
+    S.PARKED: frozenset({S.AWAKE, S.DEEP, S.STOPPED, S.FAILED, S.STARTING}),
+    S.DEEP: frozenset({S.AWAKE, S.STOPPED, S.FAILED, S.STARTING}),
+    S.STOPPED: frozenset({S.STARTING, S.FAILED}),
+    S.FAILED: frozenset({S.STARTING, S.STOPPED}),
+}
+SERVING = frozenset({S.AWAKE, S.PARKED, S.DEEP})  # an engine process that should be alive
+
+
+class InvalidTransition(RuntimeError):
+    """A move the table does not allow: the switch's own bug, named with the model and both states."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why a model is ``failed``: ``start`` (its start failed: retried after ``retry_at``, or sooner when its
+    checkpoint's files changed since ``files``) or ``died`` (it exited while serving: started again at once)."""
+
+    kind: str  # "start" | "died"
+    message: str  # one line
+    retry_at: float = 0.0  # time.monotonic() after which a start is tried again
+    files: tuple[tuple[str, int, int], ...] = ()  # the checkpoint's (name, size, mtime_ns) when it failed
