@@ -41,7 +41,7 @@ from pathlib import Path
 
 from vllm_sleep import gpu_used_mib, host_used_mib
 
-from hotweights.evidence import STANDBY_USED_RE
+from hotweights.evidence import STANDBY_USED_RE, SWITCH_AWAKE_RE
 from hotweights.observe import free_port
 
 
@@ -79,6 +79,19 @@ def model_table(name: str, path: Path, gpus: list[int], engine: str, engine_args
     return (f"[[model]]\nname = {json.dumps(name)}\ncheckpoint = {json.dumps(str(path))}\nengine = "
             f"{json.dumps(engine)}\nargs = {json.dumps(engine_args + tp)}\n" + (f"gpus = {gpus}\n" if gpus else "")
             + ('parked_weights = "host"\n' if host else ""))
+
+
+def write_models(out: Path, sizes: list[str], gen_device: str) -> dict[str, Path]:
+    """Demo models m0, m1, ... of different bytes (seeds 0, 1, ...) under ``out``. One written whole already (its
+    tokenizer_config.json comes last) is used as it is; each is written by a process of its own: generated here on
+    the GPU, the models left this process holding 4.1 GiB of it (its CUDA context and cached blocks), counted in
+    every memory figure of a run on an H200."""
+    models = {f"m{i}": out / f"m{i}" for i in range(len(sizes))}
+    for i, path in enumerate(models.values()):
+        if not (path / "tokenizer_config.json").exists():
+            subprocess.run([sys.executable, "-m", "hotweights", "demo-model", str(path), "--size", sizes[i],
+                            "--gen-device", gen_device, "--seed", str(i)], check=True, stdout=subprocess.DEVNULL)
+    return models
 
 
 def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock: str, out: Path) -> dict:
@@ -123,7 +136,7 @@ def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock:
         front.wait(120)
     times = [r["first_token_s"] for r in rows]
     lines = [x.split("switch: ", 1)[1] for x in log.read_text().splitlines() if "switch: " in x]
-    sources = sorted({x.rsplit("(weights ", 1)[-1].rstrip(")") for x in lines if "awake in" in x})
+    sources = sorted({m.group(3) for m in SWITCH_AWAKE_RE.finditer(log.read_text())})
     starts = {}  # per engine log: its starts from a warm standby, and those that waited for one still importing
     for name in models:
         log_file = out / f"logs-{mode}" / f"{name}.log"
@@ -163,14 +176,7 @@ def main() -> int:
         raise SystemExit(f"--sizes and --gpus name {args.models} models (--models), one each")
     out = args.out or Path(tempfile.mkdtemp(prefix="hw-switch-"))
     out.mkdir(parents=True, exist_ok=True)
-    # a model directory written whole already (its tokenizer_config.json comes last) is used as it is; each is
-    # written by a process of its own: generated here on the GPU, the models left this process holding 4.1 GiB
-    # of it (its CUDA context and cached blocks), counted in every memory figure of a run on an H200
-    models = {f"m{i}": out / f"m{i}" for i in range(args.models)}
-    for i, path in enumerate(models.values()):
-        if not (path / "tokenizer_config.json").exists():
-            subprocess.run([sys.executable, "-m", "hotweights", "demo-model", str(path), "--size", sizes[i],
-                            "--gen-device", args.gen_device, "--seed", str(i)], check=True, stdout=subprocess.DEVNULL)
+    models = write_models(out, sizes, args.gen_device)
     sock = tempfile.mkdtemp(prefix="hw-switch-sock-", dir="/tmp")
     result: dict = {"models": args.models, "size": args.size, "sizes": sizes, "gpus": args.gpu_sets,
                     "engine": args.engine, "engine_args": args.engine_args}

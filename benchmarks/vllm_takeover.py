@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import signal
 import statistics
 import subprocess
@@ -97,6 +98,24 @@ def beside_drills(args: argparse.Namespace, base: list[str], sock: str, out: Pat
     return result
 
 
+def changed_start(cmd: list[str], changed: list[str], url: str, out: Path) -> dict:
+    """The same start with ``changed`` flags beside a parked engine: it must retire it and start on its own."""
+    log = out / "changed.log"
+    began = time.perf_counter()
+    proc = subprocess.Popen([*cmd, *changed], stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    try:
+        while "Retiring the parked engine" not in log.read_text(errors="replace") and proc.poll() is None \
+                and time.perf_counter() - began < 60:
+            time.sleep(0.05)
+        ready_s = wait_health(url, proc, 900) - began
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(180)
+    text = log.read_text(errors="replace")
+    return {"flags": changed, "ready_s": round(ready_s, 3), "took_over": "Woke a parked engine" in text,
+            "retired_line": next((x[-300:] for x in text.splitlines() if "Retiring the parked engine" in x), None)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", type=Path, required=True)
@@ -107,21 +126,27 @@ def main() -> int:
     parser.add_argument("--drills", action="store_true")
     parser.add_argument("--beside-util", default="0.85")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="a parked engine of N ranks, one per GPU")
+    parser.add_argument("--base", default="--dtype bfloat16 --max-model-len 512 --gpu-memory-utilization 0.5",
+                        help="the engine's flags (those of a keeper given with --socket-dir: its compile is cached)")
+    parser.add_argument("--socket-dir", default="", help="a keeper that holds the engine layout already: no preload")
+    parser.add_argument("--changed", default="", help='then a start with these flags too (e.g. "--max-model-len '
+                                                      '2048"): it must retire the parked engine, not take it over')
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="hw-takeover-"))
     out.mkdir(parents=True, exist_ok=True)
-    sock = tempfile.mkdtemp(prefix="hw-to-", dir="/tmp")
-    base = ["--dtype", "bfloat16", "--max-model-len", "512", "--gpu-memory-utilization", "0.5",
-            *(["--enforce-eager"] if args.eager else [])]
-    subprocess.run([sys.executable, "-m", "hotweights", "daemon", "--detach", "--socket-dir", sock], check=True,
-                   stdout=subprocess.DEVNULL)
+    sock = args.socket_dir or tempfile.mkdtemp(prefix="hw-to-", dir="/tmp")
+    base = [*shlex.split(args.base), *(["--enforce-eager"] if args.eager else [])]
     tp = ["--tensor-parallel-size", str(args.tensor_parallel_size)]
-    pre = subprocess.run([sys.executable, "-m", "hotweights", "preload", "--engine", "vllm", "--model", str(args.model),
-                          "--socket-dir", sock, *tp, *[f"--vllm-arg={a}" for a in base + ["--enable-sleep-mode"]]],
-                         capture_output=True, text=True)  # the park start's flag: it is in vLLM's compile-cache key
-    if pre.returncode != 0:
-        raise SystemExit(f"preload failed: {pre.stderr[-3000:]}")
+    if not args.socket_dir:
+        subprocess.run([sys.executable, "-m", "hotweights", "daemon", "--detach", "--socket-dir", sock], check=True,
+                       stdout=subprocess.DEVNULL)
+        pre = subprocess.run([sys.executable, "-m", "hotweights", "preload", "--engine", "vllm", "--model",
+                              str(args.model), "--socket-dir", sock, *tp,
+                              *[f"--vllm-arg={a}" for a in base + ["--enable-sleep-mode"]]],
+                             capture_output=True, text=True)  # the park start's flag: in vLLM's compile-cache key
+        if pre.returncode != 0:
+            raise SystemExit(f"preload failed: {pre.stderr[-3000:]}")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "hotweights", "vllm", "serve", str(args.model), "--port", str(port), *base, *tp,
@@ -152,8 +177,10 @@ def main() -> int:
                      "park_exit_s": round(time.perf_counter() - park_began, 3), "exit_code": code,
                      "took_over": "Woke a parked engine for this start" in text})
     drills = beside_drills(args, base, sock, out, answers[0]) if args.drills else None
+    changed = changed_start(cmd, shlex.split(args.changed), url, out) if args.changed else None
     hw("parked", "--retire", "all", "--socket-dir", sock)
-    hw("stop", "--socket-dir", sock)
+    if not args.socket_dir:
+        hw("stop", "--socket-dir", sock)
     takeovers = runs[1:]
     result = {"model": args.model.name, "eager": args.eager, "level": args.level, "repeat": args.repeat,
               "tensor_parallel_size": args.tensor_parallel_size,
@@ -168,10 +195,11 @@ def main() -> int:
               "answer": answers[0], "runs": runs,
               "lines": [x[-200:] for t in outputs for x in t.splitlines()
                         if "Woke a parked" in x or "Parked the engine" in x or "Parked " in x][:8],
-              "drills": drills,
+              "drills": drills, "changed_start": changed,
               "command": "python3 benchmarks/vllm_takeover.py " + " ".join(sys.argv[1:]).replace(str(args.model), "M")}
     print(json.dumps(result) if args.json else json.dumps(result, indent=1))
-    return 0 if result["same_answer"] and result["all_took_over"] else 1
+    refused = changed is None or (not changed["took_over"] and changed["retired_line"] is not None)
+    return 0 if result["same_answer"] and result["all_took_over"] and refused else 1
 
 
 if __name__ == "__main__":

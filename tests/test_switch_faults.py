@@ -302,3 +302,14 @@ def test_a_front_says_on_the_way_out_that_the_keeper_keeps_the_weights_or_stops_
         assert run_cli("status", "--socket-dir", str(sock)).returncode == 1
     finally:
         run_cli("stop", "--socket-dir", str(sock))
+
+
+def test_a_parked_engine_killed_just_before_its_request_is_started_again_for_it(front):
+    """Found by switch_drills.py: the wake went to an engine that was dying (the kill not seen yet), and its
+    request got a 503 "would not wake: Connection reset by peer"."""
+    expected = answer(front.client(), "c")
+    answer(front.client(), "a")  # c parked
+    row = front.state("c")
+    os.kill(row["server_pid"], signal.SIGKILL)
+    assert answer(front.client(), "c") == expected
+    assert front.state("c")["state"] == "awake" and front.state("c")["pid"] != row["pid"]

@@ -90,6 +90,27 @@ def take_pid_lock(path: Path, *, wait_s: float = 0.0) -> int:
     return fd
 
 
+def write_lock_note(fd: int, *fields: str) -> None:
+    """What the holder of a pid lock (``take_pid_lock``'s fd) says of itself, after its pid: ``lock_note`` reads it."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, " ".join([str(os.getpid()), *fields]).encode() + b"\n", 0)
+
+
+def lock_note(path: Path) -> list[str]:
+    """The fields the holder of ``path``'s lock wrote after its pid; [] when nobody holds it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return []
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return []
+    except BlockingIOError:
+        return os.pread(fd, 4096, 0).decode(errors="replace").split()[1:]
+    finally:
+        os.close(fd)
+
+
 def lock_holder(path: Path) -> int | None:
     """The pid written in ``path`` while a process holds its lock; None when nobody holds it (or no file)."""
     try:
@@ -100,7 +121,7 @@ def lock_holder(path: Path) -> int | None:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return None
     except BlockingIOError:
-        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        text = (os.pread(fd, 32, 0).decode(errors="replace").split() or [""])[0]
         return int(text) if text.isdigit() else 0
     finally:
         os.close(fd)

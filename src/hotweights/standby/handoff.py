@@ -16,6 +16,7 @@ that differ. A standby that crashed, hung or was killed costs at most that plain
 from __future__ import annotations
 
 import contextlib
+import enum
 import hashlib
 import logging
 import os
@@ -31,7 +32,7 @@ from typing import Any
 from ..errors import HotweightsError, ProtocolError, TrustError
 from ..observe import healthy
 from ..paths import check_socket_dir
-from ..unix import descendants, is_locked, lock_holder, peer_credentials, pid_alive, spawn_detached
+from ..unix import descendants, is_locked, lock_holder, lock_note, peer_credentials, pid_alive, spawn_detached
 from ..wire import close_fds
 from .engine import EngineSpec
 from .fingerprint import Fingerprint
@@ -161,13 +162,9 @@ def _wait_while_importing(lock: Path, sock: Path, timeout_s: float = IMPORT_WAIT
     pid = lock_holder(lock) if not sock.exists() else 0
     if not pid:
         return
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return
-    after = int(argv[argv.index(b"--after-pid") + 1]) if b"--after-pid" in argv else 0
-    url = argv[argv.index(b"--after-url") + 1].decode(errors="replace") if b"--after-url" in argv else ""
-    if after and pid_alive(after) and not (url and healthy(url, 1.0)):
+    note = lock_note(lock)  # what the standby says it does: waiting PID URL, importing, ready
+    if note[:1] == ["waiting"] and len(note) == 3 and note[1].isdigit() and pid_alive(int(note[1])) \
+            and not (note[2] != "-" and healthy(note[2], 1.0)):
         return
     import socket
 
@@ -218,18 +215,31 @@ def _unusable_on_failure(sock: Any, what: str) -> Generator[None, None, None]:
         raise StandbyUnusable(f"{what}: {exc}") from None
 
 
+class Prepared(enum.StrEnum):
+    """What ``prepare`` did."""
+
+    PREPARED = "prepared"  # a standby was started
+    READY = "ready"  # one holds the lock already (ready, importing or waiting)
+    FAILED = "failed"  # the one started did not take its place within ``settle_s`` (logged)
+    OFF = "off"  # standbys are turned off (``enabled``)
+
+
+def enabled(environ: dict[str, str]) -> bool:
+    """Whether warm standbys are on: ``HOTWEIGHTS_VLLM_STANDBY=off`` (or 0, false) turns them off."""
+    return environ.get(DISABLE_ENV, "").lower() not in ("off", "0", "false")
+
+
 def prepare(engine: EngineSpec, directory: Path, environ: dict[str, str], *,
-            after: tuple[int, str] | None = None, python: str | None = None, settle_s: float = 0.0) -> str:
+            after: tuple[int, str] | None = None, python: str | None = None, settle_s: float = 0.0) -> Prepared:
     """Start a standby for the next start, detached (engines may end their own process tree on exit),
-    unless one holds the lock already: ``prepared`` (one was started), ``ready`` (one holds the lock) or
-    ``failed`` (see ``settle_s``). ``python``: the interpreter it is for (this one by default; a standby serves
-    starts of its own interpreter only).
+    unless one holds the lock already (``Prepared`` says which). ``python``: the interpreter it is for (this one
+    by default; a standby serves starts of its own interpreter only).
 
     ``after``: the start in progress (its pid, its health URL). The standby imports only once that start
     is ready (or gone), so that the two do not compete for the CPU. It is not niced for that: a server
     forked from it would inherit the priority, which an unprivileged process cannot raise again.
 
-    ``settle_s``: wait up to this long for it to hold its lock, and return ``failed`` (logged) if it does not. A
+    ``settle_s``: wait up to this long for it to hold its lock, and return ``FAILED`` (logged) if it does not. A
     caller whose next start may follow at once (the preload) needs it: until then that start would not know to
     wait for the standby and would import the engine again beside it (measured on an H200: the start a moment
     after ``preload --engine vllm`` found nothing and took 44.8 s). A start's own ``prepare`` does not wait: it
@@ -241,7 +251,7 @@ def prepare(engine: EngineSpec, directory: Path, environ: dict[str, str], *,
         raise FileNotFoundError("the Python for the standby is not on PATH")
     paths = standby_paths(directory, engine.name, python, environ.get("CUDA_VISIBLE_DEVICES", ""))
     if is_locked(paths.lock):
-        return "ready"  # one is alive (or importing, or waiting)
+        return Prepared.READY  # one is alive (or importing, or waiting)
     cmd = [python, "-m", "hotweights.standby.zygote", "--engine", engine.name, "--socket-dir", str(directory)]
     if after is not None:
         cmd += ["--after-pid", str(after[0]), "--after-url", after[1]]
@@ -250,9 +260,9 @@ def prepare(engine: EngineSpec, directory: Path, environ: dict[str, str], *,
     while settle_s and not is_locked(paths.lock):
         if time.monotonic() > deadline:
             logger.warning("the warm standby did not take its place within %.0f s; see %s", settle_s, paths.log)
-            return "failed"
+            return Prepared.FAILED
         time.sleep(0.02)
-    return "prepared"
+    return Prepared.PREPARED
 
 
 def stop(engine: EngineSpec, directory: Path) -> int | None:

@@ -42,7 +42,8 @@ from pathlib import Path
 from ..errors import ProtocolError
 from ..observe import healthy
 from ..paths import ensure_socket_dir
-from ..unix import peer_credentials, pid_alive, set_process_title, signal_group, take_pid_lock
+from ..unix import (peer_credentials, pid_alive, set_process_title, signal_group, take_pid_lock,
+                    write_lock_note)
 from ..wire import close_fds
 from .engine import EngineSpec, spec
 from .handoff import standby_paths
@@ -105,9 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     except BlockingIOError:
         logger.info("another standby holds %s; exiting", standby.paths.lock)
         return 0
-    if args.after_pid:
+    if args.after_pid:  # what it does now, for a start that asks (``handoff._wait_while_importing``)
+        write_lock_note(standby.lock, "waiting", str(args.after_pid), args.after_url or "-")
         logger.info("waiting for the start in progress (pid %d) to be ready: %s", args.after_pid,
                     _wait_for(args.after_pid, args.after_url))
+    write_lock_note(standby.lock, "importing")
     stamp = standby.engine.fingerprint()  # before the imports: what they were made from
     start = time.perf_counter()
     missing = _preimport(standby.engine)
@@ -121,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     standby.ready = Ready(os.getpid(), standby.engine.name, stamp.to_wire(), imports_s, missing, False, 0, 0)
     standby.move("imported")
+    write_lock_note(standby.lock, "ready")
     logger.info("%s standby READY: socket=%s pid=%d imports=%.1fs (not in this build: %s)", standby.engine.name,
                 standby.paths.socket, os.getpid(), imports_s, ", ".join(missing) or "none")
     listener.settimeout(30.0)

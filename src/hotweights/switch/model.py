@@ -47,7 +47,8 @@ class Model:
     def row(self, gpu: dict[int, int]) -> ModelRow:
         pids = self.engine.pids()
         held = sum(gpu.get(p, 0) for p in pids) if gpu and pids else None
-        return ModelRow(self.name, self.config.engine, self.state.value, self.engine.pid, held,
+        return ModelRow(self.name, self.config.engine, self.state.value, self.engine.pid,
+                        self.engine.server or self.engine.pid, held,
                         list(self.config.gpus) or None, self.engine.port, self.inflight, self.waiting,
                         self.last_used or None, self.wakes, self.engine.parks, self.error or None,
                         str(self.engine.log_path))
@@ -58,7 +59,8 @@ class ModelRow:
     name: str
     engine: str
     state: str
-    pid: int
+    pid: int  # the engine's process (for vLLM: its launcher)
+    server_pid: int  # the process that serves (a warm standby's child, else ``pid``)
     gpu_mib: int | None  # what its processes hold on the GPU (nvidia-smi), None where it cannot be read
     gpus: list[int] | None
     port: int

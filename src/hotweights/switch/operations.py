@@ -14,7 +14,7 @@ from .engines import EngineError, EngineLike, WakeRefused
 from .metrics import SwitchMetrics
 from .model import Model
 from .schedule import pick_victim
-from .states import TRANSITIONS, Failure, InvalidTransition, ModelState
+from .states import SERVING, TRANSITIONS, Failure, InvalidTransition, ModelState
 
 S = ModelState
 logger = logging.getLogger("hotweights.switch")
@@ -123,7 +123,8 @@ class Operations:
         return parked
 
     async def _wake(self, m: Model) -> str:
-        """Wake ``m`` (or start it again); a wake refused for memory parks one more engine and tries again."""
+        """Wake ``m`` (or start it again, also when it dies as it is asked); a wake refused for memory parks one
+        more engine and tries again."""
         while True:
             try:
                 if m.state in (S.FAILED, S.STOPPED) or not m.engine.alive():
@@ -135,6 +136,22 @@ class Operations:
             except WakeRefused:
                 if not await self._park_one(m):
                     raise
+            except EngineError:
+                if not await self.engine_died(m):  # alive and refusing: its reason is the answer
+                    raise
+
+    async def engine_died(self, m: Model, wait_s: float = 10.0) -> bool:
+        """Whether ``m``'s engine is gone, asked when its connection failed (its process may take a moment to end
+        after its socket closed: a GPU engine's teardown takes seconds): if so it is marked failed, and the next
+        ``acquire`` (or the wake in progress) starts it again."""
+        deadline = time.monotonic() + wait_s
+        while m.engine.alive():
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        if m.state in SERVING:
+            self._exited(m)
+        return True
 
     async def _park_one(self, keep: Model) -> tuple[str, float, float] | None:
         """Park one awake engine beside ``keep`` (not kept awake), once its requests in flight are done:

@@ -82,18 +82,6 @@ class Switcher(Operations):
         if m.inflight == 0:
             m.idle.set()
 
-    async def engine_died(self, m: Model, wait_s: float = 2.0) -> bool:
-        """Whether ``m``'s engine is gone, asked when its connection failed (its process may take a moment to end
-        after its socket closed): if so it is marked failed, and the next ``acquire`` starts it again."""
-        deadline = time.monotonic() + wait_s
-        while m.engine.alive():
-            if time.monotonic() > deadline:
-                return False
-            await asyncio.sleep(0.05)
-        if m.state in SERVING:
-            self._exited(m)
-        return True
-
     async def run(self) -> None:
         """Start-up, then every switch, one at a time, in the order ``next_model`` gives."""
         while True:

@@ -45,7 +45,7 @@ def run(start: VllmStart, *, park: int = 0, park_idle_s: float = 3600.0) -> int:
     env = {**environ, "VLLM_WORKER_MULTIPROC_METHOD": environ.get("VLLM_WORKER_MULTIPROC_METHOD", "fork")}
     if park:
         return _run_parked(start, cmd, env, park, park_idle_s)
-    if start.is_serve and environ.get(handoff.DISABLE_ENV, "").lower() not in ("off", "0", "false"):
+    if start.is_serve and handoff.enabled(environ):
         directory = start.socket_dir
         try:
             server = handoff.hand_over(SPEC, directory, module, explicit_log_error_stack(args, env), env)

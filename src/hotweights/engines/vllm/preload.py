@@ -114,13 +114,13 @@ def _leave_standby(directory: Path, python: str) -> str:
     from ...standby import handoff
     from .standby import SPEC
 
-    if os.environ.get(handoff.DISABLE_ENV, "").lower() in ("off", "0", "false"):
-        return "off"
+    if not handoff.enabled(dict(os.environ)):
+        return handoff.Prepared.OFF
     try:
         return handoff.prepare(SPEC, directory, dict(os.environ), python=python, settle_s=handoff.SETTLE_S)
     except FileNotFoundError as exc:
         logger.warning("no warm standby left for the next start: %s", exc)
-        return "failed"
+        return handoff.Prepared.FAILED
 
 
 def _engine_rows(paths: DaemonPaths, model: str, tp_size: int) -> list[EntryRow]:

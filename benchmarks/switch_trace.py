@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""``hotweights switch`` under a traffic trace: many models at once, bursts, long prompts, streams overlapping
+switches; every mode side by side in one run, against the same seeded trace.
+
+The trace (``--seed``): Poisson arrivals at ``--rate`` requests/s in all, each for a model drawn by Zipf-like
+popularity (weight 1/(rank+1)^``--zipf-s``: a popular model and a long tail), plus bursts (on average every
+``--burst-every-s``, ``--burst-size`` requests for one model within half a second); prompts of ``--prompt-tokens
+LO,HI`` tokens (log-uniform; token ids, so every engine sees the same length), ``--max-tokens LO,HI``, greedy,
+streamed. Every ``--probe-every``-th request of a model is its probe prompt: its answer must begin as that model's
+first probe answer did, and every chunk must name the model asked for: a request answered by another model's
+engine counts in ``crossed`` and fails the run (exit 1).
+
+Per request: time to first token (from sending), decode tokens/s, outcome. Per mode: p50/p95/p99 TTFT over every
+request (one that failed counts as never: its TTFT is infinite, shown as null), goodput (requests answered with a
+first token within ``--slo-s``, per second of trace), switches (the front's counter), GPU and host memory sampled
+every second. Modes, each a front of its own (``hotweights switch --config``), one keeper for all:
+
+- ``park``: parked engines keep their weights on the GPU (the default), ``schedule = "fair"``;
+- ``park_fifo``: the same with the first-come schedule of before (the simple policy, for comparison);
+- ``park_x2``: ``max_awake = 2`` (two engines awake at once where memory allows);
+- ``park_host``: every parked engine's weights in host memory; ``mixed``: the most popular half on the GPU, the
+  rest in host memory;
+- ``vllm_sleep`` (vLLM only): engines read the checkpoint themselves and park with vLLM's own sleep;
+- ``restart``: ``--no-parking`` (stop one engine, start the next: llama-swap's way);
+- ``static``: every model awake at once (``max_awake = N``): static partitioning, what a user does without a
+  switch, where the engines fit beside each other (each with the engine arguments given: on a GPU pass
+  ``--gpu-memory-utilization`` of about 1/N).
+
+``--url URL --names a,b,c`` runs the trace once against a front that runs already (mode ``given``).
+
+Run: .venv/bin/python benchmarks/switch_trace.py --json                                       (CPU: 3 tiny models)
+     python3 benchmarks/switch_trace.py --size 8b --gen-device cuda --engine vllm --rate 1 \\
+         --engine-args "--max-model-len 4096 --gpu-memory-utilization 0.25" --modes park,park_fifo,static --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from switch_mix import model_table, status, write_models
+from vllm_sleep import gpu_used_mib, host_used_mib
+
+from hotweights.observe import free_port
+
+PROBE_TOLERANCE = 0.05  # of a first token's logprob
+MODES = ("park", "park_fifo", "park_x2", "park_host", "mixed", "vllm_sleep", "restart", "static")
+
+
+@dataclass(frozen=True)
+class Request:
+    at_s: float  # from the start of the trace
+    model: str
+    prompt: list[int]
+    max_tokens: int
+    probe: bool
+
+
+def make_trace(names: list[str], args: argparse.Namespace) -> list[Request]:
+    rng = random.Random(args.seed)
+    weights = [1 / (i + 1) ** args.zipf_s for i in range(len(names))]
+    lo, hi = args.prompt_range
+    probe_prompt = [rng.randrange(32, 256) for _ in range(lo)]  # byte tokens of the demo tokenizer
+
+    def request(at: float, model: str) -> Request:
+        n = int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+        return Request(round(at, 4), model, [rng.randrange(32, 256) for _ in range(n)],
+                       rng.randint(*args.max_tokens_range), False)
+
+    arrivals: list[Request] = []
+    at = rng.expovariate(args.rate)
+    while at < args.duration_s:
+        arrivals.append(request(at, rng.choices(names, weights)[0]))
+        at += rng.expovariate(args.rate)
+    at = rng.expovariate(1 / args.burst_every_s) if args.burst_size else args.duration_s
+    while at < args.duration_s:
+        model = rng.choices(names, weights)[0]
+        arrivals += [request(at + rng.uniform(0, 0.5), model) for _ in range(args.burst_size)]
+        at += rng.expovariate(1 / args.burst_every_s)
+    arrivals.sort(key=lambda r: r.at_s)
+    seen: dict[str, int] = {}
+    out = []
+    for r in arrivals:  # every probe_every-th request of a model (its first included) is its probe
+        seen[r.model] = seen.get(r.model, 0) + 1
+        probe = (seen[r.model] - 1) % args.probe_every == 0
+        out.append(Request(r.at_s, r.model, probe_prompt, 8, True) if probe else r)
+    return out
+
+
+async def send(client: httpx.AsyncClient, url: str, r: Request, began: float) -> dict:
+    await asyncio.sleep(max(0.0, began + r.at_s - time.perf_counter()))
+    body = {"model": r.model, "prompt": r.prompt, "max_tokens": r.max_tokens, "temperature": 0, "stream": True,
+            **({"logprobs": 1} if r.probe else {})}
+    sent = time.perf_counter()
+    row = {"at_s": r.at_s, "model": r.model, "prompt_tokens": len(r.prompt), "max_tokens": r.max_tokens,
+           "probe": r.probe, "ttft_s": None, "total_s": None, "tokens": 0, "outcome": "ok", "text": "",
+           "logprobs": []}
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
+            if resp.status_code != 200:
+                row["outcome"] = f"http_{resp.status_code}"
+                row["error"] = (await resp.aread()).decode(errors="replace")[:300]
+                return row
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    row["outcome"], row["error"] = "stream_error", str(event["error"])[:300]
+                    break
+                if event.get("model") != r.model:
+                    row["outcome"] = "crossed"
+                if row["ttft_s"] is None:
+                    row["ttft_s"] = round(time.perf_counter() - sent, 4)
+                for choice in event.get("choices", []):
+                    row["tokens"] += 1
+                    row["text"] += choice.get("text", "")
+                    row["logprobs"] += (choice.get("logprobs") or {}).get("token_logprobs") or []
+    except httpx.HTTPError as exc:
+        row["outcome"], row["error"] = "transport", f"{type(exc).__name__}: {exc}"[:300]
+    row["total_s"] = round(time.perf_counter() - sent, 4)
+    if not r.probe:
+        row["text"] = ""
+        del row["logprobs"]
+    return row
+
+
+def sample_memory(samples: list[dict], stop: threading.Event, began: float, gpu: bool) -> None:
+    while not stop.is_set():
+        samples.append({"t_s": round(time.perf_counter() - began, 1), "host_used_mib": host_used_mib(),
+                        **({"gpu_used_mib": gpu_used_mib()} if gpu else {})})
+        stop.wait(1.0)
+
+
+def switches(url: str) -> float:
+    with httpx.Client(timeout=10) as c:
+        text = c.get(f"{url}/metrics").text
+    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
+               if x.startswith("hotweights_switch_switches_total"))
+
+
+def percentile(xs: list[float], q: float) -> float | None:
+    """The q-th percentile (nearest rank) with failures as +inf; None when it is one."""
+    xs = sorted(xs)
+    x = xs[min(len(xs) - 1, max(0, math.ceil(q / 100 * len(xs)) - 1))] if xs else math.inf
+    return None if math.isinf(x) else round(x, 4)
+
+
+def summarize(rows: list[dict], args: argparse.Namespace, extra: dict) -> dict:
+    ttfts = [r["ttft_s"] if r["outcome"] == "ok" and r["ttft_s"] is not None else math.inf for r in rows]
+    reference: dict[str, tuple[str, float]] = {}
+    crossed = 0
+    for r in rows:
+        if r["outcome"] == "crossed":
+            crossed += 1
+        elif r["probe"] and r["outcome"] == "ok" and r["text"] and r["logprobs"]:
+            text, logprob = reference.setdefault(r["model"], (r["text"], r["logprobs"][0]))
+            # another model's engine would not begin as this one does (the demo models' texts may agree: their
+            # first token's logprob does not, beyond the drift a batch of other requests makes)
+            crossed += text[:1] != r["text"][:1] or abs(logprob - r["logprobs"][0]) > PROBE_TOLERANCE
+    firsts = sorted(lp for _, lp in reference.values())
+    tells_apart = all(b - a > PROBE_TOLERANCE for a, b in zip(firsts, firsts[1:]))
+    rates = [(r["tokens"] - 1) / (r["total_s"] - r["ttft_s"]) for r in rows if r["outcome"] == "ok" and
+             r["tokens"] > 1 and r["total_s"] > r["ttft_s"]]
+    outcomes: dict[str, int] = {}
+    for r in rows:
+        outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
+    return {"requests": len(rows), "outcomes": outcomes, "crossed": crossed,
+            "ttft_p50_s": percentile(ttfts, 50), "ttft_p95_s": percentile(ttfts, 95),
+            "ttft_p99_s": percentile(ttfts, 99),
+            "goodput_rps": round(sum(t <= args.slo_s for t in ttfts) / args.duration_s, 3),
+            "decode_tokens_per_s_p50": round(statistics.median(rates), 1) if rates else None,
+            "probe_answers": {k: [v[0][:40], round(v[1], 4)] for k, v in reference.items()},
+            "probe_tells_models_apart": tells_apart, **extra,
+            "rows": [{k: v for k, v in r.items() if k not in ("text", "logprobs")} for r in rows]}
+
+
+def run_trace(url: str, trace: list[Request], args: argparse.Namespace) -> dict:
+    samples: list[dict] = []
+    stop = threading.Event()
+    began = time.perf_counter()
+    sampler = threading.Thread(target=sample_memory, args=(samples, stop, began, args.gpu), daemon=True)
+    sampler.start()
+    before = switches(url)
+
+    async def everything() -> list[dict]:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(args.request_timeout_s, connect=30), limits=limits) as c:
+            return list(await asyncio.gather(*(send(c, url, r, began) for r in trace)))
+
+    try:
+        rows = asyncio.run(everything())
+    finally:
+        stop.set()
+        sampler.join()
+    return summarize(rows, args, {"switches": switches(url) - before, "memory": samples,
+                                  "wall_s": round(time.perf_counter() - began, 1)})
+
+
+def mode_config(mode: str, models: dict[str, Path], args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The front's config file and flags for ``mode``."""
+    engine_args = shlex.split(args.engine_args) + (["--load-format", "auto"] if mode == "vllm_sleep" else [])
+    names = list(models)
+    host = set(names if mode == "park_host" else names[(len(names) + 1) // 2:] if mode == "mixed" else [])
+    awake = {"park_x2": 2, "static": len(names)}.get(mode, 1)
+    text = f"[switch]\nmax_awake = {awake}\nschedule = \"{'fifo' if mode == 'park_fifo' else 'fair'}\"\n"
+    text += f"request_timeout_s = {args.request_timeout_s}\n"
+    text += "".join(model_table(name, path, [], args.engine, engine_args, name in host) for name, path in
+                    models.items())
+    return text, ["--no-parking"] if mode == "restart" else []
+
+
+def run_mode(mode: str, models: dict[str, Path], trace: list[Request], args: argparse.Namespace, sock: str,
+             out: Path) -> dict:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    text, flags = mode_config(mode, models, args)
+    config = out / f"trace-{mode}.toml"
+    config.write_text(text)
+    log = out / f"trace-front-{mode}.log"
+    began = time.monotonic()
+    front = subprocess.Popen([sys.executable, "-m", "hotweights", "switch", "--config", str(config), "--port",
+                              str(port), "--log-dir", str(out / f"trace-logs-{mode}"), *flags],
+                             stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                             env={**os.environ, "HOTWEIGHTS_SOCKET_DIR": sock})
+    try:
+        while not ((state := status(url)) and all(m["state"] != "starting" for m in state["models"])):
+            if front.poll() is not None or time.monotonic() - began > 1800:
+                raise SystemExit(f"{mode}: the front did not start: {log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        startup_s = time.monotonic() - began
+        result = run_trace(url, trace, args)
+        result["startup_s"] = round(startup_s, 1)
+        result["states_after"] = {m["name"]: m["state"] for m in (status(url) or {"models": []})["models"]}
+    finally:
+        front.send_signal(signal.SIGINT)
+        front.wait(120)
+    result["switch_lines"] = [x.split("switch: ", 1)[1] for x in log.read_text().splitlines()
+                              if re.search(r"switch: \S+ (awake in|ready in)", x)][:40]
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", type=int, default=3)
+    parser.add_argument("--size", default="tiny")
+    parser.add_argument("--gen-device", default="cpu")
+    parser.add_argument("--engine", default="hotweights", choices=["hotweights", "vllm"])
+    parser.add_argument("--engine-args", default="--max-model-len 4096")
+    parser.add_argument("--modes", default="park,park_fifo,park_x2,park_host,restart,static")
+    parser.add_argument("--duration-s", type=float, default=60.0)
+    parser.add_argument("--rate", type=float, default=1.0, help="requests per second in all (Poisson)")
+    parser.add_argument("--zipf-s", type=float, default=1.1)
+    parser.add_argument("--burst-every-s", type=float, default=20.0)
+    parser.add_argument("--burst-size", type=int, default=4)
+    parser.add_argument("--prompt-tokens", default="32,2000")
+    parser.add_argument("--max-tokens", default="16,128")
+    parser.add_argument("--probe-every", type=int, default=5)
+    parser.add_argument("--slo-s", type=float, default=2.0, help="the time to first token a request must meet")
+    parser.add_argument("--request-timeout-s", type=float, default=120.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--url", default="", help="a running front: run the trace against it once (mode given)")
+    parser.add_argument("--names", default="", help="with --url: its models, most popular first")
+    parser.add_argument("--socket-dir", default="", help="a keeper to use (and leave running): its entries serve")
+    parser.add_argument("--models-dir", type=Path, default=None, help="where the demo models are (written if not)")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--partial-json", type=Path, default=None, help="the results so far, after each mode")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    args.prompt_range = tuple(int(x) for x in args.prompt_tokens.split(","))
+    args.max_tokens_range = tuple(int(x) for x in args.max_tokens.split(","))
+    args.gpu = args.gen_device == "cuda" or args.engine == "vllm"
+    out = args.out or Path(tempfile.mkdtemp(prefix="hw-trace-"))
+    out.mkdir(parents=True, exist_ok=True)
+    names = args.names.split(",") if args.url else [f"m{i}" for i in range(args.models)]
+    trace = make_trace(names, args)
+    result: dict = {"trace": {"requests": len(trace), "per_model": {n: sum(r.model == n for r in trace) for n in names},
+                              "probes": sum(r.probe for r in trace), **{k: v for k, v in vars(args).items()
+                                                                        if k not in ("out", "partial_json", "json",
+                                                                                     "models_dir", "socket_dir")}}}
+    if args.url:
+        result["given"] = run_trace(args.url, trace, args)
+    else:
+        models = write_models(args.models_dir or out, [args.size] * args.models, args.gen_device)
+        sock = args.socket_dir or tempfile.mkdtemp(prefix="hw-trace-sock-", dir="/tmp")
+        try:
+            for mode in args.modes.split(","):
+                try:
+                    result[mode] = run_mode(mode, models, trace, args, sock, out)
+                except (SystemExit, OSError, ValueError, subprocess.TimeoutExpired) as e:  # the next modes still run
+                    result[mode] = {"error": str(e)[-3000:]}
+                print(json.dumps({mode: {k: v for k, v in result[mode].items() if k not in ("rows", "memory")}}),
+                      file=sys.stderr)
+                if args.partial_json:
+                    args.partial_json.write_text(json.dumps(result))
+        finally:
+            if not args.socket_dir:
+                subprocess.run([sys.executable, "-m", "hotweights", "stop", "--socket-dir", sock], capture_output=True)
+    ran = {m: r for m, r in result.items() if isinstance(r, dict) and "goodput_rps" in r}
+    if "restart" in ran and "park" in ran and ran["restart"]["goodput_rps"]:
+        result["park_goodput_over_restart"] = round(ran["park"]["goodput_rps"] / ran["restart"]["goodput_rps"], 2)
+    if "static" in ran and "park" in ran and ran["static"]["goodput_rps"]:
+        result["park_goodput_over_static"] = round(ran["park"]["goodput_rps"] / ran["static"]["goodput_rps"], 2)
+    result["crossed"] = sum(r["crossed"] for r in ran.values())
+    result["command"] = "benchmarks/switch_trace.py " + " ".join(sys.argv[1:])
+    print(json.dumps(result) if args.json else json.dumps({k: v for k, v in result.items()}, indent=1))
+    return 1 if result["crossed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
