@@ -1,6 +1,6 @@
 """``hotweights serve --park-on-exit``: Ctrl-C parks the server, the same start wakes it, another start retires
 it; a parked server retires when its weights leave the keeper or after its idle time; ``hotweights parked``
-lists and retires. Real launchers, servers and a daemon in subprocesses (``standby/parked.py``).
+lists and retires. Real launchers, servers and a daemon in subprocesses (``parked/records.py``).
 
 Run: pytest tests/test_parked.py
 """

@@ -86,7 +86,7 @@ args = ["--max-model-len", "64"]
         text = log.read_text()
         assert re.search(r"v ready in [\d.]+ s \(cached, [\d.]+ s; started from a warm standby, [\d.]+ s; awake\)",
                          text), text
-        assert "v awake in" in text and "(weights start)" in text
+        assert "v awake in" in text and "(weights start;" in text
         engine_log = Path(status()["v"]["log"]).read_text()
         assert engine_log.count("Started vLLM from a warm standby") >= 1 and "Mapped " in engine_log
     finally:

@@ -168,7 +168,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .argv import strip
     from .paths import daemon_paths
-    from .standby import front, parked
+    from .parked import front
+    from .parked import records as parked
 
     start = dataclasses.asdict(config) | {"model": os.path.realpath(config.model)}
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
@@ -242,7 +243,7 @@ def cmd_vllm(args: argparse.Namespace) -> int:
     from .engines.vllm import launcher, preflight
 
     from .argv import strip
-    from .standby.parked import PARK_IDLE_S, PARK_ON_EXIT
+    from .parked.records import PARK_IDLE_S, PARK_ON_EXIT
 
     argv = strip(args.vllm_args, PARK_ON_EXIT, PARK_IDLE_S)  # hotweights' own flags
     park = int(PARK_ON_EXIT.value(args.vllm_args, "1") or 0)

@@ -149,7 +149,7 @@ def cmd_parked(args: argparse.Namespace) -> int:
     import time
 
     from .paths import daemon_paths
-    from .standby import parked
+    from .parked import records as parked
 
     directory = parked.parked_dir(daemon_paths(args.socket_dir).directory)
     found = parked.records(directory)

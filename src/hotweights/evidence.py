@@ -2,7 +2,7 @@
 
 Users and ``hotweights verify`` grep for these exact shapes
 (``Mapped|weight cache|falling back``); tests assert them character for character.
-The patterns below are the only parsers of them (verify, ``preload --engine vllm``).
+The patterns below are the only parsers of them (verify, ``preload --engine vllm``, the switch, benchmarks).
 Change a shape only together with its pattern and the README section "Evidence lines".
 
 Besides DESIGN's lines: the embedded server's ``startup:`` line and its parser (read by

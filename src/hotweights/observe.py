@@ -22,6 +22,7 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .argv import Option
 from .unix import signal_group, stop_group
@@ -39,14 +40,14 @@ def health_url_for(command: list[str]) -> str:
 def complete(base_url: str, prompt: str, *, max_tokens: int = 16, model: str | None = None,
              timeout_s: float = 120.0) -> str | None:
     """The greedy completion of ``prompt`` from an OpenAI-compatible server, None on any failure."""
-    body: dict = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    body: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
     if model is not None:
         body["model"] = model
     req = urllib.request.Request(base_url + "/v1/completions", data=json.dumps(body).encode(),
                                  headers={"content-type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            return json.loads(r.read())["choices"][0]["text"]
+            return str(json.loads(r.read())["choices"][0]["text"])
     except (OSError, KeyError, ValueError):
         return None
 
@@ -57,6 +58,7 @@ def floor_s(python: str, device: str = "cpu") -> float:
     code = "import torch" + (f"; torch.zeros(1, device={device!r})" if device.startswith("cuda") else "")
     start = time.monotonic()
     proc = subprocess.Popen([python, "-c", code + "; print('ready', flush=True)"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None  # stdout=PIPE
     line = proc.stdout.readline()
     elapsed = time.monotonic() - start
     proc.wait()
@@ -98,7 +100,7 @@ def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (another process may take it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -111,7 +113,7 @@ class Receipt:
     command: list[str]
     exit_code: int | None = None
     log: str = ""
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
     health_url: str = ""
     reason: str = ""  # why it is not ready, in one line
 

@@ -4,7 +4,7 @@ One frozen dataclass per message, tagged by ``op`` in one table (``MESSAGES``); 
 message into a msgpack map, ``decode`` rejects unknown ops, missing or extra fields and wrong types
 by name (``codec.py``). No pickle. Framing and fds live in ``wire.py``.
 
-Not covered: authentication (``wire.py`` and ``daemon.py`` check peers) and what the
+Not covered: authentication (``wire.py`` and ``keeper/server.py`` check peers) and what the
 fds point at (the daemon checks memfd seals and sizes on publish).
 """
 

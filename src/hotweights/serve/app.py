@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import evidence
-from ..standby.parked import take_port
+from ..parked.records import take_port
 from .config import ServeConfig
 from .generate import Generator
 from .tokenizer import read_json

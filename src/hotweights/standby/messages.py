@@ -8,6 +8,7 @@ standby -> ``Ready``; launcher -> ``Start`` with fds 0, 1, 2 (or ``Stop``: retir
 from __future__ import annotations
 
 import socket
+import typing
 from dataclasses import dataclass
 
 from ..errors import ProtocolError
@@ -77,4 +78,4 @@ def receive(sock: socket.socket, *expected: type) -> tuple[Message, list[int]]:
     except BaseException:
         close_fds(fds)
         raise
-    return msg, fds
+    return typing.cast(Message, msg), fds

@@ -260,7 +260,7 @@ def _fork_server(msg: Start, fds: list[int], conn: socket.socket) -> int:
         with contextlib.suppress(BaseException):
             sys.stdout.flush()
             sys.stderr.flush()
-        os._exit(code or 0)  # type: ignore[arg-type]  # an int or None by now
+        os._exit(code or 0)  # an int or None by now
 
 
 def _supervise(conn: socket.socket, server: int) -> int:

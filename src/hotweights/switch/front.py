@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from ..serve.errors import error_response as error
 from ..serve.errors import http_error, stream_error
-from ..standby.parked import take_port
+from ..parked.records import take_port
 from .config import ModelConfig, SwitchConfig
 from .engines import Engine, EngineLike, gpu_mib_by_pid
 from .metrics import SwitchMetrics

@@ -126,12 +126,12 @@ class Operations:
         """Wake ``m`` (or start it again, also when it dies as it is asked); a wake refused for memory parks one
         more engine and tries again."""
         while True:
+            if m.state in (S.FAILED, S.STOPPED) or not m.engine.alive():
+                was = m.state
+                self.move(m, S.STARTING)
+                await asyncio.to_thread(m.engine.start)  # EngineError: the start failed
+                return "restart" if was is S.FAILED else "start"
             try:
-                if m.state in (S.FAILED, S.STOPPED) or not m.engine.alive():
-                    was = m.state
-                    self.move(m, S.STARTING)
-                    await asyncio.to_thread(m.engine.start)
-                    return "restart" if was is S.FAILED else "start"
                 return await asyncio.to_thread(m.engine.wake)
             except WakeRefused:
                 if not await self._park_one(m):

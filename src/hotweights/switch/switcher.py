@@ -98,6 +98,7 @@ class Switcher(Operations):
                     m.attempts_failed += 1
                     m.failure = Failure("wake", f"the switch to it failed: {exc}")
                     self._changed()
+                    await asyncio.sleep(0.1)  # a bug that repeats must not spin the loop
             if m.config is self.config.default or all(x.started for x in self.models.values()):
                 self.ready.set()
 

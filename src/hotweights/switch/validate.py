@@ -57,8 +57,8 @@ def model_of(path: str, body: bytes, served: dict[str, Any], default: str) -> st
     try:
         request = BODIES[path].model_validate_json(body)
     except ValidationError as exc:
-        first = exc.errors()[0] if exc.errors() else {}
-        if first.get("type", "").startswith("json") or first.get("type") == "model_type":
+        first: dict[str, Any] = dict(exc.errors()[0]) if exc.errors() else {}
+        if str(first.get("type", "")).startswith("json") or first.get("type") == "model_type":
             raise Refused("the body must be a JSON object (the request's fields)") from None
         param = ".".join(str(p) for p in first.get("loc", ())) or None
         raise Refused(f"invalid request: {param + ': ' if param else ''}{first.get('msg', 'bad value')}",

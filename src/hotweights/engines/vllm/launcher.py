@@ -11,7 +11,7 @@ way it prepares a standby for the next start, which imports vLLM once this start
 ``--park-on-exit [1|2]`` (and ``--park-idle-s S``), hotweights' flags, taken out of the argv before vLLM
 sees it: the server runs with ``--enable-sleep-mode`` and ``VLLM_SERVER_DEV_MODE=1`` (its ``/sleep`` and
 ``/wake_up``: bind it to a loopback ``--host``), as a child of this launcher in its own session, not from
-the standby; Ctrl-C parks it and the next run of the same start wakes it (``standby/parked.py``). vLLM's
+the standby; Ctrl-C parks it and the next run of the same start wakes it (``parked/records.py``). vLLM's
 CPU build has no sleep mode: refused there, in one line.
 
 The engine core: vLLM's CLI sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` unless it is set, so its
@@ -76,7 +76,8 @@ def explicit_log_error_stack(args: list[str], env: dict[str, str]) -> list[str]:
 
 
 def _run_parked(start: VllmStart, cmd: list[str], env: dict[str, str], level: int, idle_s: float) -> int:
-    from ...standby import front, parked
+    from ...parked import front
+    from ...parked import records as parked
     from .start import is_cpu_build
 
     if level not in (1, 2):

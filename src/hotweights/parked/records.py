@@ -17,7 +17,7 @@ The next launch of a start on that address reads the record:
   naming the fields that differ; then it starts as usual.
 
 Every server a launcher started this way is recorded while it lives, awake (``front``: the launcher in
-front of it) or parked. One small watcher process per server (``python -m hotweights.standby.watch
+front of it) or parked. One small watcher process per server (``python -m hotweights.parked.watch
 RECORD``, torch-free) checks every second: an awake server whose launcher is gone without parking it
 (killed) is stopped, as a killed ``vllm serve`` would be; a parked one retires after ``--park-idle-s``
 seconds, or when the keeper no longer holds its weights in any tier (the entries the keeper lists a
@@ -44,7 +44,7 @@ from ..argv import Option
 from ..key import FieldDiff
 from ..observe import PortBusy, listen, post, wait_healthy
 from ..unix import pid_alive, stop_group
-from .fingerprint import Fingerprint
+from ..standby.fingerprint import Fingerprint
 
 logger = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .fingerprint import Fingerprint
+from ..standby.fingerprint import Fingerprint
 from ..observe import post
-from .parked import Record, alive, parked_dir, read_record, stop, take_over
+from .records import Record, alive, parked_dir, read_record, stop, take_over
 from .watch import parked_keys
 
-logger = logging.getLogger("hotweights.standby.parked")
+logger = logging.getLogger("hotweights.parked.records")
 
 
 class Front:
@@ -46,7 +46,7 @@ class Front:
         record = Record(self.pid, self.url, self.engine, self.start.to_wire(), level, str(self.log),
                         time.time() if level else 0.0, self.idle_s, keys, 0 if level else os.getpid(), watcher)
         if not watcher:
-            watcher = subprocess.Popen([sys.executable, "-m", "hotweights.standby.watch", str(self.path)],
+            watcher = subprocess.Popen([sys.executable, "-m", "hotweights.parked.watch", str(self.path)],
                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                        start_new_session=True).pid
             record = dataclasses.replace(record, watcher=watcher)

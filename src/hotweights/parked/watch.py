@@ -1,4 +1,4 @@
-"""The watcher of one server a ``--park-on-exit`` launcher started (``python -m hotweights.standby.watch RECORD``,
+"""The watcher of one server a ``--park-on-exit`` launcher started (``python -m hotweights.parked.watch RECORD``,
 torch-free): stops it when its launcher is gone without parking it, retires it parked after its idle time
 or once the keeper holds none of its entries (``parked.py``)."""
 
@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from .parked import alive, read_record, retire
+from .records import alive, read_record, retire
 
 
 def parked_keys(daemon_dir: Path, session: int) -> list[str]:
