@@ -13,7 +13,7 @@
 #   OUT=DIR bash benchmarks/gpu_faults_session.sh
 NO_POOLS_MODEL=1 source "$(dirname "$0")/gpu_session_start.sh"
 BEGAN=$(date +%s)
-BUDGET_S=${BUDGET_S:-1500}
+BUDGET_S=${BUDGET_S:-1150}
 ARGS="--max-model-len 4096 --gpu-memory-utilization 0.25"
 SOCK=$(mktemp -d /tmp/hw-keep-XXXX)
 cd benchmarks
@@ -24,7 +24,7 @@ done
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$OUT/gpu_before_switch.txt" 2>&1
 step switch
 python3 switch_drills.py --models 3 --size 8b --models-dir "$W" --engine vllm --engine-args "$ARGS" \
-  --trace-s 60 --socket-dir "$SOCK" --out "$W/drills" --json > "$OUT/switch_drills_8b.json" 2> "$OUT/switch_drills_8b.err"
+  --switches 12 --trace-s 45 --socket-dir "$SOCK" --out "$W/drills" --json > "$OUT/switch_drills_8b.json" 2> "$OUT/switch_drills_8b.err"
 echo "drills rc=$?" >> "$OUT/switch_drills_8b.err"
 cp "$W/drills/front.log" "$OUT/drills_front.log" 2>/dev/null
 cp -r "$W/drills/logs" "$OUT/drills_logs" 2>/dev/null
