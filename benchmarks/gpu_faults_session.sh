@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU (one H200, vLLM 0.26 staged per ../shared/gpu-vllm/README.md): issue 42's rerun of everything committed after
 # 6a17507 and issue 43's trace, as a user runs them:
+#  0. verify --engine vllm through the launcher on the 0.6B, to its report, while the GPU is empty;
 #  1. `hotweights switch` over three 8B demo models of different bytes from an empty keeper (every model preloaded by
 #     the front with --enable-sleep-mode): /health, every model started, their `ready in` lines, standby starts and
 #     compiles per engine log; an A-B-A-C mix; a parked engine and then the awake one killed -9 and asked for; the
@@ -8,14 +9,15 @@
 #     process and no port (benchmarks/switch_drills.py). The keeper is kept for the next steps.
 #  2. `hotweights vllm serve ... --park-on-exit` on that keeper, taken over twice, then a start with another
 #     --max-model-len, which must retire the parked engine instead (benchmarks/vllm_takeover.py).
-#  3. verify --engine vllm through the launcher on the 0.6B, to its report.
-#  4. while time is left (BUDGET_S, from the script's start): the trace's other modes side by side on the same keeper.
+#  3. while time is left (BUDGET_S, from the script's start): the trace's other modes side by side on the same keeper.
 #   OUT=DIR bash benchmarks/gpu_faults_session.sh
 NO_POOLS_MODEL=1 source "$(dirname "$0")/gpu_session_start.sh"
 BEGAN=$(date +%s)
 BUDGET_S=${BUDGET_S:-1150}
 ARGS="--max-model-len 4096 --gpu-memory-utilization 0.25"
 SOCK=$(mktemp -d /tmp/hw-keep-XXXX)
+step verify  # first, on an empty GPU: run after the drills, their keeper's 45.8 GiB left its preload no room
+verify_vllm_06b
 cd benchmarks
 step models
 for i in 0 1 2; do
@@ -24,7 +26,7 @@ done
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$OUT/gpu_before_switch.txt" 2>&1
 step switch
 python3 switch_drills.py --models 3 --size 8b --models-dir "$W" --engine vllm --engine-args "$ARGS" \
-  --switches 12 --trace-s 45 --socket-dir "$SOCK" --out "$W/drills" --json > "$OUT/switch_drills_8b.json" 2> "$OUT/switch_drills_8b.err"
+  --switches 12 --trace-s 20 --socket-dir "$SOCK" --out "$W/drills" --json > "$OUT/switch_drills_8b.json" 2> "$OUT/switch_drills_8b.err"
 echo "drills rc=$?" >> "$OUT/switch_drills_8b.err"
 cp "$W/drills/front.log" "$OUT/drills_front.log" 2>/dev/null
 cp -r "$W/drills/logs" "$OUT/drills_logs" 2>/dev/null
@@ -32,10 +34,6 @@ step takeover
 python3 vllm_takeover.py --model "$W/m0" --repeat 2 --socket-dir "$SOCK" --base "$ARGS" \
   --changed "--max-model-len 2048" --out "$W/takeover" --json > "$OUT/takeover_8b.json" 2> "$OUT/takeover_8b.err"
 echo "takeover rc=$?" >> "$OUT/takeover_8b.err"
-cd ..
-step verify
-verify_vllm_06b
-cd benchmarks
 for mode in park_fifo static park_host restart; do
   [ $(( $(date +%s) - BEGAN )) -lt $(( BUDGET_S - 240 )) ] || break
   step "trace $mode"
@@ -46,4 +44,5 @@ for mode in park_fifo static park_host restart; do
 done
 python3 -m hotweights stop --socket-dir "$SOCK" > /dev/null 2>&1
 step done
+tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"  # one file: a call returns only a few
 touch "$OUT/done"

@@ -358,3 +358,50 @@ def test_engines_on_gpus_of_their_own_stay_awake_together_and_one_that_spans_the
         assert re.search(r"wide\s+awake\s+hotweights\s+0,1 ", done.stdout), done.stdout
     finally:
         f.interrupt()
+
+
+GROUP = ("import os, subprocess, sys, time; os.setpgid(0, 0); "
+         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); print('up', flush=True); "
+         "time.sleep(60)")
+
+
+def test_a_dead_server_of_a_standby_start_is_no_live_engine_and_its_orphans_are_stopped(tmp_path):
+    """On an H200 a killed vLLM API server (a warm standby's child, leading a group of its own) left its engine
+    core behind, holding the port: a wake sent there hung for 300 s. The engine counts as dead once its server is,
+    and stopping it ends what the server left in its group."""
+    from hotweights.switch.process import EngineProcess
+    from hotweights.unix import signal_group
+
+    engine = EngineProcess("a", tmp_path / "a.log")
+    engine.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    server = subprocess.Popen([sys.executable, "-c", GROUP], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "up"
+        engine.server = server.pid
+        assert engine.alive()
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait()
+        assert not engine.alive() and signal_group(server.pid, 0)  # its orphan lives on in its group
+        engine.stop(grace_s=5)
+        assert not signal_group(server.pid, 0)
+    finally:
+        signal_group(server.pid, signal.SIGKILL)
+
+
+def test_the_standby_ends_what_a_dead_server_left_in_its_group():
+    from hotweights.standby.zygote import _end_stragglers
+    from hotweights.unix import signal_group
+
+    server = subprocess.Popen([sys.executable, "-c", GROUP], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "up"
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait()
+        assert signal_group(server.pid, 0)
+        _end_stragglers(server.pid, grace_s=5)
+        deadline = time.monotonic() + 5
+        while signal_group(server.pid, 0):  # the orphan's parent (init) reaps it
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        signal_group(server.pid, signal.SIGKILL)

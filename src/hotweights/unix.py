@@ -159,8 +159,8 @@ class _Child(Protocol):
 
 def stop_group(pid: int, grace_s: float = 30.0, *, first: int = signal.SIGTERM, child: _Child | None = None) -> None:
     """Stop a server and all it started: ``first`` to the process group ``pid`` leads (a server started in a
-    session of its own), SIGKILL to the group after ``grace_s``. Returns once ``pid`` is gone: ``child`` (its
-    ``subprocess.Popen``) is waited for, which reaps it; else ``pid`` is polled (and reaped if it is ours)."""
+    session of its own), SIGKILL to the group after ``grace_s``. Returns once ``pid`` and its group are gone:
+    ``child`` (its ``subprocess.Popen``) is waited for, which reaps it; else ``pid`` is polled (and reaped if ours)."""
     if not signal_group(pid, first):
         if child is not None:
             child.wait()
@@ -171,17 +171,16 @@ def stop_group(pid: int, grace_s: float = 30.0, *, first: int = signal.SIGTERM, 
 
 
 def _ended(pid: int, timeout_s: float, child: _Child | None) -> bool:
+    """Whether ``pid`` and each process of its group ended within ``timeout_s`` (children may outlive a leader)."""
+    deadline = time.monotonic() + timeout_s
     if child is not None:
         try:
             child.wait(timeout_s)
         except subprocess.TimeoutExpired:
             return False
-        return True
-    deadline = time.monotonic() + timeout_s
-    while pid_alive(pid, others=False):
+    while pid_alive(pid, others=False) or signal_group(pid, 0):
         with contextlib.suppress(ChildProcessError):
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                return True
+            os.waitpid(pid, os.WNOHANG)
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)

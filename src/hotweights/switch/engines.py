@@ -20,6 +20,10 @@ from .keeper import KeeperView
 from .kinds import KINDS
 from .process import EngineError, EngineProcess, WakeRefused, one_line
 
+# a wake takes 0.05-1 s on an H200 (from the GPU or host memory); one that does not answer within this is an engine
+# that cannot (a dead server's orphan holding its port waited out 300 s before)
+WAKE_TIMEOUT_S = 60.0
+
 __all__ = ["Engine", "EngineError", "EngineLike", "WakeRefused", "gpu_mib_by_pid"]
 
 
@@ -141,7 +145,7 @@ class Engine:
             return "start"
         since = self.process.log_size()
         try:
-            self.process.ask("/wake_up", timeout_s=300)
+            self.process.ask("/wake_up", timeout_s=WAKE_TIMEOUT_S)
         except OSError as exc:
             said = self.process.output(since)
             refusal = [x for x in said.splitlines() if evidence.CANNOT_WAKE_MARK in x]

@@ -14,7 +14,7 @@ from pathlib import Path
 from .. import evidence
 from ..observe import free_port, healthy, post
 from ..standby.handoff import serving_pids
-from ..unix import stop_group
+from ..unix import pid_alive, stop_group
 
 REASON_CHARS = 300
 _CLI_ERROR_RE = re.compile(r"^hotweights [\w-]+: (.+)$")  # the CLI's one line (cli.main)
@@ -71,7 +71,8 @@ class EngineProcess:
         return serving_pids(self.pid, self.server) if self.pid else []
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        """Its process runs, and so does the server a warm standby forked for it (that server may die first)."""
+        return self.proc is not None and self.proc.poll() is None and (not self.server or pid_alive(self.server))
 
     def start(self, command: Callable[[int], tuple[list[str], dict[str, str]]], timeout_s: float = 900.0) -> float:
         """Start the server ``command(port)`` gives (its argv and environment) on a new port and wait for its
@@ -118,6 +119,8 @@ class EngineProcess:
 
     def stop(self, grace_s: float = 30.0) -> None:
         """SIGTERM to its process group, SIGKILL after ``grace_s``."""
-        proc, self.proc, self.server = self.proc, None, 0
+        proc, server, self.proc, self.server = self.proc, self.server, None, 0
         if proc is not None:
             stop_group(proc.pid, grace_s, child=proc)
+        if server:  # a standby's child leads a group of its own, which may outlive it (orphans of a dead server)
+            stop_group(server, grace_s)
