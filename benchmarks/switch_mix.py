@@ -81,6 +81,20 @@ def model_table(name: str, path: Path, gpus: list[int], engine: str, engine_args
             + ('parked_weights = "host"\n' if host else ""))
 
 
+def start_front(cmd: list[str], url: str, sock: str, log: Path, label: str) -> tuple[subprocess.Popen, float]:
+    """The front ``cmd`` (serving at ``url``, keeper ``sock``, output to ``log``) once every model is past start-up,
+    and the seconds that took; SystemExit with its output when it does not get there."""
+    began = time.monotonic()
+    front = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                             env={**os.environ, "HOTWEIGHTS_SOCKET_DIR": sock})
+    while not ((state := status(url)) and all(m["state"] != "starting" for m in state["models"])):
+        if front.poll() is not None or time.monotonic() - began > 1800:
+            front.kill()
+            raise SystemExit(f"{label}: the front did not start: {log.read_text()[-3000:]}")
+        time.sleep(0.5)
+    return front, time.monotonic() - began
+
+
 def write_models(out: Path, sizes: list[str], gen_device: str) -> dict[str, Path]:
     """Demo models m0, m1, ... of different bytes (seeds 0, 1, ...) under ``out``. One written whole already (its
     tokenizer_config.json comes last) is used as it is; each is written by a process of its own: generated here on
@@ -105,15 +119,8 @@ def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock:
            "--log-dir", str(out / f"logs-{mode}"), *(["--no-parking"] if mode == "restart" else [])]
     log = out / f"front-{mode}.log"
     before = {"gpu_used_mib": gpu_used_mib(), "host_used_mib": host_used_mib()} if args.gpu else None
-    began = time.monotonic()
-    front = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                             env={**os.environ, "HOTWEIGHTS_SOCKET_DIR": sock})
+    front, startup_s = start_front(cmd, url, sock, log, mode)
     try:
-        while not ((state := status(url)) and all(m["state"] != "starting" for m in state["models"])):
-            if front.poll() is not None or time.monotonic() - began > 1800:
-                raise SystemExit(f"{mode}: the front did not start: {log.read_text()[-3000:]}")
-            time.sleep(0.5)
-        startup_s = time.monotonic() - began
         names = list(models)
         switches = args.restart_switches if mode == "restart" and args.restart_switches else args.switches
         mix = [names[0] if i % 2 == 0 else names[1 + (i // 2) % (len(names) - 1)] for i in range(switches + 1)]

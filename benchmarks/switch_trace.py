@@ -39,7 +39,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import random
 import re
 import shlex
@@ -54,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from switch_mix import model_table, status, write_models
+from switch_mix import model_table, start_front, status, write_models
 from vllm_sleep import gpu_used_mib, host_used_mib
 
 from hotweights.observe import free_port
@@ -234,17 +233,10 @@ def run_mode(mode: str, models: dict[str, Path], trace: list[Request], args: arg
     config = out / f"trace-{mode}.toml"
     config.write_text(text)
     log = out / f"trace-front-{mode}.log"
-    began = time.monotonic()
-    front = subprocess.Popen([sys.executable, "-m", "hotweights", "switch", "--config", str(config), "--port",
-                              str(port), "--log-dir", str(out / f"trace-logs-{mode}"), *flags],
-                             stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                             env={**os.environ, "HOTWEIGHTS_SOCKET_DIR": sock})
+    front, startup_s = start_front([sys.executable, "-m", "hotweights", "switch", "--config", str(config), "--port",
+                                    str(port), "--log-dir", str(out / f"trace-logs-{mode}"), *flags], url, sock, log,
+                                   mode)
     try:
-        while not ((state := status(url)) and all(m["state"] != "starting" for m in state["models"])):
-            if front.poll() is not None or time.monotonic() - began > 1800:
-                raise SystemExit(f"{mode}: the front did not start: {log.read_text()[-3000:]}")
-            time.sleep(0.5)
-        startup_s = time.monotonic() - began
         result = run_trace(url, trace, args)
         result["startup_s"] = round(startup_s, 1)
         result["states_after"] = {m["name"]: m["state"] for m in (status(url) or {"models": []})["models"]}

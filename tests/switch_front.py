@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -77,3 +79,24 @@ def checkpoint_names(path: Path) -> Path:
     (path / "config.json").write_text("{}")
     (path / "model.safetensors").write_bytes(b"")
     return path
+
+
+@contextlib.contextmanager
+def private_keeper(prefix: str):
+    """A keeper directory of the tests' own (short: AF_UNIX paths are capped), its keeper stopped after."""
+    from conftest import run_cli
+
+    sock = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        yield sock
+    finally:
+        run_cli("stop", "--socket-dir", str(sock))
+
+
+def wait_started(front: Front, timeout_s: float = 120) -> Front:
+    """Until every model is past start-up (/health is 200 once the default serves; the others may still start)."""
+    deadline = time.monotonic() + timeout_s
+    while any(m["state"] == "starting" for m in front.status()["models"]):
+        assert time.monotonic() < deadline, front.status()
+        time.sleep(0.2)
+    return front

@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
-from switch_front import Front, answer, checkpoint_names, port_free
+from switch_front import private_keeper, wait_started, Front, answer, checkpoint_names, port_free
 
 from hotweights.switch import config as switch_config
 
@@ -38,18 +37,13 @@ def two_models(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def keeper():
-    sock = Path(tempfile.mkdtemp(prefix="hwsw-", dir="/tmp"))
-    yield sock
-    run_cli("stop", "--socket-dir", str(sock))
+    with private_keeper("hwsw-") as sock:
+        yield sock
 
 
 @pytest.fixture(scope="module")
 def front(two_models, keeper, tmp_path_factory):
-    f = Front(tmp_path_factory.mktemp("switch"), two_models, socket_dir=keeper)
-    deadline = time.monotonic() + 120  # /health is 200 once the default serves; the others may still start
-    while any(m["state"] == "starting" for m in f.status()["models"]):
-        assert time.monotonic() < deadline, f.status()
-        time.sleep(0.2)
+    f = wait_started(Front(tmp_path_factory.mktemp("switch"), two_models, socket_dir=keeper))
     yield f
     if f.proc.poll() is None:
         f.interrupt()
@@ -388,9 +382,8 @@ def test_a_dead_server_of_a_standby_start_is_no_live_engine_and_its_orphans_are_
         signal_group(server.pid, signal.SIGKILL)
 
 
-def test_the_standby_ends_what_a_dead_server_left_in_its_group():
-    from hotweights.standby.zygote import _end_stragglers
-    from hotweights.unix import signal_group
+def test_stopping_the_group_of_a_dead_server_ends_what_it_left():
+    from hotweights.unix import signal_group, stop_group
 
     server = subprocess.Popen([sys.executable, "-c", GROUP], stdout=subprocess.PIPE, text=True)
     try:
@@ -398,7 +391,7 @@ def test_the_standby_ends_what_a_dead_server_left_in_its_group():
         os.kill(server.pid, signal.SIGKILL)
         server.wait()
         assert signal_group(server.pid, 0)
-        _end_stragglers(server.pid, grace_s=5)
+        stop_group(server.pid, 5)  # what the standby does when its server dies (zygote._supervise)
         deadline = time.monotonic() + 5
         while signal_group(server.pid, 0):  # the orphan's parent (init) reaps it
             assert time.monotonic() < deadline

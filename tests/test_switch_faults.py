@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
-from switch_front import Front, answer
+from switch_front import private_keeper, wait_started, Front, answer
 
 pytestmark = pytest.mark.slow
 
@@ -44,18 +44,14 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def keeper():
-    sock = Path(tempfile.mkdtemp(prefix="hwsf-", dir="/tmp"))
-    yield sock
-    run_cli("stop", "--socket-dir", str(sock))
+    with private_keeper("hwsf-") as sock:
+        yield sock
 
 
 @pytest.fixture(scope="module")
 def front(models, keeper, tmp_path_factory):
-    f = Front(tmp_path_factory.mktemp("faults"), models, socket_dir=keeper, engine_args=("--max-model-len", "4096"))
-    deadline = time.monotonic() + 120
-    while any(m["state"] == "starting" for m in f.status()["models"]):
-        assert time.monotonic() < deadline, f.status()
-        time.sleep(0.2)
+    f = wait_started(Front(tmp_path_factory.mktemp("faults"), models, socket_dir=keeper,
+                           engine_args=("--max-model-len", "4096")))
     yield f
     if f.proc.poll() is None:
         f.interrupt()

@@ -28,10 +28,11 @@ from .key import CacheKey
 from .manifest import Manifest
 from .paths import DaemonPaths, check_socket_dir, daemon_paths
 from .protocol import (
-    PROTOCOL_VERSION, Attach, Describe, DescribeOk, EntryRow, Error, Hello, HelloOk, Lookup, LookupOk, Message, Park,
+    PROTOCOL_VERSION, Attach, Describe, DescribeOk, Error, Hello, HelloOk, Lookup, LookupOk, Message, Park,
     ParkOk, Publish, PublishOk, Release, ReleaseOk, Status, StatusOk, Stop, StopOk, recv_message, send_message,
 )
 from .replies import Answer, AttachReply, Outcome, answer_of
+from .rows import EntryRow
 from .unix import is_locked, peer_credentials
 from .wire import close_fds, recv_frame
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from ..evidence import size_text
 from ..key import CacheKey, FieldDiff
 from ..manifest import Manifest
-from ..protocol import EntryRow
+from ..rows import EntryRow
 from ..unix import pid_alive
 from ..wire import close_fds
 

@@ -29,7 +29,7 @@ from ..client import Outcome, connect_for
 from ..config import AttachConfig
 from ..errors import CheckpointError, DaemonUnavailable, ProtocolError, TrustError
 from ..key import CacheKey
-from ..protocol import EntryRow
+from ..rows import EntryRow
 from ..pools.devices import Device, resolve_device
 from .attach import AttachResult, attach_tensors
 from .checkpoint import Checkpoint, checkpoint_key, open_checkpoint, target_dtype

@@ -42,7 +42,7 @@ from pathlib import Path
 from ..errors import ProtocolError
 from ..observe import healthy
 from ..paths import ensure_socket_dir
-from ..unix import (peer_credentials, pid_alive, set_process_title, signal_group, take_pid_lock,
+from ..unix import (peer_credentials, pid_alive, set_process_title, signal_group, stop_group, take_pid_lock,
                     write_lock_note)
 from ..wire import close_fds
 from .engine import EngineSpec, spec
@@ -278,7 +278,7 @@ def _supervise(conn: socket.socket, server: int) -> int:
                 code = os.waitstatus_to_exitcode(status)
                 code = 128 - code if code < 0 else code  # killed by a signal: the shell's convention
                 logger.info("server pid %d exited: code=%d", server, code)
-                _end_stragglers(server)
+                stop_group(server, 5.0)  # what it left in its group (a killed vLLM API server's engine core)
                 if not launcher_gone:
                     with contextlib.suppress(OSError):
                         send(conn, Exited(code))
@@ -292,20 +292,6 @@ def _supervise(conn: socket.socket, server: int) -> int:
         if deadline and time.monotonic() > deadline:
             signal_group(server, signal.SIGKILL)
             deadline = None
-
-
-def _end_stragglers(server: int, grace_s: float = 5.0) -> None:
-    """What the server left in its process group when it died (vLLM's engine core, orphaned by a killed API server,
-    kept its GPU memory and the inherited listening socket: a wake sent to the port hung until its timeout, seen on
-    an H200): SIGTERM, SIGKILL after ``grace_s``."""
-    if not signal_group(server, signal.SIGTERM):
-        return
-    deadline = time.monotonic() + grace_s
-    while signal_group(server, 0):
-        if time.monotonic() > deadline:
-            signal_group(server, signal.SIGKILL)
-            return
-        time.sleep(0.05)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import sys
 from ..client import connect
 from ..evidence import size_text
 from ..paths import daemon_paths
-from ..protocol import EntryRow
+from ..rows import EntryRow
 from .config import ModelConfig
 from .kinds import EngineKind
 from .process import EngineError

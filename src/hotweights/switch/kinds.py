@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .. import argv
 from ..engines.vllm.options import LOAD_FORMAT
 from ..engines.vllm.start import EXTRA_CONFIG, LOAD_FORMAT_OPTION, TENSOR_PARALLEL, VllmStart, is_cpu_build
-from ..protocol import EntryRow
+from ..rows import EntryRow
 from .config import ModelConfig
 
 SLEEP_MODE = argv.Option(("--enable-sleep-mode",), "none")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ...config import AttachConfig
-from ...protocol import EntryRow
+from ...rows import EntryRow
 
 LOAD_FORMAT = "hotweights"
 LAYOUTS = ("auto", "engine", "checkpoint")

@@ -35,7 +35,7 @@ from ...errors import HotweightsError
 from ...evidence import GIB, WRITE_THROUGH_FAILED
 from ...observe import Observed, free_port
 from ...paths import DaemonPaths, daemon_paths
-from ...protocol import EntryRow
+from ...rows import EntryRow
 from .options import engine_rows
 
 logger = logging.getLogger(__name__)
