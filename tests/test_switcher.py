@@ -29,6 +29,7 @@ class FakeEngine:
         self.url, self.port, self.server, self.exit_code = "http://fake", 1, 0, None
         self.fail_start: str = ""
         self.refuse_wakes = 0
+        self.copy_s = 0.0
         self.file_state = (("model.safetensors", 1, 1),)
 
     @property
@@ -68,6 +69,7 @@ class FakeEngine:
         return "0 bytes to host memory"
 
     def host_copy_ahead(self) -> int:
+        time.sleep(self.copy_s)
         return 0
 
     def stop(self) -> None:
@@ -83,7 +85,9 @@ class FakeEngine:
 def make(names: list[str], **switch) -> tuple[Switcher, dict[str, FakeEngine], list[str]]:
     log: list[str] = []
     gpus = switch.pop("gpus", {})
-    models = tuple(ModelConfig(n, Path("/m") / n, gpus=tuple(gpus.get(n, ()))) for n in names)
+    host = switch.pop("host", ())
+    models = tuple(ModelConfig(n, Path("/m") / n, gpus=tuple(gpus.get(n, ())), parked_weights="host" if n in host
+                               else "gpu") for n in names)
     engines: dict[str, FakeEngine] = {}
 
     def factory(m: ModelConfig) -> FakeEngine:
@@ -311,4 +315,17 @@ def test_a_move_the_table_does_not_have_is_refused():
         s.move(s.models["a"], ModelState.STOPPED)
         with pytest.raises(InvalidTransition, match="stopped -> awake"):
             s.move(s.models["a"], ModelState.AWAKE)
+    asyncio.run(main())
+
+
+def test_the_default_serves_while_its_host_copy_is_made_ahead():
+    """``parked_weights = "host"``: the default's host copy (seconds for an 8B) is made after it is ready."""
+    async def main():
+        s, engines, _ = make(["a", "b"], host=("a",))
+        engines["a"].copy_s = 0.3
+        task = asyncio.create_task(s.run())
+        began = time.monotonic()
+        await asyncio.wait_for(s.ready.wait(), 5)
+        assert time.monotonic() - began < 0.2 and s.busy.locked()  # ready, the copy still going
+        task.cancel()
     asyncio.run(main())

@@ -79,6 +79,8 @@ class Operations:
             self._awake(m)
             note = "awake" + (f", for {m.waiting} waiting request(s)" if m.waiting else "")
             if m.config.parked_weights == "host" and m.engine.parks:
+                if m.config is self.config.default:
+                    self.ready.set()  # it serves while its host copy is made (seconds for an 8B)
                 await self._host_copy_ahead(m)
         else:
             moved = await self._park(m)
