@@ -9,11 +9,13 @@
 #     process and no port (benchmarks/switch_drills.py). The keeper is kept for the next steps.
 #  2. `hotweights vllm serve ... --park-on-exit` on that keeper, taken over twice, then a start with another
 #     --max-model-len, which must retire the parked engine instead (benchmarks/vllm_takeover.py).
-#  3. while time is left (BUDGET_S, from the script's start): the trace's other modes side by side on the same keeper.
+#  3. while time is left (BUDGET_S, from the script's start): the trace's other modes against the same trace, each a
+#     front of its own on the same keeper, in the order issue 43's targets need them: static partitioning, stop and
+#     start, the fifo schedule, mixed tiers, vLLM's own sleep.
 #   OUT=DIR bash benchmarks/gpu_faults_session.sh
 NO_POOLS_MODEL=1 source "$(dirname "$0")/gpu_session_start.sh"
 BEGAN=$(date +%s)
-BUDGET_S=${BUDGET_S:-1150}
+BUDGET_S=${BUDGET_S:-1300}
 ARGS="--max-model-len 4096 --gpu-memory-utilization 0.25"
 SOCK=$(mktemp -d /tmp/hw-keep-XXXX)
 step verify  # first, on an empty GPU: run after the drills, their keeper's 45.8 GiB left its preload no room
@@ -26,7 +28,7 @@ done
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$OUT/gpu_before_switch.txt" 2>&1
 step switch
 python3 switch_drills.py --models 3 --size 8b --models-dir "$W" --engine vllm --engine-args "$ARGS" \
-  --switches 12 --trace-s 20 --socket-dir "$SOCK" --out "$W/drills" --json > "$OUT/switch_drills_8b.json" 2> "$OUT/switch_drills_8b.err"
+  --switches 12 --trace-s 60 --socket-dir "$SOCK" --out "$W/drills" --json > "$OUT/switch_drills_8b.json" 2> "$OUT/switch_drills_8b.err"
 echo "drills rc=$?" >> "$OUT/switch_drills_8b.err"
 cp "$W/drills/front.log" "$OUT/drills_front.log" 2>/dev/null
 cp -r "$W/drills/logs" "$OUT/drills_logs" 2>/dev/null
@@ -34,13 +36,14 @@ step takeover
 python3 vllm_takeover.py --model "$W/m0" --repeat 2 --socket-dir "$SOCK" --base "$ARGS" \
   --changed "--max-model-len 2048" --out "$W/takeover" --json > "$OUT/takeover_8b.json" 2> "$OUT/takeover_8b.err"
 echo "takeover rc=$?" >> "$OUT/takeover_8b.err"
-for mode in park_fifo static park_host restart; do
-  [ $(( $(date +%s) - BEGAN )) -lt $(( BUDGET_S - 240 )) ] || break
+for mode in static restart park_fifo mixed vllm_sleep; do
+  [ $(( $(date +%s) - BEGAN )) -lt $(( BUDGET_S - 200 )) ] || break
   step "trace $mode"
   python3 switch_trace.py --models 3 --size 8b --models-dir "$W" --engine vllm --engine-args "$ARGS" --rate 1 \
     --duration-s 60 --modes "$mode" --socket-dir "$SOCK" --out "$W/trace" --json \
-    > "$OUT/trace_8b_$mode.json" 2> "$OUT/trace_8b_$mode.err"
+    --partial-json "$OUT/trace_8b_$mode.partial.json" > "$OUT/trace_8b_$mode.json" 2> "$OUT/trace_8b_$mode.err"
   echo "trace rc=$?" >> "$OUT/trace_8b_$mode.err"
+  cp "$W/trace/trace-front-$mode.log" "$OUT/" 2>/dev/null
 done
 python3 -m hotweights stop --socket-dir "$SOCK" > /dev/null 2>&1
 step done

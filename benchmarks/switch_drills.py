@@ -26,6 +26,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -55,6 +56,19 @@ def engine_logs(log_dir: Path) -> dict:
                          "compile_cache_loads": len(LOADED_RE.findall(text)),
                          "standby_lines": [x[-160:] for x in text.splitlines() if "warm standby" in x][:6]}
     return out
+
+
+def taken(port: int) -> bool:
+    """Whether something accepts on the port (an orphan that holds it answers no /health, but it accepts)."""
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def gpu_apps() -> str:
+    """nvidia-smi's compute processes (after SIGTERM: the keeper alone should be left)."""
+    got = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader"],
+                         capture_output=True, text=True)
+    return got.stdout.strip() or got.stderr.strip()
 
 
 def ask(url: str, name: str) -> tuple[float, str]:
@@ -144,7 +158,7 @@ def main() -> int:
                                             request_timeout_s=120.0, gpu=gpu)
             trace = run_trace(url, make_trace(names, trace_args), trace_args)
             result["trace"] = {k: v for k, v in trace.items() if k != "rows"} | {"rows": trace["rows"]}
-        pids = [p for m in status(url)["models"] for p in [m["pid"]] if p]
+        pids = [p for m in status(url)["models"] for p in (m["pid"], m.get("server_pid")) if p]
         ports = [m["port"] for m in status(url)["models"] if m["port"]]
     finally:
         stopped = time.monotonic()
@@ -153,7 +167,8 @@ def main() -> int:
     time.sleep(1)
     result["sigterm"] = {"exit_code": code, "seconds": round(time.monotonic() - stopped, 1),
                          "processes_left": [p for p in pids if pid_alive(p, others=False)],
-                         "ports_left": [p for p in [port, *ports] if healthy(f"http://127.0.0.1:{p}/health", 1)],
+                         "ports_left": [p for p in [port, *ports] if taken(p)],
+                         "gpu_processes_after": gpu_apps() if gpu else None,
                          "last_lines": log.read_text().splitlines()[-3:]}
     result["engine_logs"] = engine_logs(out / "logs")
     if not args.socket_dir:
