@@ -31,6 +31,7 @@ python3 switch_drills.py --models 3 --size 8b --models-dir "$W" --engine vllm --
   --switches 12 --trace-s 60 --socket-dir "$SOCK" --out "$W/drills" --json > "$OUT/switch_drills_8b.json" 2> "$OUT/switch_drills_8b.err"
 echo "drills rc=$?" >> "$OUT/switch_drills_8b.err"
 cp "$W/drills/front.log" "$OUT/drills_front.log" 2>/dev/null
+cp "$W/drills/drills.partial.json" "$OUT/switch_drills_8b.partial.json" 2>/dev/null
 cp -r "$W/drills/logs" "$OUT/drills_logs" 2>/dev/null
 step takeover
 python3 vllm_takeover.py --model "$W/m0" --repeat 2 --socket-dir "$SOCK" --base "$ARGS" \

@@ -116,8 +116,11 @@ def main() -> int:
     result: dict = {"command": "hotweights " + " ".join(cmd[3:]).replace(str(args.models_dir or out), "W")
                     .replace(str(out), "OUT")}
     log = out / "front.log"
+    partial = out / "drills.partial.json"  # after each step: a later step that fails loses nothing before it
     memory_before = {"gpu_used_mib": gpu_used_mib(), "host_used_mib": host_used_mib()} if gpu else None
     began = time.monotonic()
+    pids: list[int] = []
+    ports: list[int] = []
     front = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                              env={**os.environ, "HOTWEIGHTS_SOCKET_DIR": sock})
     try:
@@ -135,6 +138,7 @@ def main() -> int:
             result["memory"] = {"before": memory_before, "all_parked": {"gpu_used_mib": gpu_used_mib(),
                                                                          "host_used_mib": host_used_mib()},
                                 "parked_engine_gpu_mib": {m["name"]: m["gpu_mib"] for m in status(url)["models"]}}
+        partial.write_text(json.dumps(result))
         names = list(models)
         expected = {n: ask(url, n)[1] for n in names}
         mix = [names[0] if i % 2 == 0 else names[1 + (i // 2) % (len(names) - 1)] for i in range(args.switches)]
@@ -145,19 +149,24 @@ def main() -> int:
             same &= text == expected[name]
         result["mix"] = {"switches": len(times), "first_token_p50_s": round(statistics.median(times), 4),
                          "first_token_p95_s": round(p95(times), 4), "max_s": max(times), "same_answers": same}
+        partial.write_text(json.dumps(result))
         ask(url, names[0])
         for drill in ("parked_killed", "awake_killed"):  # the second finds it awake since the first
             try:
                 result[drill] = kill_and_ask(url, names[-1], expected[names[-1]])
             except OSError as exc:  # a drill that fails is a result: the next steps still run
                 result[drill] = {"same_answer": False, "error": str(exc)[:300]}
+            partial.write_text(json.dumps(result))
         if args.trace_s:
             trace_args = argparse.Namespace(seed=0, rate=args.rate, zipf_s=1.1, duration_s=args.trace_s,
                                             burst_every_s=20.0, burst_size=4, prompt_range=(32, 2000),
                                             max_tokens_range=(16, 128), probe_every=5, slo_s=2.0,
                                             request_timeout_s=120.0, gpu=gpu)
-            trace = run_trace(url, make_trace(names, trace_args), trace_args)
-            result["trace"] = {k: v for k, v in trace.items() if k != "rows"} | {"rows": trace["rows"]}
+            try:
+                result["trace"] = run_trace(url, make_trace(names, trace_args), trace_args)
+            except Exception as exc:  # noqa: BLE001 - a benchmark's own failure: SIGTERM's check below still runs
+                result["trace"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            partial.write_text(json.dumps(result))
         pids = [p for m in status(url)["models"] for p in (m["pid"], m.get("server_pid")) if p]
         ports = [m["port"] for m in status(url)["models"] if m["port"]]
     finally:
@@ -171,6 +180,7 @@ def main() -> int:
                          "gpu_processes_after": gpu_apps() if gpu else None,
                          "last_lines": log.read_text().splitlines()[-3:]}
     result["engine_logs"] = engine_logs(out / "logs")
+    partial.write_text(json.dumps(result))
     if not args.socket_dir:
         subprocess.run([sys.executable, "-m", "hotweights", "stop", "--socket-dir", sock], capture_output=True)
     print(json.dumps(result) if args.json else json.dumps(result, indent=1))

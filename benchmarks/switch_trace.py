@@ -49,6 +49,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +103,19 @@ def make_trace(names: list[str], args: argparse.Namespace) -> list[Request]:
     return out
 
 
+async def sse_events(resp: httpx.Response) -> AsyncIterator[dict]:
+    """The JSON events of a server-sent event stream. Its lines end at "\\n" alone (the SSE format), not where
+    ``aiter_lines`` ends them (str.splitlines: at \\x1c, \\x85, \\u2028 too, which a demo model's byte tokens
+    put in an event's text: on an H200 such a split event stopped a whole trace)."""
+    pending = ""
+    async for chunk in resp.aiter_text():
+        *lines, pending = (pending + chunk).split("\n")
+        for line in lines:
+            line = line.rstrip("\r")
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield json.loads(line[6:])
+
+
 async def send(client: httpx.AsyncClient, url: str, r: Request, began: float) -> dict:
     await asyncio.sleep(max(0.0, began + r.at_s - time.perf_counter()))
     body = {"model": r.model, "prompt": r.prompt, "max_tokens": r.max_tokens, "temperature": 0, "stream": True,
@@ -116,10 +130,7 @@ async def send(client: httpx.AsyncClient, url: str, r: Request, began: float) ->
                 row["outcome"] = f"http_{resp.status_code}"
                 row["error"] = (await resp.aread()).decode(errors="replace")[:300]
                 return row
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
+            async for event in sse_events(resp):
                 if "error" in event:
                     row["outcome"], row["error"] = "stream_error", str(event["error"])[:300]
                     break
@@ -133,6 +144,8 @@ async def send(client: httpx.AsyncClient, url: str, r: Request, began: float) ->
                     row["logprobs"] += (choice.get("logprobs") or {}).get("token_logprobs") or []
     except httpx.HTTPError as exc:
         row["outcome"], row["error"] = "transport", f"{type(exc).__name__}: {exc}"[:300]
+    except ValueError as exc:  # an event that is not JSON: a failure of this request, not of the run
+        row["outcome"], row["error"] = "bad_event", str(exc)[:300]
     row["total_s"] = round(time.perf_counter() - sent, 4)
     if not r.probe:
         row["text"] = ""

@@ -32,3 +32,35 @@ def test_a_trace_through_the_switch_never_crosses_models_and_parking_beats_stopp
     assert park["switches"] > 3  # the trace asks for every model, in turns
     assert park["ttft_p99_s"] is not None and park["ttft_p99_s"] < 10, park["ttft_p99_s"]
     assert park["goodput_rps"] > restart["goodput_rps"], (park["goodput_rps"], restart["goodput_rps"])
+
+
+def test_the_trace_reads_events_whose_text_holds_what_splitlines_splits_at():
+    """vLLM writes an event's text raw (a demo model's byte tokens: \\x1c, \\x85, \\u2028), which httpx's
+    ``aiter_lines`` splits (on an H200 a split event stopped a whole trace); the trace ends lines at \\n only."""
+    import asyncio
+
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from switch_trace import sse_events
+
+    texts = ["a\x1cb", "\x85", "c\u2028d\u2029", "e\r\x0bf"]
+    wire = "".join(f"data: {json.dumps({'choices': [{'text': t}]}, ensure_ascii=False)}\n\n" for t in texts)
+    wire += "data: [DONE]\n\n"
+
+    async def stream(request):
+        async def chunks():
+            for i in range(0, len(wire), 7):  # events split across chunks, mid-line
+                yield wire[i:i + 7].encode()
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    async def read() -> list[str]:
+        transport = httpx.ASGITransport(app=Starlette(routes=[Route("/", stream)]))
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+            async with client.stream("GET", "/") as resp:
+                return [e["choices"][0]["text"] async for e in sse_events(resp)]
+
+    assert asyncio.run(read()) == texts
