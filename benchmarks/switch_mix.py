@@ -95,16 +95,19 @@ def start_front(cmd: list[str], url: str, sock: str, log: Path, label: str) -> t
     return front, time.monotonic() - began
 
 
-def write_models(out: Path, sizes: list[str], gen_device: str) -> dict[str, Path]:
+def write_models(out: Path, sizes: list[str], gen_device: str, link_shards: bool = False) -> dict[str, Path]:
     """Demo models m0, m1, ... of different bytes (seeds 0, 1, ...) under ``out``. One written whole already (its
     tokenizer_config.json comes last) is used as it is; each is written by a process of its own: generated here on
     the GPU, the models left this process holding 4.1 GiB of it (its CUDA context and cached blocks), counted in
-    every memory figure of a run on an H200."""
+    every memory figure of a run on an H200. ``link_shards``: every model after m0 of m0's size links m0's shards
+    but its last (``demo-model --link-shards-from``: ten 8B models in 53 GB of disk)."""
     models = {f"m{i}": out / f"m{i}" for i in range(len(sizes))}
     for i, path in enumerate(models.values()):
         if not (path / "tokenizer_config.json").exists():
+            link = ["--link-shards-from", str(models["m0"])] if link_shards and i and sizes[i] == sizes[0] else []
             subprocess.run([sys.executable, "-m", "hotweights", "demo-model", str(path), "--size", sizes[i],
-                            "--gen-device", gen_device, "--seed", str(i)], check=True, stdout=subprocess.DEVNULL)
+                            "--gen-device", gen_device, "--seed", str(i), *link], check=True,
+                           stdout=subprocess.DEVNULL)
     return models
 
 

@@ -18,13 +18,16 @@ every second. Modes, each a front of its own (``hotweights switch --config``), o
 - ``park``: parked engines keep their weights on the GPU (the default), ``schedule = "fair"``;
 - ``park_fifo``: the same with the first-come schedule of before (the simple policy, for comparison);
 - ``park_x2``: ``max_awake = 2`` (two engines awake at once where memory allows);
-- ``park_host``: every parked engine's weights in host memory; ``mixed``: the most popular half on the GPU, the
-  rest in host memory;
+- ``park_host``: every parked engine's weights in host memory; ``mixed``: the most popular half (``--gpu-tier K``:
+  the K most popular) on the GPU, the rest in host memory;
 - ``vllm_sleep`` (vLLM only): engines read the checkpoint themselves and park with vLLM's own sleep;
 - ``restart``: ``--no-parking`` (stop one engine, start the next: llama-swap's way);
 - ``static``: every model awake at once (``max_awake = N``): static partitioning, what a user does without a
   switch, where the engines fit beside each other (each with the engine arguments given: on a GPU pass
   ``--gpu-memory-utilization`` of about 1/N).
+
+Each mode also reads what every tier holds when its front is up and after the trace (``memory_by_tier``: the
+keeper's entries per tier and its process, each engine's processes on the GPU and in host RSS, the totals).
 
 ``--url URL --names a,b,c`` runs the trace once against a front that runs already (mode ``given``).
 
@@ -160,6 +163,61 @@ def sample_memory(samples: list[dict], stop: threading.Event, began: float, gpu:
         stop.wait(1.0)
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (/proc): a vLLM server's EngineCore is its child."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def rss_mib(pids: list[int], field: str = "VmRSS") -> int:
+    """The sum of a /proc/PID/status field over ``pids`` (MiB; a process gone counts 0)."""
+    total = 0
+    for pid in pids:
+        try:
+            line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith(field + ":"))
+        except (OSError, StopIteration):
+            continue
+        total += int(line.split()[1])
+    return total // 1024
+
+
+def memory_by_tier(url: str, sock: str) -> dict:
+    """What each tier holds, read, not estimated: the keeper's entries by tier (its own rows) and its process
+    (nvidia-smi, /proc), each model's engine processes (nvidia-smi per pid, /proc RSS of its server's tree), the
+    machine's totals."""
+    from hotweights.client import connect
+    from hotweights.paths import daemon_paths
+    from hotweights.switch.engines import gpu_mib_by_pid
+
+    gpu = gpu_mib_by_pid()
+    with connect(daemon_paths(sock)) as client:
+        reply = client.status()
+    rows = reply.rows()
+    keeper = {"pid": reply.pid, "gpu_entries_mib": sum(r.nbytes for r in rows if r.device.startswith("cuda")) >> 20,
+              "host_entries_mib": sum(r.host_nbytes + (0 if r.device.startswith("cuda") else r.nbytes)
+                                      for r in rows) >> 20,
+              "gpu_mib": gpu.get(reply.pid, 0), "rss_mib": rss_mib([reply.pid]),
+              "rss_shmem_mib": rss_mib([reply.pid], "RssShmem")}
+    engines = {}
+    for m in (status(url) or {"models": []})["models"]:
+        tree = process_tree(m["server_pid"]) if m.get("server_pid") else []
+        engines[m["name"]] = {"state": m["state"], "gpu_mib": sum(gpu.get(p, 0) for p in tree),
+                              "rss_mib": rss_mib(tree), "processes": len(tree)}
+    return {"keeper": keeper, "engines": engines, "gpu_used_mib": gpu_used_mib() if gpu else None,
+            "host_used_mib": host_used_mib()}
+
+
 def switches(url: str) -> float:
     with httpx.Client(timeout=10) as c:
         text = c.get(f"{url}/metrics").text
@@ -229,7 +287,8 @@ def mode_config(mode: str, models: dict[str, Path], args: argparse.Namespace) ->
     """The front's config file and flags for ``mode``."""
     engine_args = shlex.split(args.engine_args) + (["--load-format", "auto"] if mode == "vllm_sleep" else [])
     names = list(models)
-    host = set(names if mode == "park_host" else names[(len(names) + 1) // 2:] if mode == "mixed" else [])
+    on_gpu = args.gpu_tier if args.gpu_tier is not None else (len(names) + 1) // 2  # mixed: the most popular first
+    host = set(names if mode == "park_host" else names[on_gpu:] if mode == "mixed" else [])
     awake = {"park_x2": 2, "static": len(names)}.get(mode, 1)
     text = f"[switch]\nmax_awake = {awake}\nschedule = \"{'fifo' if mode == 'park_fifo' else 'fair'}\"\n"
     text += f"request_timeout_s = {args.request_timeout_s}\n"
@@ -250,7 +309,9 @@ def run_mode(mode: str, models: dict[str, Path], trace: list[Request], args: arg
                                     str(port), "--log-dir", str(out / f"trace-logs-{mode}"), *flags], url, sock, log,
                                    mode)
     try:
+        started = memory_by_tier(url, sock)
         result = run_trace(url, trace, args)
+        result["memory_by_tier"] = {"started": started, "after_trace": memory_by_tier(url, sock)}
         result["startup_s"] = round(startup_s, 1)
         result["states_after"] = {m["name"]: m["state"] for m in (status(url) or {"models": []})["models"]}
     finally:
@@ -284,6 +345,10 @@ def main() -> int:
     parser.add_argument("--names", default="", help="with --url: its models, most popular first")
     parser.add_argument("--socket-dir", default="", help="a keeper to use (and leave running): its entries serve")
     parser.add_argument("--models-dir", type=Path, default=None, help="where the demo models are (written if not)")
+    parser.add_argument("--link-shards", action="store_true", help="models after m0 link m0's shards but their last "
+                                                                   "(ten 8B models in 53 GB of disk)")
+    parser.add_argument("--gpu-tier", type=int, default=None, help="mixed: how many of the most popular models park "
+                                                                   "on the GPU (default half); the rest in host memory")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--partial-json", type=Path, default=None, help="the results so far, after each mode")
     parser.add_argument("--json", action="store_true")
@@ -302,7 +367,7 @@ def main() -> int:
     if args.url:
         result["given"] = run_trace(args.url, trace, args)
     else:
-        models = write_models(args.models_dir or out, [args.size] * args.models, args.gen_device)
+        models = write_models(args.models_dir or out, [args.size] * args.models, args.gen_device, args.link_shards)
         sock = args.socket_dir or tempfile.mkdtemp(prefix="hw-trace-sock-", dir="/tmp")
         try:
             for mode in args.modes.split(","):

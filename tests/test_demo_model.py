@@ -47,3 +47,23 @@ def _numel(shape):
     for d in shape:
         n *= d
     return n
+
+
+def test_a_model_linked_to_another_shares_every_shard_but_its_last_and_never_writes_through_a_link(tmp_path, models):
+    import subprocess
+    import sys
+
+    base = models["small"]
+    before = {f.name: digest(f) for f in base.glob("*.safetensors")}
+    linked = write_demo_model(tmp_path / "m1", "small", seed=1, link_shards_from=base)
+    first, last = sorted(f.name for f in linked.glob("*.safetensors"))
+    assert (linked / first).stat().st_ino == (base / first).stat().st_ino
+    assert (linked / last).stat().st_ino != (base / last).stat().st_ino
+    assert digest(linked / last) != before[last]  # other bytes: another model
+    write_demo_model(linked, "small", seed=2)  # written whole again over its links: the base stays as it was
+    assert {f.name: digest(f) for f in base.glob("*.safetensors")} == before
+    assert (linked / first).stat().st_ino != (base / first).stat().st_ino
+    done = subprocess.run([sys.executable, "-m", "hotweights", "demo-model", str(tmp_path / "m2"), "--size", "tiny",
+                           "--link-shards-from", str(base)], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.strip() == ("hotweights demo-model: the tiny demo model has one "
+                                                            "shard: nothing to link (write it whole)"), done.stderr

@@ -122,7 +122,12 @@ def _preload_vllm(args: argparse.Namespace) -> int:
 def cmd_demo_model(args: argparse.Namespace) -> int:
     from .demo_model import write_demo_model
 
-    out = write_demo_model(args.directory, args.size, gen_device=args.gen_device, seed=args.seed)
+    try:
+        out = write_demo_model(args.directory, args.size, gen_device=args.gen_device, seed=args.seed,
+                               link_shards_from=args.link_shards_from)
+    except (ValueError, OSError) as exc:
+        print(f"hotweights demo-model: {exc}", file=sys.stderr)
+        return 2
     print(f"wrote {args.size} demo model to {out}")
     return 0
 

@@ -198,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-device", default="cpu", help="where random weights are drawn (cuda is faster for 8b)")
     p.add_argument("--seed", type=int, default=0, help="another model of the same shape with other bytes (several "
                                                        "models for hotweights switch)")
+    p.add_argument("--link-shards-from", default=None, metavar="DIR",
+                   help="a demo model of this size written whole: every shard but the last is a hard link to its "
+                        "file, the last is drawn with --seed (ten 8B models in 53 GB of disk, not 164)")
 
     p = sub.add_parser("inspect", help="a checkpoint's cache key: arch, dtype, digests (reads no daemon)")
     _model(p)

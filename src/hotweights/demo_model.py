@@ -85,12 +85,18 @@ def _make_tensor(name: str, shape: tuple[int, ...], dtype: str, device: str = "c
     return t.to(getattr(torch, dtype)).cpu()
 
 
-def write_demo_model(directory: str | Path, size: str = "tiny", *, gen_device: str = "cpu", seed: int = 0) -> Path:
+def write_demo_model(directory: str | Path, size: str = "tiny", *, gen_device: str = "cpu", seed: int = 0,
+                     link_shards_from: str | Path | None = None) -> Path:
     """Write the checkpoint, config and tokenizer; returns the directory. ``seed``: another model of the same
     shape with other bytes (0: the default model, as it always was).
 
     ``gen_device="cuda"`` draws the numbers on the GPU (much faster for ``8b``); the
     bytes are then deterministic per device type, not across them.
+
+    ``link_shards_from``: a demo model of this shape (same file system): every shard but the last is a hard link
+    to its file, the last (the final layers, the norm and the untied ``lm_head``) is drawn with ``seed``; so that
+    ten 8B models of different answers fit a 64 GiB disk (16.4 GB, then 4.1 GB each). Each is still a model of its
+    own to the cache (its own key, its own copy in memory).
     """
     from safetensors.torch import save_file
 
@@ -113,12 +119,22 @@ def write_demo_model(directory: str | Path, size: str = "tiny", *, gen_device: s
         groups[-1].append((name, shape))
         filled += _numel(shape)
     weight_map: dict[str, str] = {}
+    if link_shards_from is not None and len(groups) == 1:
+        raise ValueError(f"the {size} demo model has one shard: nothing to link (write it whole)")
     for i, group in enumerate(groups):
         fname = "model.safetensors" if len(groups) == 1 else f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        weight_map.update({n: fname for n, _ in group})
+        if link_shards_from is not None and i < len(groups) - 1:
+            source = Path(link_shards_from, fname)
+            if not source.is_file():
+                raise ValueError(f"{source} does not exist: link from a {size} demo model written whole")
+            (out / fname).unlink(missing_ok=True)
+            os.link(source, out / fname)
+            continue
+        (out / fname).unlink(missing_ok=True)  # a link left by an earlier write: never write through it
         save_file({n: _make_tensor(n, shape, s.dtype, gen_device, seed) for n, shape in group}, out / fname,
                   metadata={"format": "pt"})
         os.chmod(out / fname, 0o666 & ~umask)  # safetensors writes 0600; the other files follow the umask
-        weight_map.update({n: fname for n, _ in group})
     if len(groups) > 1:
         itemsize = 4 if s.dtype == "float32" else 2
         index = {"metadata": {"total_size": total * itemsize}, "weight_map": weight_map}
