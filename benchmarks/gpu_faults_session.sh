@@ -26,13 +26,7 @@ for i in 0 1 2; do
   python3 -m hotweights demo-model "$W/m$i" --size 8b --gen-device cuda --seed "$i" > /dev/null
 done
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$OUT/gpu_before_switch.txt" 2>&1
-step switch
-python3 switch_drills.py --models 3 --size 8b --models-dir "$W" --engine vllm --engine-args "$ARGS" \
-  --switches 12 --trace-s 60 --socket-dir "$SOCK" --out "$W/drills" --json > "$OUT/switch_drills_8b.json" 2> "$OUT/switch_drills_8b.err"
-echo "drills rc=$?" >> "$OUT/switch_drills_8b.err"
-cp "$W/drills/front.log" "$OUT/drills_front.log" 2>/dev/null
-cp "$W/drills/drills.partial.json" "$OUT/switch_drills_8b.partial.json" 2>/dev/null
-cp -r "$W/drills/logs" "$OUT/drills_logs" 2>/dev/null
+switch_drills_8b "$SOCK" "$ARGS"
 step takeover
 python3 vllm_takeover.py --model "$W/m0" --repeat 2 --socket-dir "$SOCK" --base "$ARGS" \
   --changed "--max-model-len 2048" --out "$W/takeover" --json > "$OUT/takeover_8b.json" 2> "$OUT/takeover_8b.err"

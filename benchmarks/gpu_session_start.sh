@@ -1,8 +1,10 @@
 # Sourced by the GPU session scripts (benchmarks/gpu_*_session.sh): vLLM's staged environment, $OUT, a work
 # directory $W, `step NAME` (a timestamped line in $OUT/progress.txt, what the polling calls read) and
-# `verify_vllm_06b` (verify --engine vllm through the launcher on a 0.6B demo, its park drill included); then,
+# `verify_vllm_06b` (verify --engine vllm through the launcher on a 0.6B demo, its park drill included),
+# `switch_drills_8b SOCK ARGS` (benchmarks/switch_drills.py over three 8B with vLLM); then,
 # unless NO_POOLS_MODEL=1, the CUDA pool tests (their output in $OUT/pools_cuda.txt) and the 8B demo in $W/m8b.
 set -uo pipefail
+BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)  # benchmarks/, wherever the session script changes to
 source /tmp/gpu-vllm/env.sh
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
@@ -13,6 +15,16 @@ verify_vllm_06b() {
   python3 -m hotweights verify --engine vllm --device cuda --model "$W/m06" --dtype bfloat16 --port 8123 \
     --no-cold-start --out "$OUT/verify_vllm" > "$OUT/verify.txt" 2>&1
   echo "verify rc=$?" >> "$OUT/verify.txt"
+}
+switch_drills_8b() {  # switch_drills_8b SOCK ARGS: `hotweights switch` over $W/m0-m2 (vLLM) from the empty keeper SOCK
+  step switch
+  (cd "$BENCH" && python3 switch_drills.py --models 3 --size 8b --models-dir "$W" \
+    --engine vllm --engine-args "$2" --switches 12 --trace-s 60 --socket-dir "$1" --out "$W/drills" --json \
+    > "$OUT/switch_drills_8b.json" 2> "$OUT/switch_drills_8b.err")
+  echo "drills rc=$?" >> "$OUT/switch_drills_8b.err"
+  cp "$W/drills/front.log" "$OUT/drills_front.log" 2>/dev/null
+  cp "$W/drills/drills.partial.json" "$OUT/switch_drills_8b.partial.json" 2>/dev/null
+  tar czf "$OUT/drills_logs.tgz" -C "$W/drills" logs 2>/dev/null
 }
 if [ "${NO_POOLS_MODEL:-0}" != 1 ]; then
   step pools

@@ -15,8 +15,10 @@ request (one that failed counts as never: its TTFT is infinite, shown as null), 
 first token within ``--slo-s``, per second of trace), switches (the front's counter), GPU and host memory sampled
 every second. Modes, each a front of its own (``hotweights switch --config``), one keeper for all:
 
-- ``park``: parked engines keep their weights on the GPU (the default), ``schedule = "fair"``;
-- ``park_fifo``: the same with the first-come schedule of before (the simple policy, for comparison);
+- ``park``: parked engines keep their weights on the GPU (the default), ``schedule = "fair"``, a switch behind a
+  busy engine wakes its model beside it after ``overlap_after_s`` (2 s) where memory allows;
+- ``park_wait``: the same, but a switch waits for the busy engine's requests (``overlap_after_s = 0``);
+- ``park_fifo``: the simple policy of before: first come, first served, and a switch waits for the busy engine;
 - ``park_x2``: ``max_awake = 2`` (two engines awake at once where memory allows);
 - ``park_host``: every parked engine's weights in host memory; ``mixed``: the most popular half (``--gpu-tier K``:
   the K most popular) on the GPU, the rest in host memory;
@@ -63,7 +65,7 @@ from vllm_sleep import gpu_used_mib, host_used_mib
 from hotweights.observe import free_port
 
 PROBE_TOLERANCE = 0.05  # of a first token's logprob
-MODES = ("park", "park_fifo", "park_x2", "park_host", "mixed", "vllm_sleep", "restart", "static")
+MODES = ("park", "park_wait", "park_fifo", "park_x2", "park_host", "mixed", "vllm_sleep", "restart", "static")
 
 
 @dataclass(frozen=True)
@@ -291,6 +293,7 @@ def mode_config(mode: str, models: dict[str, Path], args: argparse.Namespace) ->
     host = set(names if mode == "park_host" else names[on_gpu:] if mode == "mixed" else [])
     awake = {"park_x2": 2, "static": len(names)}.get(mode, 1)
     text = f"[switch]\nmax_awake = {awake}\nschedule = \"{'fifo' if mode == 'park_fifo' else 'fair'}\"\n"
+    text += "overlap_after_s = 0\n" if mode in ("park_wait", "park_fifo") else ""  # the switch waits for a busy engine
     text += f"request_timeout_s = {args.request_timeout_s}\n"
     text += "".join(model_table(name, path, [], args.engine, engine_args, name in host) for name, path in
                     models.items())
@@ -329,7 +332,7 @@ def main() -> int:
     parser.add_argument("--gen-device", default="cpu")
     parser.add_argument("--engine", default="hotweights", choices=["hotweights", "vllm"])
     parser.add_argument("--engine-args", default="--max-model-len 4096")
-    parser.add_argument("--modes", default="park,park_fifo,park_x2,park_host,restart,static")
+    parser.add_argument("--modes", default="park,park_wait,park_fifo,park_x2,park_host,restart,static")
     parser.add_argument("--duration-s", type=float, default=60.0)
     parser.add_argument("--rate", type=float, default=1.0, help="requests per second in all (Poisson)")
     parser.add_argument("--zipf-s", type=float, default=1.1)

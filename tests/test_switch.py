@@ -248,6 +248,7 @@ def test_the_config_file_names_what_is_wrong(tmp_path):
             (good + 'parked_weights = "disk"\n', "parked_weights must be gpu or host"),
             (good.replace("max_awake = 2", "max_awake = 'two'"), "max_awake must be int"),
             (good.replace("max_awake = 2", "request_timeout_s = -5"), "request_timeout_s must be positive"),
+            (good.replace("max_awake = 2", "overlap_after_s = -1"), r"overlap_after_s must be 0 \(always wait\)"),
             ("[model]\nname = 'a'\n", "models are [[model]] tables"),
             ("[[model]\n", "not TOML"),
             (f"[[model]]\nname = 'a'\ncheckpoint = '{tmp_path}'\ngpus = [0, 0]\n",

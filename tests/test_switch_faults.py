@@ -107,6 +107,33 @@ def test_a_client_that_leaves_cancels_its_request_so_the_switch_behind_it_goes_o
     assert metric(front, 'hotweights_switch_requests_total{model="a",outcome="abandoned"}') == abandoned + 1
 
 
+def test_a_switch_behind_a_long_stream_wakes_its_model_beside_it_and_the_stream_goes_on(front):
+    """Issue 43: a switch waited for every request in flight on the awake engine, so one long generation held every
+    other model back (here ~19 s). After overlap_after_s (2 s) the model wakes beside it; the stream is not cut,
+    its engine takes no new request and parks once the stream ends."""
+    answer(front.client(), "a")  # a awake
+    body = json.dumps({"model": "a", "prompt": "The weight cache", "max_tokens": LONG, "temperature": 0,
+                       "stream": True}).encode()
+    req = urllib.request.Request(front.url + "/v1/completions", data=body, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as stream:
+        assert stream.readline().startswith(b"data: {")  # a generates
+        began = time.monotonic()
+        assert answer(front.client(), "b")
+        waited = time.monotonic() - began
+        assert front.state("a")["inflight"] == 1 and front.state("a")["state"] == "awake", front.status()
+        assert waited < 15, f"b waited {waited:.1f} s: for the whole generation of a"
+        more = [stream.readline() for _ in range(20)]  # the stream goes on, not cut
+        assert all(x.startswith(b"data: {") or x == b"\n" for x in more), more
+    deadline = time.monotonic() + 15  # the client left: a's request is cancelled, then a parks
+    while front.state("a")["state"] != "parked":
+        assert time.monotonic() < deadline, front.status()
+        time.sleep(0.05)
+    log = front.log.read_text()
+    assert re.search(r"switch: b awake in [\d.]+ s \(weights \w+; waited [\d.]+ s for a's requests, woke beside them "
+                     r"\(a parks once they end\)", log), log[-2000:]
+    assert "switch: a parked for b once its requests ended" in log, log[-2000:]
+
+
 def test_a_request_without_a_model_is_served_by_the_default_model(front):
     code, got = post(front.url + "/v1/completions", {"prompt": "The weight cache", "max_tokens": 3})
     assert code == 200 and got["model"] == "a", got  # before: 404 "The model `None` does not exist."

@@ -329,3 +329,66 @@ def test_the_default_serves_while_its_host_copy_is_made_ahead():
         assert time.monotonic() - began < 0.2 and s.busy.locked()  # ready, the copy still going
         task.cancel()
     asyncio.run(main())
+
+
+def test_a_switch_behind_a_long_request_wakes_its_model_beside_it_and_the_busy_engine_parks_when_it_ends():
+    async def main():
+        s, _, log = make(["a", "b"], overlap_after_s=0.1)
+        task = await started(s)
+        busy = asyncio.create_task(request(s, "a", hold_s=0.6))  # a long generation on the awake engine
+        await asyncio.sleep(0.01)
+        log.clear()
+        began = time.monotonic()
+        await request(s, "b")
+        waited = time.monotonic() - began
+        assert 0.09 < waited < 0.4, waited  # the overlap, not the 0.6 s generation
+        assert log == ["wake b"] and states(s) == {"a": "awake", "b": "awake"} and not busy.done()
+        assert s.models["a"].draining  # a takes no new request meanwhile
+        await busy
+        while states(s)["a"] != "parked":
+            await asyncio.sleep(0.005)
+        assert log == ["wake b", "park a"] and not s.models["a"].draining
+        task.cancel()
+    asyncio.run(main())
+
+
+def test_with_overlap_off_or_no_room_a_switch_waits_for_the_busy_engine():
+    async def main(overlap: float, refuse: int) -> tuple[float, list[str]]:
+        s, engines, log = make(["a", "b"], overlap_after_s=overlap)
+        task = await started(s)
+        engines["b"].refuse_wakes = refuse  # the GPU has no room for b beside a
+        busy = asyncio.create_task(request(s, "a", hold_s=0.4))
+        await asyncio.sleep(0.01)
+        log.clear()
+        began = time.monotonic()
+        await request(s, "b")
+        waited = time.monotonic() - began
+        assert busy.done() and states(s) == {"a": "parked", "b": "awake"}
+        task.cancel()
+        return waited, log
+
+    waited, log = asyncio.run(main(0.0, 0))
+    assert waited > 0.35 and log == ["park a", "wake b"], (waited, log)
+    waited, log = asyncio.run(main(0.1, 1))  # woke beside, refused for memory: it waits for a after all
+    assert waited > 0.35 and log == ["park a", "wake b"], (waited, log)
+
+
+def test_a_model_switched_to_while_it_was_to_park_stays_awake():
+    async def main():
+        s, _, log = make(["a", "b"], overlap_after_s=0.1)
+        task = await started(s)
+        busy_a = asyncio.create_task(request(s, "a", hold_s=0.8))
+        await asyncio.sleep(0.01)
+        log.clear()
+        busy_b = asyncio.create_task(request(s, "b", hold_s=0.8))  # b wakes beside a after 0.1 s, and stays busy
+        while states(s)["b"] != "awake":
+            await asyncio.sleep(0.005)
+        began = time.monotonic()
+        await request(s, "a")  # a was to park: after b's 0.1 s overlap it stays, and b is to park instead
+        assert time.monotonic() - began < 0.5 and "park a" not in log, log
+        await asyncio.gather(busy_a, busy_b)
+        while states(s)["b"] != "parked":
+            await asyncio.sleep(0.005)
+        assert states(s) == {"a": "awake", "b": "parked"} and log == ["wake b", "park b"], log
+        task.cancel()
+    asyncio.run(main())

@@ -174,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", choices=["fair", "fifo"], default=None,
                    help="which waiting model a switch serves next: fair (default: the most requests waiting; one "
                         "waiting over starve_after_s first) or fifo (first come)")
+    p.add_argument("--overlap-after-s", type=float, default=None,
+                   help="a switch that has waited this long for the awake engine's requests wakes its model beside "
+                        "them where memory allows; the busy engine parks once they end (default 2; 0: always wait)")
     p.add_argument("--json", action="store_true", help="status: one JSON object")
 
     p = sub.add_parser("parked", help="the parked engines of this user (--park-on-exit): list, wake, retire")

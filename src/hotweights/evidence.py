@@ -161,10 +161,15 @@ def woke(model: str, seconds: float, source: str | None) -> str:
 SWITCH_AWAKE_RE = re.compile(r"switch: (\S+) awake in ([\d.]+) s \(weights (\w+)(?:; (.*))?\)")
 
 
-def switch_awake(model: str, seconds: float, source: str, parked: list[tuple[str, float, float]],
+def switch_awake(model: str, seconds: float, source: str, parked: list[tuple[str, float, float | None]],
                  wake_s: float) -> str:
-    """``parked``: ``(model, seconds waiting for its requests, seconds parking it)`` of each engine parked first."""
-    waits = "".join(f"waited {drain:.3f} s for {name}'s requests, parked {name} in {park:.3f} s, "
-                    for name, drain, park in parked)
+    """``parked``: ``(model, seconds waiting for its requests, seconds parking it)`` of each engine parked first;
+    ``None`` for one still busy, beside which the model woke (it parks once its requests end)."""
+    def then(name: str, park: float | None) -> str:
+        if park is None:
+            return f"woke beside them ({name} parks once they end), "
+        return f"parked {name} in {park:.3f} s, "
+
+    waits = "".join(f"waited {drain:.3f} s for {name}'s requests, {then(name, park)}" for name, drain, park in parked)
     return (f"switch: {model} awake in {seconds:.3f} s (weights {source}"
             + (f"; {waits}woke {model} in {wake_s:.3f} s)" if parked else ")"))

@@ -11,6 +11,9 @@
     stop_keeper = false      # true: on the way out, stop the keeper if this front started it (frees the weights)
     schedule = "fair"        # which waiting model goes next: "fair" (most requests waiting; one waiting over
     starve_after_s = 10      # starve_after_s goes first) or "fifo" (first come)
+    overlap_after_s = 2      # a switch that has waited this long for the awake engine's requests in flight wakes
+                             # its model beside them where memory allows (a wake refused for memory waits for
+                             # them after all); the busy engine parks once they are done. 0: always wait
 
     [[model]]
     name = "chat"            # the API's model name
@@ -98,6 +101,7 @@ class SwitchConfig:
     stop_keeper: bool = False  # on the way out, stop the keeper if this front's preloads started it
     schedule: str = "fair"  # or "fifo": which waiting model a switch serves next (switcher.py)
     starve_after_s: float = 10.0  # fair: a model whose request has waited this long goes next
+    overlap_after_s: float = 2.0  # a switch waits this long for a busy engine, then wakes its model beside it
 
     @property
     def default(self) -> ModelConfig:
@@ -106,7 +110,7 @@ class SwitchConfig:
 
 SWITCH_KEYS = {"host": str, "port": int, "max_awake": int, "request_timeout_s": (int, float), "api_key": str,
                "socket_dir": str, "parking": bool, "stop_keeper": bool, "schedule": str,
-               "starve_after_s": (int, float)}
+               "starve_after_s": (int, float), "overlap_after_s": (int, float)}
 _MODEL_KEYS = {"name": str, "checkpoint": str, "engine": str, "args": list, "default": bool, "keep_awake": bool,
                "park_level": int, "deep_park_after_s": (int, float), "parked_weights": str, "gpus": list}
 
@@ -176,6 +180,9 @@ def build(switch: dict[str, Any], models: list[ModelConfig], where: str) -> Swit
     if switch.get("request_timeout_s", 300) <= 0:
         raise ConfigError(f"{where}: request_timeout_s must be positive (seconds a request may wait for its "
                           f"model), got {switch['request_timeout_s']!r}")
+    if switch.get("overlap_after_s", 2.0) < 0:
+        raise ConfigError(f"{where}: overlap_after_s must be 0 (always wait) or more, got "
+                          f"{switch['overlap_after_s']!r}")
     if not 0 < switch.get("port", 8000) < 65536:
         raise ConfigError(f"{where}: port must be 1-65535")
     values = {k: switch[k] for k in SWITCH_KEYS if k in switch}

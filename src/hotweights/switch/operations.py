@@ -30,6 +30,8 @@ class Operations:
         self.ready = asyncio.Event()  # start-up reached the default model
         self._kick = asyncio.Event()  # a request waits, or an engine changed: the scheduler looks again
         self._moved = asyncio.Event()  # set (and replaced) on every change: waiting requests look again
+        self._leaving: set[str] = set()  # awake engines a model woke beside: each parks once its requests end
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def move(self, m: Model, to: ModelState) -> None:
         """The one way a model changes state; a move the table does not allow is refused (a bug: logged, raised)."""
@@ -109,20 +111,35 @@ class Operations:
         """``m`` serves: every request waiting for it now is in flight before the next switch, which could otherwise
         park it again before they ran."""
         m.failure, m.start_failures = None, 0
-        m.last_used = time.time()
         self.move(m, S.AWAKE)
+        self._let_in(m)
+
+    def _stays(self, m: Model) -> None:
+        """``m``, awake and to park once its requests ended (a model woke beside it), is switched to: it stays."""
+        m.draining = False
+        self._leaving.discard(m.name)
+        self._let_in(m)
+        self._changed()
+
+    def _let_in(self, m: Model) -> None:
+        m.last_used = time.time()
         batch = max(0, m.waiting - m.reserved)
         m.reserved += batch
         m.inflight += batch
         if m.inflight:
             m.idle.clear()
 
-    async def _make_room(self, m: Model) -> list[tuple[str, float, float]]:
-        """Park engines beside ``m`` until ``max_awake`` lets it wake; what was parked, with its drain and park."""
+    async def _make_room(self, m: Model) -> list[tuple[str, float, float | None]]:
+        """Park engines beside ``m`` until ``max_awake`` lets it wake; what was parked, with its drain and park (None:
+        it was still busy after ``overlap_after_s``, so ``m`` wakes beside it and it parks once its requests end)."""
         parked = []
-        while len(self.awake_beside(m)) >= self.config.max_awake and (done := await self._park_one(m)):
+        while (len([x for x in self.awake_beside(m) if x.name not in self._leaving]) >= self.config.max_awake
+               and (done := await self._park_one(m, overlap=True))):
             parked.append(done)
         return parked
+
+    def leaving_beside(self, m: Model) -> bool:
+        return any(x.name in self._leaving for x in self.awake_beside(m))
 
     async def _wake(self, m: Model) -> str:
         """Wake ``m`` (or start it again, also when it dies as it is asked); a wake refused for memory parks one
@@ -139,7 +156,9 @@ class Operations:
                 if not await self._park_one(m):
                     raise
             except EngineError:
-                if not await self.engine_died(m):  # alive and refusing: its reason is the answer
+                if self.leaving_beside(m):  # woken beside a busy engine, it could not: wait for that one after all
+                    await self._park_one(m)
+                elif not await self.engine_died(m):  # alive and refusing: its reason is the answer
                     raise
 
     async def engine_died(self, m: Model, wait_s: float = 10.0) -> bool:
@@ -155,18 +174,28 @@ class Operations:
             self._exited(m)
         return True
 
-    async def _park_one(self, keep: Model) -> tuple[str, float, float] | None:
+    async def _park_one(self, keep: Model, overlap: bool = False) -> tuple[str, float, float | None] | None:
         """Park one awake engine beside ``keep`` (not kept awake), once its requests in flight are done:
-        ``(its name, seconds waiting for them, seconds parking)``; None when there is none."""
-        candidates = [x for x in self.awake_beside(keep) if not x.config.keep_awake]
+        ``(its name, seconds waiting for them, seconds parking)``; None when there is none. ``overlap``: one still
+        busy after ``overlap_after_s`` is left to park once its requests end (``(its name, seconds waited, None)``),
+        and ``keep`` wakes beside it."""
+        candidates = [x for x in self.awake_beside(keep) if not x.config.keep_awake
+                      and not (overlap and x.name in self._leaving)]
         if not candidates:
             return None
         victim = pick_victim(candidates, self.config.schedule)
         victim.draining = True
         began = time.monotonic()
+        later = False
         try:
             if victim.inflight:
-                await victim.idle.wait()
+                limit = self.config.overlap_after_s if overlap and self.config.overlap_after_s else None
+                try:
+                    await asyncio.wait_for(victim.idle.wait(), limit)
+                except TimeoutError:
+                    later = True
+                    self._park_when_idle(victim, keep)
+                    return victim.name, time.monotonic() - began, None
             drained = time.monotonic()
             moved = await self._park(victim)
             logger.info("switch: %s %s for %s%s", victim.name, victim.state, keep.name, moved)
@@ -176,8 +205,38 @@ class Operations:
             self.move(victim, S.STOPPED)
             drained = began
         finally:
-            victim.draining = False
+            if not later:
+                victim.draining = False
+                self._leaving.discard(victim.name)
         return victim.name, drained - began, time.monotonic() - drained
+
+    def _park_when_idle(self, victim: Model, keep: Model) -> None:
+        """``keep`` wakes beside ``victim``, which takes no new request and parks once its requests in flight end
+        (unless it is switched to meanwhile, or ``keep`` did not wake)."""
+        self._leaving.add(victim.name)
+
+        async def park() -> None:
+            try:
+                await victim.idle.wait()
+                async with self.busy:
+                    if victim.name in self._leaving and victim.state is S.AWAKE:
+                        if keep.state is S.AWAKE:
+                            moved = await self._park(victim)
+                            logger.info("switch: %s %s for %s once its requests ended%s", victim.name, victim.state,
+                                        keep.name, moved)
+            except EngineError as exc:
+                logger.error("switch: %s; stopping it", exc)
+                await asyncio.to_thread(victim.engine.stop)
+                self.move(victim, S.STOPPED)
+            finally:
+                if victim.name in self._leaving:
+                    victim.draining = False
+                    self._leaving.discard(victim.name)
+                    self._changed()
+
+        task = asyncio.create_task(park())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _park(self, m: Model, level: int = 0) -> str:
         """Park ``m`` at its configured level (or ``level``; EngineError when it would not); with ``parked_weights

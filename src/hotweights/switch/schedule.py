@@ -3,8 +3,8 @@ switch serves next, which awake engine parks for it, and when a request is answe
 
 ``fair`` (the default): a model whose longest-waiting request has waited over ``starve_after_s`` goes next (the
 longest first), else the one with the most requests waiting (then the longest-waiting); an idle engine parks
-before a busy one (a busy one's requests in flight are waited for: a long generation would hold every other
-model back), then the least recently used. ``fifo``: the request that came first, the least recently used.
+before a busy one (a busy one's requests in flight are waited for, up to ``overlap_after_s``: operations.py), then
+the least recently used. ``fifo``: the request that came first, the least recently used.
 """
 
 from __future__ import annotations

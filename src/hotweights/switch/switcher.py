@@ -3,7 +3,8 @@ wakes engines, one at a time, in the order ``schedule.py`` gives.
 
 To switch to a model, while ``max_awake`` engines that share a GPU with it are awake (a model without ``gpus``
 shares every GPU), one that is not ``keep_awake`` stops taking requests, its requests in flight finish (a switch
-never cuts a stream) and it parks; then the model wakes (or starts again, if its engine died or cannot park) and
+never cuts a stream) and it parks (still busy after ``overlap_after_s``, it parks once they end, and the model
+wakes beside it where memory allows); then the model wakes (or starts again, if its engine died or cannot park) and
 every request waiting for it goes through at once: a switch serves the whole batch that waited for it. A wake
 refused for memory (``WakeRefused``) parks one more engine on its GPUs and tries again. Start-up starts every
 engine in turn, the default first and awake, the others parked; a request for a model start-up has not reached
@@ -105,6 +106,10 @@ class Switcher(Operations):
     async def _switch_to(self, m: Model) -> None:
         began = time.monotonic()
         parked = await self._make_room(m)
+        if m.state is S.AWAKE:  # it was to park once its requests ended (a model woke beside it): it stays
+            self._stays(m)
+            logger.info("switch: %s stays awake (it was to park once its requests ended)", m.name)
+            return
         woke_began = time.monotonic()
         try:
             source = await self._wake(m)
