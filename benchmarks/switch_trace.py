@@ -63,6 +63,8 @@ from switch_mix import model_table, start_front, status, write_models
 from vllm_sleep import gpu_used_mib, host_used_mib
 
 from hotweights.observe import free_port
+from hotweights.unix import descendants
+from hotweights.verify.memory import proc_status
 
 PROBE_TOLERANCE = 0.05  # of a first token's logprob
 MODES = ("park", "park_wait", "park_fifo", "park_x2", "park_host", "mixed", "vllm_sleep", "restart", "static")
@@ -165,33 +167,9 @@ def sample_memory(samples: list[dict], stop: threading.Event, began: float, gpu:
         stop.wait(1.0)
 
 
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and every process below it (/proc): a vLLM server's EngineCore is its child."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += children.get(p, [])
-    return out
-
-
 def rss_mib(pids: list[int], field: str = "VmRSS") -> int:
     """The sum of a /proc/PID/status field over ``pids`` (MiB; a process gone counts 0)."""
-    total = 0
-    for pid in pids:
-        try:
-            line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith(field + ":"))
-        except (OSError, StopIteration):
-            continue
-        total += int(line.split()[1])
-    return total // 1024
+    return sum(proc_status(pid).get(field, 0) for pid in pids) >> 20
 
 
 def memory_by_tier(url: str, sock: str) -> dict:
@@ -213,7 +191,7 @@ def memory_by_tier(url: str, sock: str) -> dict:
               "rss_shmem_mib": rss_mib([reply.pid], "RssShmem")}
     engines = {}
     for m in (status(url) or {"models": []})["models"]:
-        tree = process_tree(m["server_pid"]) if m.get("server_pid") else []
+        tree = [m["server_pid"], *descendants(m["server_pid"])] if m.get("server_pid") else []  # its EngineCore
         engines[m["name"]] = {"state": m["state"], "gpu_mib": sum(gpu.get(p, 0) for p in tree),
                               "rss_mib": rss_mib(tree), "processes": len(tree)}
     return {"keeper": keeper, "engines": engines, "gpu_used_mib": gpu_used_mib() if gpu else None,

@@ -124,14 +124,13 @@ def write_demo_model(directory: str | Path, size: str = "tiny", *, gen_device: s
     for i, group in enumerate(groups):
         fname = "model.safetensors" if len(groups) == 1 else f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
         weight_map.update({n: fname for n, _ in group})
-        if link_shards_from is not None and i < len(groups) - 1:
-            source = Path(link_shards_from, fname)
-            if not source.is_file():
-                raise ValueError(f"{source} does not exist: link from a {size} demo model written whole")
-            (out / fname).unlink(missing_ok=True)
+        source = Path(link_shards_from, fname) if link_shards_from is not None and i < len(groups) - 1 else None
+        if source is not None and not source.is_file():
+            raise ValueError(f"{source} does not exist: link from a {size} demo model written whole")
+        (out / fname).unlink(missing_ok=True)  # a link left by an earlier write: never write through it
+        if source is not None:
             os.link(source, out / fname)
             continue
-        (out / fname).unlink(missing_ok=True)  # a link left by an earlier write: never write through it
         save_file({n: _make_tensor(n, shape, s.dtype, gen_device, seed) for n, shape in group}, out / fname,
                   metadata={"format": "pt"})
         os.chmod(out / fname, 0o666 & ~umask)  # safetensors writes 0600; the other files follow the umask

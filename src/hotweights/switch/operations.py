@@ -138,7 +138,7 @@ class Operations:
             parked.append(done)
         return parked
 
-    def leaving_beside(self, m: Model) -> bool:
+    def _leaving_beside(self, m: Model) -> bool:
         return any(x.name in self._leaving for x in self.awake_beside(m))
 
     async def _wake(self, m: Model) -> str:
@@ -156,7 +156,7 @@ class Operations:
                 if not await self._park_one(m):
                     raise
             except EngineError:
-                if self.leaving_beside(m):  # woken beside a busy engine, it could not: wait for that one after all
+                if self._leaving_beside(m):  # woken beside a busy engine, it could not: wait for that one after all
                     await self._park_one(m)
                 elif not await self.engine_died(m):  # alive and refusing: its reason is the answer
                     raise
@@ -197,13 +197,8 @@ class Operations:
                     self._park_when_idle(victim, keep)
                     return victim.name, time.monotonic() - began, None
             drained = time.monotonic()
-            moved = await self._park(victim)
-            logger.info("switch: %s %s for %s%s", victim.name, victim.state, keep.name, moved)
-        except EngineError as exc:
-            logger.error("switch: %s; stopping it", exc)
-            await asyncio.to_thread(victim.engine.stop)
-            self.move(victim, S.STOPPED)
-            drained = began
+            if not await self._park_for(victim, keep):
+                drained = began
         finally:
             if not later:
                 victim.draining = False
@@ -219,15 +214,8 @@ class Operations:
             try:
                 await victim.idle.wait()
                 async with self.busy:
-                    if victim.name in self._leaving and victim.state is S.AWAKE:
-                        if keep.state is S.AWAKE:
-                            moved = await self._park(victim)
-                            logger.info("switch: %s %s for %s once its requests ended%s", victim.name, victim.state,
-                                        keep.name, moved)
-            except EngineError as exc:
-                logger.error("switch: %s; stopping it", exc)
-                await asyncio.to_thread(victim.engine.stop)
-                self.move(victim, S.STOPPED)
+                    if victim.name in self._leaving and victim.state is S.AWAKE and keep.state is S.AWAKE:
+                        await self._park_for(victim, keep, " once its requests ended")
             finally:
                 if victim.name in self._leaving:
                     victim.draining = False
@@ -237,6 +225,18 @@ class Operations:
         task = asyncio.create_task(park())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _park_for(self, victim: Model, keep: Model, when: str = "") -> bool:
+        """Park ``victim`` for ``keep`` (logged); one that would not park is stopped (False)."""
+        try:
+            moved = await self._park(victim)
+        except EngineError as exc:
+            logger.error("switch: %s; stopping it", exc)
+            await asyncio.to_thread(victim.engine.stop)
+            self.move(victim, S.STOPPED)
+            return False
+        logger.info("switch: %s %s for %s%s%s", victim.name, victim.state, keep.name, when, moved)
+        return True
 
     async def _park(self, m: Model, level: int = 0) -> str:
         """Park ``m`` at its configured level (or ``level``; EngineError when it would not); with ``parked_weights

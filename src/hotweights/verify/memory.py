@@ -20,7 +20,8 @@ from pathlib import Path
 from .environment import nvidia_smi
 
 
-def _proc_status(pid: int) -> dict[str, int]:
+def proc_status(pid: int) -> dict[str, int]:
+    """Bytes of VmRSS, RssAnon, RssFile and RssShmem of ``pid`` ({} for a process that is gone)."""
     out: dict[str, int] = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -39,11 +40,11 @@ def sample(device: str, *, socket_dir: Path, engine_pids: list[int] | None = Non
     daemon = json.loads(status.stdout) if status.returncode == 0 else None
     result: dict = {"daemon_running": daemon is not None,
                     "pool_bytes": sum(daemon["bytes_by_device"].values()) if daemon else 0,
-                    "daemon_rss": _proc_status(daemon["pid"]).get("VmRSS", 0) if daemon else 0}
+                    "daemon_rss": proc_status(daemon["pid"]).get("VmRSS", 0) if daemon else 0}
     if engine_pids is not None:
         engine = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0, "RssShmem": 0}
         for pid in engine_pids:
-            for k, v in _proc_status(pid).items():
+            for k, v in proc_status(pid).items():
                 engine[k] += v
         result["engine"] = engine
     if device.startswith("cuda"):
