@@ -179,6 +179,23 @@ def test_without_parking_a_switch_stops_one_engine_and_starts_the_other(two_mode
 
 
 @pytest.mark.slow
+def test_preloads_run_beside_each_other_ahead_of_the_starts_from_an_empty_keeper(two_models, tmp_path):
+    """``--preload-jobs 2``: both models' preloads run at once (a vLLM preload is a whole vLLM start), the starts
+    one after the other as before, every model answers."""
+    with private_keeper("hwpj-") as sock:
+        f = wait_started(Front(tmp_path, two_models, "--preload-jobs", "2", socket_dir=sock))
+        try:
+            log = f.log.read_text()
+            assert "coder: preloading beside 1 other preload(s)" in log, log
+            assert re.search(r"chat ready in [\d.]+ s \(cached, [\d.]+ s; started", log), log
+            client = f.client()
+            assert answer(client, "chat") != answer(client, "coder")  # each by its own engine (their logprobs)
+            assert {m["state"] for m in f.status()["models"]} == {"awake", "parked"}
+        finally:
+            f.interrupt()
+
+
+@pytest.mark.slow
 def test_weights_parked_in_host_memory_leave_the_keepers_gpu_tier_and_a_request_that_waits_too_long_gets_a_503(
         two_models, keeper, tmp_path):
     """``--parked-weights host``: a parked engine is deep-parked and the keeper keeps only the host copy of its
@@ -249,6 +266,7 @@ def test_the_config_file_names_what_is_wrong(tmp_path):
             (good.replace("max_awake = 2", "max_awake = 'two'"), "max_awake must be int"),
             (good.replace("max_awake = 2", "request_timeout_s = -5"), "request_timeout_s must be positive"),
             (good.replace("max_awake = 2", "overlap_after_s = -1"), r"overlap_after_s must be 0 \(always wait\)"),
+            (good.replace("max_awake = 2", "preload_jobs = -1"), r"preload_jobs must be 0 \(auto\) or more"),
             ("[model]\nname = 'a'\n", "models are [[model]] tables"),
             ("[[model]\n", "not TOML"),
             (f"[[model]]\nname = 'a'\ncheckpoint = '{tmp_path}'\ngpus = [0, 0]\n",

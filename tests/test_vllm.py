@@ -68,6 +68,8 @@ def test_baseline_cold_warm_preload_and_stream_answer_identically(vllm_model, so
         assert pre.returncode == 0, pre.stderr
         assert [r["num_tensors"] for r in json.loads(pre.stdout)["published"]] == [52]
         assert json.loads(pre.stdout)["standby"] == "prepared"  # for the first start after it
+        # its KV cache the size of one sequence, not profiled (preloads beside each other: kvpin.py)
+        assert "'kv_cache_memory_bytes': 268435456" in (socket_dir / "vllm-preload-small.log").read_text()
         wait_for_standby(socket_dir)
         answers.append(warm("after_preload_engine_vllm", launcher=True))
 

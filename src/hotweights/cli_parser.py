@@ -177,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overlap-after-s", type=float, default=None,
                    help="a switch that has waited this long for the awake engine's requests wakes its model beside "
                         "them where memory allows; the busy engine parks once they end (default 2; 0: always wait)")
+    p.add_argument("--preload-jobs", type=int, default=None,
+                   help="start-up's preloads at once, where GPU memory allows (default 0: 4 with GPUs, else 1)")
     p.add_argument("--json", action="store_true", help="status: one JSON object")
 
     p = sub.add_parser("parked", help="the parked engines of this user (--park-on-exit): list, wake, retire")

@@ -20,7 +20,7 @@ def cmd_switch(args: argparse.Namespace) -> int:
     options = {"host": args.host, "port": args.port, "max_awake": args.max_awake,
                "request_timeout_s": args.request_timeout_s, "api_key": args.api_key,
                "parking": False if args.no_parking else None, "stop_keeper": True if args.stop_keeper else None,
-               "schedule": args.schedule, "overlap_after_s": args.overlap_after_s}
+               "schedule": args.schedule, "overlap_after_s": args.overlap_after_s, "preload_jobs": args.preload_jobs}
     engine_args = list(getattr(args, "cmd", []) or [])
     if args.config and (args.models or engine_args or args.parked_weights):
         raise ValueError("--config names every model; --model NAME=DIR, --parked-weights and -- ENGINE ARGS are the "

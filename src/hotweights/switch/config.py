@@ -14,6 +14,8 @@
     overlap_after_s = 2      # a switch that has waited this long for the awake engine's requests in flight wakes
                              # its model beside them where memory allows (a wake refused for memory waits for
                              # them after all); the busy engine parks once they are done. 0: always wait
+    preload_jobs = 0         # start-up's preloads at once, ahead of the starts, where GPU memory allows (a vLLM
+                             # preload is a whole vLLM start); 0: 4 where there are GPUs, else 1 (in each start)
 
     [[model]]
     name = "chat"            # the API's model name
@@ -44,6 +46,7 @@ from ..engines.vllm.options import LOAD_FORMAT
 from ..engines.vllm.start import VllmStart
 from ..errors import CheckpointError
 from ..loading.checkpoint import check_config_dir, check_model_dir
+from .gpus import gpu_memory
 
 ENGINES = ("hotweights", "vllm")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
@@ -102,6 +105,12 @@ class SwitchConfig:
     schedule: str = "fair"  # or "fifo": which waiting model a switch serves next (switcher.py)
     starve_after_s: float = 10.0  # fair: a model whose request has waited this long goes next
     overlap_after_s: float = 2.0  # a switch waits this long for a busy engine, then wakes its model beside it
+    preload_jobs: int = 0  # start-up's preloads at once (preloads.py); 0: auto (jobs())
+
+    def jobs(self) -> int:
+        """Start-up's preloads at once: ``preload_jobs``, else 4 where there are GPUs (their memory admits each),
+        else 1: each in its start, as the CPU's cores are the engines' too."""
+        return self.preload_jobs or (min(4, len(self.models)) if gpu_memory() else 1)
 
     @property
     def default(self) -> ModelConfig:
@@ -110,7 +119,7 @@ class SwitchConfig:
 
 SWITCH_KEYS = {"host": str, "port": int, "max_awake": int, "request_timeout_s": (int, float), "api_key": str,
                "socket_dir": str, "parking": bool, "stop_keeper": bool, "schedule": str,
-               "starve_after_s": (int, float), "overlap_after_s": (int, float)}
+               "starve_after_s": (int, float), "overlap_after_s": (int, float), "preload_jobs": int}
 _MODEL_KEYS = {"name": str, "checkpoint": str, "engine": str, "args": list, "default": bool, "keep_awake": bool,
                "park_level": int, "deep_park_after_s": (int, float), "parked_weights": str, "gpus": list}
 
@@ -183,6 +192,8 @@ def build(switch: dict[str, Any], models: list[ModelConfig], where: str) -> Swit
     if switch.get("overlap_after_s", 2.0) < 0:
         raise ConfigError(f"{where}: overlap_after_s must be 0 (always wait) or more, got "
                           f"{switch['overlap_after_s']!r}")
+    if switch.get("preload_jobs", 0) < 0:
+        raise ConfigError(f"{where}: preload_jobs must be 0 (auto) or more, got {switch['preload_jobs']!r}")
     if not 0 < switch.get("port", 8000) < 65536:
         raise ConfigError(f"{where}: port must be 1-65535")
     values = {k: switch[k] for k in SWITCH_KEYS if k in switch}

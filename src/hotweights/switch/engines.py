@@ -7,7 +7,6 @@ switcher runs them on worker threads. Torch-free.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Protocol
 from .. import evidence
 from ..errors import HotweightsError
 from .config import ModelConfig
+from .gpus import gpu_mib_by_pid
 from .keeper import KeeperView
 from .kinds import KINDS
 from .process import EngineError, EngineProcess, WakeRefused, one_line
@@ -23,20 +23,9 @@ from .process import EngineError, EngineProcess, WakeRefused, one_line
 # a wake takes 0.05-1 s on an H200 (from the GPU or host memory); one that does not answer within this is an engine
 # that cannot (a dead server's orphan holding its port waited out 300 s before)
 WAKE_TIMEOUT_S = 60.0
+NOT_CACHED = "not cached"  # how a preload that failed begins its account (the engine then reads its checkpoint)
 
-__all__ = ["Engine", "EngineError", "EngineLike", "WakeRefused", "gpu_mib_by_pid"]
-
-
-def gpu_mib_by_pid() -> dict[int, int]:
-    """GPU memory per process (``nvidia-smi``), {} where there is none."""
-    if shutil.which("nvidia-smi") is None:
-        return {}
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
-        return {int(p): int(m) for p, m in (x.split(",") for x in out.splitlines() if x.strip())}
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return {}
+__all__ = ["NOT_CACHED", "Engine", "EngineError", "EngineLike", "WakeRefused", "gpu_mib_by_pid"]
 
 
 class EngineLike(Protocol):
@@ -119,10 +108,10 @@ class Engine:
             done = subprocess.run([sys.executable, "-m", "hotweights", *self.preload_command()], capture_output=True,
                                   text=True, env=self.keeper.env, timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            return f"not cached (the preload took over {timeout_s:.0f} s)"
+            return f"{NOT_CACHED} (the preload took over {timeout_s:.0f} s)"
         if done.returncode == 0:
             return "cached"
-        return f"not cached ({one_line((done.stderr.strip().splitlines() or ['no output'])[-1], 200)})"
+        return f"{NOT_CACHED} ({one_line((done.stderr.strip().splitlines() or ['no output'])[-1], 200)})"
 
     def start(self, timeout_s: float = 900.0) -> float:
         return self.process.start(self.command, timeout_s)

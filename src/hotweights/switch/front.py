@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import logging
 import tempfile
@@ -223,6 +224,7 @@ def run(config: SwitchConfig, log_dir: Path | None = None) -> int:
     sock = take_port(config.host, config.port, config.socket_dir or None)  # before any engine starts
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per relayed request otherwise
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="hotweights-switch-"))
+    config = dataclasses.replace(config, preload_jobs=config.jobs())  # auto: by the GPUs there are
     app = create_app(config, log_dir)
     names = ", ".join(m.name + (" (default)" if m is config.default else "") for m in config.models)
     logger.info("switch: http://%s:%d for %s; logs in %s", config.host, config.port, names, log_dir)

@@ -11,6 +11,8 @@ A new engine is a new row. Torch-free.
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 from dataclasses import dataclass
 
@@ -21,6 +23,38 @@ from ..rows import EntryRow
 from .config import ModelConfig
 
 SLEEP_MODE = argv.Option(("--enable-sleep-mode",), "none")
+DEVICE = argv.Option(("--device",))
+GPU_SHARE = argv.Option(("--gpu-memory-utilization",))
+VLLM_SHARE = 0.92  # vLLM 0.26's default --gpu-memory-utilization
+CONTEXT_MIB = 1024  # a CUDA context with torch's kernels loaded, as an embedded engine's preload and start take it
+
+
+@dataclass(frozen=True, slots=True)
+class GpuNeed:
+    """What a model's preload and its engine's start take on each of its GPUs (``gpus``: CUDA indices among those
+    the front sees): a ``share`` of the GPU's memory (vLLM's ``--gpu-memory-utilization``, which its mapped weights
+    count towards), its weights (per GPU; they stay in the keeper once preloaded) and a fixed ``extra``."""
+
+    gpus: tuple[int, ...]
+    share: float = 0.0
+    weights_mib: int = 0
+    extra_mib: int = 0
+
+    def preload_mib(self, total_mib: int) -> int:
+        """At the preload's peak: an engine of its own loads the weights while it publishes a copy of them."""
+        return math.ceil(self.share * total_mib) + self.weights_mib + self.extra_mib
+
+    def start_mib(self, total_mib: int) -> int:
+        """Free memory its engine's start needs, its weights mapped from the keeper."""
+        return max(0, math.ceil(self.share * total_mib) - self.weights_mib) + self.extra_mib
+
+
+def weights_mib(checkpoint: os.PathLike[str] | str) -> int:
+    """The checkpoint's safetensors files, in MiB (their tensors as stored: a dtype cast is not counted)."""
+    try:
+        return sum(e.stat().st_size for e in os.scandir(checkpoint) if e.name.endswith(".safetensors")) >> 20
+    except OSError:
+        return 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +84,14 @@ class EngineKind:
 
     def ranks(self, m: ModelConfig) -> int:
         return 1
+
+    def gpu_need(self, m: ModelConfig) -> GpuNeed:
+        """What its preload and start take on the GPUs (none for an engine on the CPU)."""
+        device = DEVICE.value(m.args) or "cpu"
+        if not device.startswith("cuda"):
+            return GpuNeed(())
+        index = int(device.partition(":")[2] or 0)
+        return GpuNeed(m.gpus[index:index + 1] if m.gpus else (index,), 0.0, weights_mib(m.checkpoint), CONTEXT_MIB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +123,16 @@ class VllmKind(EngineKind):
 
     def ranks(self, m: ModelConfig) -> int:
         return VllmStart.parse(list(m.args)).tensor_parallel_size  # the config checked it
+
+    def gpu_need(self, m: ModelConfig) -> GpuNeed:
+        if is_cpu_build():
+            return GpuNeed(())
+        ranks = self.ranks(m)
+        try:
+            share = float(GPU_SHARE.value(m.args) or VLLM_SHARE)
+        except ValueError:  # vLLM refuses the start itself, in its own words
+            share = VLLM_SHARE
+        return GpuNeed(m.gpus[:ranks] or tuple(range(ranks)), share, weights_mib(m.checkpoint) // ranks)
 
 
 def _common(m: ModelConfig, port: int) -> list[str]:

@@ -13,6 +13,7 @@ from .config import ModelConfig, SwitchConfig
 from .engines import EngineError, EngineLike, WakeRefused
 from .metrics import SwitchMetrics
 from .model import Model
+from .preloads import Preloads
 from .schedule import pick_victim
 from .states import SERVING, TRANSITIONS, Failure, InvalidTransition, ModelState
 
@@ -32,6 +33,15 @@ class Operations:
         self._moved = asyncio.Event()  # set (and replaced) on every change: waiting requests look again
         self._leaving: set[str] = set()  # awake engines a model woke beside: each parks once its requests end
         self._tasks: set[asyncio.Task[None]] = set()
+        self.preloads: Preloads | None = None  # several preloads at once (``begin_preloads``), else each in its start
+
+    def begin_preloads(self, jobs: int) -> asyncio.Task[None] | None:
+        """With ``jobs`` > 1, start-up's preloads run ahead of the starts (``preloads.py``): their task."""
+        if jobs <= 1:
+            return None
+        default = self.models[self.config.default.name]
+        self.preloads = Preloads([default, *(m for m in self.models.values() if m is not default)], jobs)
+        return asyncio.create_task(self.preloads.run())
 
     def move(self, m: Model, to: ModelState) -> None:
         """The one way a model changes state; a move the table does not allow is refused (a bug: logged, raised)."""
@@ -66,10 +76,15 @@ class Operations:
         m.started = True
         began = time.monotonic()
         try:
-            cached = await asyncio.to_thread(m.engine.preload)
-            preloaded_s = time.monotonic() - began
+            if self.preloads is not None:
+                cached, preloaded_s = await self.preloads.result(m)
+                async with self.preloads.alone(m):
+                    started = await asyncio.to_thread(m.engine.start)
+            else:
+                cached = await asyncio.to_thread(m.engine.preload)
+                preloaded_s = time.monotonic() - began
+                started = await asyncio.to_thread(m.engine.start)
             cached += f", {preloaded_s:.1f} s" if preloaded_s >= 0.1 else ""
-            started = await asyncio.to_thread(m.engine.start)
         except EngineError as exc:
             self._start_failed(m, exc)
             logger.error("switch: %s unavailable: %s", m.name, exc)

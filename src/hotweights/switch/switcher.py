@@ -84,7 +84,16 @@ class Switcher(Operations):
             m.idle.set()
 
     async def run(self) -> None:
-        """Start-up, then every switch, one at a time, in the order ``next_model`` gives."""
+        """Start-up, then every switch, one at a time, in the order ``next_model`` gives; with ``preload_jobs`` > 1
+        start-up's preloads run ahead of the starts, that many at once where memory allows."""
+        preloading = self.begin_preloads(self.config.preload_jobs)
+        try:
+            await self._schedule()
+        finally:
+            if preloading is not None:
+                preloading.cancel()
+
+    async def _schedule(self) -> None:
         while True:
             m = next_model(self.models.values(), self.config, self.models[self.config.default.name])
             if m is None:

@@ -15,6 +15,11 @@ with ``HOTWEIGHTS_VLLM_STANDBY=off``): it imports vLLM while this vLLM compiles 
 that the first ``hotweights vllm serve`` after the preload is a standby start that does not wait for it
 (prepared after vLLM stopped, it made that start wait 24 s for its imports on an H200).
 
+Its KV cache is the least vLLM starts with (``kvpin.py``: one ``--max-model-len`` sequence, given as
+``--kv-cache-memory-bytes``), not profiled: preloads of several models run beside each other (``hotweights switch``),
+and vLLM's profile counts what the others allocate as its own. Where vLLM refuses that size for its KV cache, the
+preload runs once more without it. Its log is ``vllm-preload-<model dir>.log`` beside the daemon's.
+
 Which Python runs vLLM: ``--vllm-python``, else ``$HOTWEIGHTS_VLLM_PYTHON``, else this one.
 The worker's log is kept (``--log``) and its tail shown on failure.
 """
@@ -36,6 +41,7 @@ from ...evidence import GIB, WRITE_THROUGH_FAILED
 from ...observe import Observed, free_port
 from ...paths import DaemonPaths, daemon_paths
 from ...rows import EntryRow
+from .kvpin import kv_pin
 from .options import engine_rows
 
 logger = logging.getLogger(__name__)
@@ -60,15 +66,34 @@ def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_di
     with ensure_daemon(paths):
         pass
     python = python or os.environ.get("HOTWEIGHTS_VLLM_PYTHON") or sys.executable
+    pin = kv_pin(model, extra_args or [], tp_size)
+    try:
+        return _preload(model, dtype, tp_size, paths, python, [*(extra_args or []), *(
+            ["--kv-cache-memory-bytes", str(pin)] if pin else [])], timeout_s, log_path)
+    except VllmExited as exc:
+        if not pin or "kv cache" not in str(exc).lower():  # vLLM's words for a KV cache too small for a sequence
+            raise
+        logger.warning("vLLM did not start with a KV cache of %d MiB (%s); preloading again with the KV cache vLLM "
+                       "sizes itself", pin >> 20, exc)
+    return _preload(model, dtype, tp_size, paths, python, extra_args or [], timeout_s, log_path)
+
+
+class VllmExited(HotweightsError):
+    """vLLM exited before it published."""
+
+
+def _preload(model: str, dtype: str, tp_size: int, paths: DaemonPaths, python: str, extra_args: list[str],
+             timeout_s: float, log_path: Path | None) -> VllmPreloadResult:
     port = free_port()
     extra = {"publish": True, "layout": "engine", "socket_dir": str(paths.directory)}
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--dtype", dtype,
            "--tensor-parallel-size", str(tp_size), "--load-format", "hotweights",
            "--model-loader-extra-config", json.dumps(extra), "--host", "127.0.0.1", "--port", str(port),
-           *(extra_args or [])]
-    # its log beside the daemon's (the last preload's; no temporary directory left behind), unless named
+           *extra_args]
+    # its log beside the daemon's (this model's last preload: preloads of other models may run beside it; no
+    # temporary directory left behind), unless named
     log_dir = log_path.parent if log_path else paths.directory
-    label = log_path.stem if log_path else "vllm-preload"
+    label = log_path.stem if log_path else f"vllm-preload-{Path(model).name}"
     start = time.monotonic()
     before = {row.key: row.num_attaches for row in _engine_rows(paths, Path(model).name, tp_size)}
     obs = Observed(label, cmd, out_dir=log_dir, health_url=f"http://127.0.0.1:{port}/health")
@@ -89,7 +114,7 @@ def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_di
                 causes = [m.group(1) for line in text.splitlines() if "WARNING" not in line
                           and (m := re.search(r"\b(\w+(?:Error|Exception): .*)", line))
                           and "Engine core initialization" not in line]
-                raise HotweightsError(f"vLLM exited with code {obs.proc.returncode} before publishing: "
+                raise VllmExited(f"vLLM exited with code {obs.proc.returncode} before publishing: "
                                       f"{causes[0] if causes else 'see the log'}\nlog: {obs.log_path}")
             if time.monotonic() - start > timeout_s:
                 raise HotweightsError(f"vLLM did not publish within {timeout_s:.0f} s; see {obs.log_path}")

@@ -1,0 +1,161 @@
+"""Start-up's preloads run ahead of the starts, several at a time where GPU memory allows (``preload_jobs``).
+
+A vLLM preload is a whole vLLM start (90-100 s for an 8B on an H200), so ten models preloaded one after another
+take a quarter of an hour before the last is up. Here each model's preload begins as soon as it is admitted, in
+start-up order (a model a request or a start waits for first), while the engines start one at a time as before: a
+start awaits its own preload, then starts with no preload beside it on its GPUs (``alone``: vLLM sizes its KV cache
+from a profile of the whole GPU's memory, which a preload allocating meanwhile corrupts; a vLLM preload pins its own
+KV cache for that reason, ``engines/vllm/kvpin.py``).
+
+Admission, per GPU the preload uses (``kinds.GpuNeed``, free memory from ``nvidia-smi``): what is free now, less
+the peak of every preload still running (counted whole, even once it has taken part of it: conservative) and less
+what the start in progress (else the next one) needs, must hold this preload's peak. Where no preload runs, one
+is admitted when that holds or when a start waits for it (the sequential start-up of before: vLLM's own check
+then says whether it fits). A preload that failed while others ran is tried again alone, once. Where nothing
+tells free memory (no GPU), only ``preload_jobs`` bounds them. Torch-free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+
+from .engines import NOT_CACHED
+from .gpus import GpuMemory, gpu_memory
+from .kinds import KINDS, GpuNeed
+from .model import Model
+from .states import ModelState
+
+logger = logging.getLogger("hotweights.switch")
+LOOK_AGAIN_S = 1.0  # free memory changes as engines start and park: admission looks again this often
+
+
+def kind_need(m: Model) -> GpuNeed:
+    return KINDS[m.config.engine].gpu_need(m.config)
+
+
+@dataclass
+class Job:
+    need: GpuNeed
+    began: float = field(default_factory=time.monotonic)
+    beside: bool = False  # another preload ran during it
+
+
+class Preloads:
+    """The preloads of ``models`` (in start-up order: the default first), up to ``jobs`` at a time."""
+
+    def __init__(self, models: list[Model], jobs: int, memory: Callable[[], dict[int, GpuMemory]] | None = None,
+                 need: Callable[[Model], GpuNeed] | None = None) -> None:
+        self.models, self.jobs = models, jobs
+        self.memory, self.need = memory or gpu_memory, need or kind_need
+        self.done: dict[str, asyncio.Future[tuple[str, float]]] = {}
+        self.running: dict[str, Job] = {}
+        self.failed_beside: set[str] = set()  # failed beside others: tried again with none running
+        self.wanted: list[str] = []  # a start waits for these
+        self.starting: dict[str, GpuNeed] = {}  # engines starting, or waiting to: no preload begins on their GPUs
+        self._look = asyncio.Event()
+
+    async def result(self, m: Model) -> tuple[str, float]:
+        """``m``'s preload (what happened, its seconds), once done; a start that waits for it moves it first."""
+        future = self.done.setdefault(m.name, asyncio.get_running_loop().create_future())
+        if not future.done() and m.name not in self.running:
+            self.wanted.append(m.name)
+            self._look.set()
+        return await asyncio.shield(future)
+
+    @contextlib.asynccontextmanager
+    async def alone(self, m: Model) -> AsyncGenerator[None, None]:
+        """``m``'s engine starts with no preload beside it on its GPUs: vLLM sizes its KV cache from a profile of the
+        whole GPU's memory, which a preload allocating meanwhile would shrink (or leave none). The preloads running
+        there end first, and none begins there until it is done."""
+        need = self.need(m)
+        self.starting[m.name] = need
+        try:
+            while any(set(job.need.gpus) & set(need.gpus) for job in self.running.values()):
+                self._look.clear()
+                await self._look.wait()
+            yield
+        finally:
+            del self.starting[m.name]
+            self._look.set()
+
+    async def run(self) -> None:
+        """Admit preloads until every model's is done (a task of the switcher; cancelled with it)."""
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while (queued := self._queued()) or self.running:  # one that failed beside others comes back
+                m = queued[0] if queued else None
+                if m is not None and len(self.running) < self.jobs and await self._admits(m):
+                    self.running[m.name] = Job(self.need(m))
+                    for job in self.running.values():
+                        job.beside |= len(self.running) > 1
+                    task = asyncio.create_task(self._preload(m))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                    continue
+                self._look.clear()
+                try:
+                    await asyncio.wait_for(self._look.wait(), LOOK_AGAIN_S)
+                except TimeoutError:
+                    pass
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    def _queued(self) -> list[Model]:
+        """Models whose preload has not begun, the next first: one a start waits for, one a request waits for,
+        then start-up order."""
+        left = [m for m in self.models if m.name not in self.running
+                and not (m.name in self.done and self.done[m.name].done())]
+        return sorted(left, key=lambda m: (m.name not in self.wanted, not m.waiting, self.models.index(m)))
+
+    async def _admits(self, m: Model) -> bool:
+        if m.name in self.failed_beside and self.running:
+            return False
+        need = self.need(m)
+        if any(set(other.gpus) & set(need.gpus) for other in self.starting.values()):
+            return False
+        fits = True
+        if need.gpus and (self.running or m.name not in self.wanted):
+            memory = await asyncio.to_thread(self.memory)
+            fits = all(self._fits(m, need, g, memory[g]) for g in need.gpus if g in memory)
+        if not self.running:  # nothing runs: fits, or a start waits for it (vLLM's own check decides then)
+            return fits or m.name in self.wanted
+        return fits
+
+    def _fits(self, m: Model, need: GpuNeed, gpu: int, mem: GpuMemory) -> bool:
+        """Free memory on ``gpu`` holds ``m``'s preload at its peak beside the peaks of those running, and what the
+        next start needs (that start waits for them, not for the weights they leave in the keeper)."""
+        held = sum(j.need.preload_mib(mem.total_mib) for j in self.running.values() if gpu in j.need.gpus)
+        waiting = [x for x in self.models if x.started and x.state is ModelState.STARTING]
+        nxt = next(iter(waiting or [x for x in self.models if not x.started]), None)
+        reserve = 0
+        if nxt is not None and nxt is not m and nxt.name not in self.running:
+            other = self.need(nxt)
+            reserve = other.start_mib(mem.total_mib) if gpu in other.gpus else 0
+        return mem.free_mib - held - reserve >= need.preload_mib(mem.total_mib)
+
+    async def _preload(self, m: Model) -> None:
+        job = self.running[m.name]
+        beside = len(self.running) - 1
+        logger.info("switch: %s: preloading%s", m.name, f" beside {beside} other preload(s)" if beside else "")
+        try:
+            said = await asyncio.to_thread(m.engine.preload)
+        except Exception as exc:  # noqa: BLE001 - a preload that broke is a start without a cache, not a dead front
+            said = f"{NOT_CACHED} ({type(exc).__name__}: {exc})"
+        finally:
+            del self.running[m.name]
+            self._look.set()
+        seconds = time.monotonic() - job.began
+        if said.startswith(NOT_CACHED) and job.beside and m.name not in self.failed_beside:
+            logger.warning("switch: %s: its preload failed beside others (%s); trying again alone", m.name, said)
+            self.failed_beside.add(m.name)
+            return
+        self.done.setdefault(m.name, asyncio.get_running_loop().create_future())
+        if not self.done[m.name].done():
+            self.done[m.name].set_result((said, seconds))

@@ -1,0 +1,189 @@
+"""Start-up's preloads ahead of the starts (``switch/preloads.py``), with fake engines: several at once, as many as
+``preload_jobs`` and GPU memory admit; the starts still one at a time, the default first; a model a request waits
+for preloaded next; a preload that failed beside others tried again alone; the GPU need of each engine kind.
+
+Run: pytest tests/test_preloads.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from test_switcher import FakeEngine, started, states
+
+from hotweights.switch.config import ModelConfig, SwitchConfig
+from hotweights.switch.gpus import GpuMemory, gpu_memory
+from hotweights.switch.kinds import KINDS, GpuNeed
+from hotweights.switch.metrics import SwitchMetrics
+from hotweights.switch.preloads import Preloads
+from hotweights.switch.switcher import Switcher
+
+PRELOAD_S = 0.2
+
+
+class SlowPreload(FakeEngine):
+    """A fake engine whose preload takes ``PRELOAD_S`` and is recorded (name, began, ended) in ``spans``."""
+
+    spans: list[tuple[str, float, float]]
+    beside_fails = False  # its preload fails while another runs
+
+    def start(self) -> float:
+        began = time.monotonic()
+        took = super().start()
+        self.spans.append((f"start {self.name}", began, time.monotonic()))
+        return took
+
+    def preload(self) -> str:
+        began = time.monotonic()
+        running = [s for s in self.spans if s[2] == 0.0]
+        self.spans.append((self.name, began, 0.0))
+        time.sleep(PRELOAD_S)
+        self.spans[self.spans.index((self.name, began, 0.0))] = (self.name, began, time.monotonic())
+        return "not cached (out of memory)" if self.beside_fails and running else "cached"
+
+
+def switcher(names: list[str], jobs: int, **engine) -> tuple[Switcher, dict[str, SlowPreload], list[str], list]:
+    log: list[str] = []
+    spans: list[tuple[str, float, float]] = []
+    engines: dict[str, SlowPreload] = {}
+
+    def factory(m: ModelConfig) -> SlowPreload:
+        engines[m.name] = SlowPreload(m, log)
+        engines[m.name].spans = spans
+        for k, v in engine.get(m.name, {}).items():
+            setattr(engines[m.name], k, v)
+        return engines[m.name]
+
+    config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in names), preload_jobs=jobs)
+    return Switcher(config, SwitchMetrics(), factory), engines, log, spans
+
+
+def most_at_once(spans: list[tuple[str, float, float]]) -> int:
+    preloads = [x for x in spans if not x[0].startswith("start ")]
+    return max(sum(b <= t < e for _, b, e in preloads) for _, t, _ in preloads)
+
+
+def test_preloads_run_ahead_of_the_starts_as_many_at_once_as_preload_jobs_and_the_starts_stay_in_order():
+    async def main():
+        s, _, log, spans = switcher(["a", "b", "c", "d"], jobs=3)
+        began = time.monotonic()
+        task = asyncio.create_task(s.run())
+        while not all(m.started for m in s.models.values()) or s.busy.locked():
+            await asyncio.sleep(0.005)
+        took = time.monotonic() - began
+        assert most_at_once(spans) == 3 and [n for n, _, _ in spans][:3] == ["a", "b", "c"]
+        assert took < 3 * PRELOAD_S, took  # one after another: 4 x 0.2 s
+        assert log == ["start a", "start b", "park b", "start c", "park c", "start d", "park d"]
+        assert states(s) == {"a": "awake", "b": "parked", "c": "parked", "d": "parked"}
+        task.cancel()
+    asyncio.run(main())
+
+
+def test_one_preload_job_is_the_start_up_of_before_each_preload_in_its_start():
+    async def main():
+        s, _, log, spans = switcher(["a", "b", "c"], jobs=1)
+        task = await started(s)
+        assert most_at_once(spans) == 1 and s.preloads is None
+        preloads = [n for n, _, _ in spans if not n.startswith("start ")]
+        assert preloads == ["a", "b", "c"] and log[0] == "start a"
+        task.cancel()
+    asyncio.run(main())
+
+
+def test_a_model_a_request_waits_for_is_preloaded_next():
+    async def main():
+        s, _, _, spans = switcher(["a", "b", "c", "d"], jobs=2)
+        task = asyncio.create_task(s.run())
+        await asyncio.sleep(PRELOAD_S / 4)  # a and b preload
+        asking = asyncio.create_task(s.acquire("d"))
+        m = await asking
+        s.release(m)
+        assert [n for n, _, _ in spans if not n.startswith("start ")][:3] == ["a", "b", "d"]
+        task.cancel()
+    asyncio.run(main())
+
+
+def test_a_preload_that_failed_beside_others_is_tried_again_alone():
+    async def main():
+        s, _, log, spans = switcher(["a", "b"], jobs=2, b={"beside_fails": True})
+        task = await started(s)
+        b_runs = [(b, e) for n, b, e in spans if n == "b"]
+        a_end = next(e for n, _, e in spans if n == "a")
+        assert len(b_runs) == 2 and b_runs[1][0] >= a_end  # the second alone, after a's
+        assert states(s) == {"a": "awake", "b": "parked"}
+        task.cancel()
+    asyncio.run(main())
+
+
+def test_an_engine_starts_with_no_preload_beside_it_on_its_gpu(monkeypatch):
+    """vLLM sizes its KV cache from the whole GPU's memory: a preload allocating during a start corrupts it."""
+    from hotweights.switch import preloads
+
+    monkeypatch.setattr(preloads, "kind_need", lambda m: GpuNeed((0,), weights_mib=1))
+    monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(100_000, 100_000)})
+
+    async def main():
+        s, engines, _, spans = switcher(["a", "b", "c", "d"], jobs=2)
+        for e in engines.values():
+            e.delay_s = PRELOAD_S / 2
+        task = await started(s)
+        starts = [(b, e) for n, b, e in spans if n.startswith("start ")]
+        loads = [(b, e) for n, b, e in spans if not n.startswith("start ")]
+        assert len(starts) == 4 and len(loads) == 4 and most_at_once(spans) == 2
+        assert not [(x, y) for x in starts for y in loads if x[0] < y[1] and y[0] < x[1]], spans  # none overlap
+        task.cancel()
+    asyncio.run(main())
+
+
+def test_gpu_memory_admits_a_preload_only_beside_what_the_others_and_the_next_start_hold():
+    need = GpuNeed((0,), share=0.25, weights_mib=15_000)  # at its peak 40 GB of 100; its start 10
+    assert (need.preload_mib(100_000), need.start_mib(100_000)) == (40_000, 10_000)
+
+    def run(free_mib: int, names: list[str]) -> int:
+        async def main() -> int:
+            s, _, _, spans = switcher(names, jobs=4)
+            s.preloads = Preloads(list(s.models.values()), 4, memory=lambda: {0: GpuMemory(100_000, free_mib)},
+                                  need=lambda m: need)
+            preloading = asyncio.create_task(s.preloads.run())
+            await asyncio.gather(*(s.preloads.result(m) for m in s.models.values()))
+            await preloading
+            return most_at_once(spans)
+        return asyncio.run(main())
+
+    assert run(100_000, ["a", "b", "c"]) == 2  # a third would leave 20 GB for a 40 GB peak
+    assert run(60_000, ["a", "b", "c"]) == 1  # one at a time: each after the other's peak is gone
+    assert run(190_000, ["a", "b", "c", "d", "e"]) == 4  # preload_jobs bounds them too
+
+
+def test_each_engine_kind_says_what_its_preload_and_start_take_on_the_gpu(tmp_path):
+    (tmp_path / "model-00001.safetensors").write_bytes(b"\0" * (3 << 20))
+    (tmp_path / "model-00002.safetensors").write_bytes(b"\0" * (1 << 20))
+    vllm = KINDS["vllm"].gpu_need(ModelConfig("v", tmp_path, "vllm", ("--gpu-memory-utilization=0.25", "-tp", "2")))
+    embedded = KINDS["hotweights"].gpu_need(ModelConfig("e", tmp_path, args=("--device", "cuda:1"), gpus=(2, 3)))
+    cpu = KINDS["hotweights"].gpu_need(ModelConfig("c", tmp_path))
+    from hotweights.engines.vllm.start import is_cpu_build
+
+    if not is_cpu_build():  # where vLLM has no GPU build installed, its engines need none
+        assert (vllm.gpus, vllm.share, vllm.weights_mib) == ((0, 1), 0.25, 2)
+    assert (embedded.gpus, embedded.weights_mib) == ((3,), 4) and embedded.extra_mib > 0
+    assert cpu.gpus == () and gpu_memory(visible="") == {}
+
+
+def test_a_vllm_preload_asks_for_the_kv_cache_of_one_sequence_unless_it_cannot_tell(tmp_path):
+    from hotweights.engines.vllm.kvpin import CEILING, FLOOR, kv_pin
+
+    config = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
+              "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    one = 2 * 32 * 8 * 128 * 2  # bytes of keys and values per token (an 8B of Llama's shape)
+    assert kv_pin(tmp_path, ["--max-model-len", "4096"]) == int(one * 4096 * 1.25)  # 640 MiB
+    assert kv_pin(tmp_path, ["--max-model-len=4K", "-tp", "2"], tp_size=2) == int(one * 4096 * 1.25) // 2
+    assert kv_pin(tmp_path, ["--max-model-len", "64"]) == FLOOR
+    assert kv_pin(tmp_path, []) is None  # 131072 tokens: over CEILING, vLLM sizes it
+    assert kv_pin(tmp_path, ["--max-model-len", "4096", "--kv-cache-memory-bytes", "1G"]) is None  # the user's own
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": "many"}))
+    assert kv_pin(tmp_path, ["--max-model-len", "4096"]) is None
+    assert CEILING > FLOOR
