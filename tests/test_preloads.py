@@ -141,6 +141,8 @@ def test_an_engine_starts_with_no_preload_beside_it_on_its_gpu(monkeypatch):
 def test_gpu_memory_admits_a_preload_only_beside_what_the_others_and_the_next_start_hold():
     need = GpuNeed((0,), share=0.25, weights_mib=15_000)  # at its peak 40 GB of 100; its start 10
     assert (need.preload_mib(100_000), need.start_mib(100_000)) == (40_000, 10_000)
+    pinned = GpuNeed((0,), share=0.25, weights_mib=15_000, kv_mib=640)  # its own copy, the published one, KV
+    assert pinned.preload_mib(100_000) == 30_000 + 640 + 3072 and pinned.preload_mib(200_000) == 50_000
 
     def run(free_mib: int, names: list[str]) -> int:
         async def main() -> int:
@@ -167,7 +169,7 @@ def test_each_engine_kind_says_what_its_preload_and_start_take_on_the_gpu(tmp_pa
     from hotweights.engines.vllm.start import is_cpu_build
 
     if not is_cpu_build():  # where vLLM has no GPU build installed, its engines need none
-        assert (vllm.gpus, vllm.share, vllm.weights_mib) == ((0, 1), 0.25, 2)
+        assert (vllm.gpus, vllm.share, vllm.weights_mib, vllm.kv_mib) == ((0, 1), 0.25, 2, 0)  # no config.json
     assert (embedded.gpus, embedded.weights_mib) == ((3,), 4) and embedded.extra_mib > 0
     assert cpu.gpus == () and gpu_memory(visible="") == {}
 

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 
 from .. import argv
+from ..engines.vllm.kvpin import kv_pin
 from ..engines.vllm.options import LOAD_FORMAT
 from ..engines.vllm.start import EXTRA_CONFIG, LOAD_FORMAT_OPTION, TENSOR_PARALLEL, VllmStart, is_cpu_build
 from ..rows import EntryRow
@@ -27,6 +28,7 @@ DEVICE = argv.Option(("--device",))
 GPU_SHARE = argv.Option(("--gpu-memory-utilization",))
 VLLM_SHARE = 0.92  # vLLM 0.26's default --gpu-memory-utilization
 CONTEXT_MIB = 1024  # a CUDA context with torch's kernels loaded, as an embedded engine's preload and start take it
+PRELOAD_SCRATCH_MIB = 3072  # a vLLM preload's context, activations of its profile run and CUDA graphs (8B: ~2.5 GiB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,10 +41,16 @@ class GpuNeed:
     share: float = 0.0
     weights_mib: int = 0
     extra_mib: int = 0
+    kv_mib: int = 0  # the KV cache its preload pins (0: its engine sizes it from ``share``)
 
     def preload_mib(self, total_mib: int) -> int:
-        """At the preload's peak: an engine of its own loads the weights while it publishes a copy of them."""
-        return math.ceil(self.share * total_mib) + self.weights_mib + self.extra_mib
+        """At the preload's peak: an engine of its own loads the weights while it publishes a copy of them, within
+        its ``share``, or (its KV cache pinned) beside its weights, its pinned KV cache and ``PRELOAD_SCRATCH_MIB``;
+        vLLM asks for its ``share`` free at start either way."""
+        share = math.ceil(self.share * total_mib)
+        if self.kv_mib:
+            return max(share, 2 * self.weights_mib + self.kv_mib + PRELOAD_SCRATCH_MIB) + self.extra_mib
+        return share + self.weights_mib + self.extra_mib
 
     def start_mib(self, total_mib: int) -> int:
         """Free memory its engine's start needs, its weights mapped from the keeper."""
@@ -132,7 +140,9 @@ class VllmKind(EngineKind):
             share = float(GPU_SHARE.value(m.args) or VLLM_SHARE)
         except ValueError:  # vLLM refuses the start itself, in its own words
             share = VLLM_SHARE
-        return GpuNeed(m.gpus[:ranks] or tuple(range(ranks)), share, weights_mib(m.checkpoint) // ranks)
+        pinned = kv_pin(m.checkpoint, argv.strip(m.args, TENSOR_PARALLEL), ranks) or 0
+        return GpuNeed(m.gpus[:ranks] or tuple(range(ranks)), share, weights_mib(m.checkpoint) // ranks,
+                       kv_mib=pinned >> 20)
 
 
 def _common(m: ModelConfig, port: int) -> list[str]:
