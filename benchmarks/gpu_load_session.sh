@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
 # GPU (one H200, vLLM 0.26 staged per ../shared/gpu-vllm/README.md): issue 43's H200 figures and the rest of issue
 # 42's rerun, in the order of what each needs, every step's output in $OUT as it lands:
-#  1. ten 8B demo models of different answers in 53 GB of disk (m0 whole, m1-m9 link its first three shards and
-#     draw their last: `demo-model --link-shards-from`);
-#  2. `hotweights switch` over m0-m2 with vLLM from an empty keeper (benchmarks/switch_drills.py): start-up, the
-#     A-B-A-C mix, a parked and the awake engine killed -9, the trace of switch_trace.py (60 s, parked on the GPU,
-#     fair), SIGTERM leaving no process, no port and no GPU process but the keeper (the check the 2026-12-03 run
-#     lost to its trace's SSE reader);
-#  3. on that keeper, the same trace through stop-and-start and static partitioning (issue 43's ratios), then the
-#     fifo schedule and mixed tiers while time is left (BUDGET_S, from the script's start);
-#  4. ten 8B models behind one front with the embedded engine, five parked on the GPU and five in host memory
-#     (switch_trace.py --models 10 --modes mixed --gpu-tier 5), every one answering, memory per tier read.
-#   OUT=DIR bash benchmarks/gpu_load_session.sh
+#  0. ten 8B demo models of different answers in 53 GB of disk (m0 whole, m1-m9 link its first three shards and
+#     draw their last: `demo-model --link-shards-from`), written by gpu_models_bg.sh in the first call, while the
+#     next calls stage vLLM: this waits for m0-m2;
+#  1. `hotweights switch` over m0-m2 with vLLM from an empty keeper (benchmarks/switch_drills.py; its preloads run
+#     beside each other, preload_jobs auto): start-up, the A-B-A-C mix, a parked and the awake engine killed -9,
+#     the trace of switch_trace.py (60 s, parked on the GPU, fair), SIGTERM leaving no process, no port and no GPU
+#     process but the keeper;
+#  2. on that keeper, the same trace through static partitioning and stop-and-start (issue 43's ratios), each a
+#     front of its own, while time is left (BUDGET_S, from this script's start);
+#  3. ten 8B models behind one front with the embedded engine, six parked on the GPU and four in host memory
+#     (switch_trace.py --models 10 --modes mixed --gpu-tier 6), every one answering, memory per tier read.
+#   W=/tmp/hw-models OUT=DIR BUDGET_S=1250 bash benchmarks/gpu_load_session.sh
 NO_POOLS_MODEL=1 source "$(dirname "$0")/gpu_session_start.sh"
 BEGAN=$(date +%s)
-BUDGET_S=${BUDGET_S:-1400}
+BUDGET_S=${BUDGET_S:-1250}
 ARGS="--max-model-len 4096 --gpu-memory-utilization 0.25"
 SOCK=$(mktemp -d /tmp/hw-keep-XXXX)
 left() { echo $(( BUDGET_S - ($(date +%s) - BEGAN) )); }
+models_written() {  # models_written N: until m0..m(N-1) are whole (the writer's last file), or it gave up
+  local last="$W/m$(( $1 - 1 ))/tokenizer_config.json"
+  while [ ! -f "$last" ]; do
+    pgrep -f "write_models" > /dev/null || { [ -f "$last" ] || return 1; }
+    sleep 2
+  done
+}
 trace() {  # trace NAME ARGS...: one switch_trace.py run, its JSON and its fronts' logs in $OUT
   local name=$1; shift
   step "trace $name"
@@ -28,20 +36,24 @@ trace() {  # trace NAME ARGS...: one switch_trace.py run, its JSON and its front
 }
 cd benchmarks
 step models
-python3 -c "import sys; from pathlib import Path; from switch_mix import write_models
-write_models(Path(sys.argv[1]), ['8b'] * 10, 'cuda', link_shards=True)" "$W" > "$OUT/models.err" 2>&1
-df -h /tmp > "$OUT/disk.txt"; du -sh --count-links "$W" >> "$OUT/disk.txt"; du -sh "$W" >> "$OUT/disk.txt"
+models_written 3 || { step "models failed"; cp "$W/models.log" "$OUT/" 2>/dev/null; }
+nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$OUT/gpu_before_switch.txt" 2>&1
 switch_drills_8b "$SOCK" "$ARGS"
-for mode in restart static park_fifo mixed; do
-  [ "$(left)" -gt 560 ] || break  # the ten-model step needs about 360 s
+for mode in static restart; do
+  [ "$(left)" -gt 480 ] || break  # the ten-model step needs about 250 s
   trace "$mode" --models 3 --engine vllm --engine-args "$ARGS" --rate 1 --duration-s 60 --modes "$mode" \
     --socket-dir "$SOCK"
 done
 python3 -m hotweights stop --socket-dir "$SOCK" > /dev/null 2>&1
+step "models (ten)"
+models_written 10 || step "models failed"
+df -h /tmp > "$OUT/disk.txt"; du -sh --count-links "$W" >> "$OUT/disk.txt"; du -sh "$W" >> "$OUT/disk.txt"
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$OUT/gpu_before_ten.txt" 2>&1
 SOCK10=$(mktemp -d /tmp/hw-keep10-XXXX)
-trace ten_embedded --models 10 --engine hotweights --engine-args "--device cuda --max-model-len 4096" --modes mixed \
-  --gpu-tier 5 --rate 0.5 --max-tokens 16,32 --duration-s 60 --socket-dir "$SOCK10"
+if [ "$(left)" -gt 150 ]; then
+  trace ten_embedded --models 10 --engine hotweights --engine-args "--device cuda --max-model-len 4096" \
+    --modes mixed --gpu-tier 6 --rate 0.5 --max-tokens 16,32 --duration-s 60 --socket-dir "$SOCK10"
+fi
 python3 -m hotweights stop --socket-dir "$SOCK10" > /dev/null 2>&1
 step done
 tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"  # one file: a call returns only a few

@@ -1,5 +1,5 @@
 # Sourced by the GPU session scripts (benchmarks/gpu_*_session.sh): vLLM's staged environment, $OUT, a work
-# directory $W, `step NAME` (a timestamped line in $OUT/progress.txt, what the polling calls read) and
+# directory $W (a new one unless given), `step NAME` (a timestamped line in $OUT/progress.txt, what the polling calls read) and
 # `verify_vllm_06b` (verify --engine vllm through the launcher on a 0.6B demo, its park drill included),
 # `switch_drills_8b SOCK ARGS` (benchmarks/switch_drills.py over three 8B with vLLM); then,
 # unless NO_POOLS_MODEL=1, the CUDA pool tests (their output in $OUT/pools_cuda.txt) and the 8B demo in $W/m8b.
@@ -8,7 +8,8 @@ BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)  # benchmarks/, wherever the
 source /tmp/gpu-vllm/env.sh
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
-W=$(mktemp -d /tmp/hw-gpu-XXXX)
+W=${W:-$(mktemp -d /tmp/hw-gpu-XXXX)}  # a W given: where an earlier call wrote the models
+mkdir -p "$W"
 step() { echo "$(date +%T) $*" >> "$OUT/progress.txt"; }
 verify_vllm_06b() {
   python3 -m hotweights demo-model "$W/m06" --size 0.6b --gen-device cuda > /dev/null

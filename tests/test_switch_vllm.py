@@ -1,6 +1,7 @@
 """``hotweights switch`` with vLLM's CPU build behind it (real vLLM 0.32, in its own venv): vLLM's CPU build has no
 sleep mode, so a switch away from its model stops the engine and a request for it starts it again (from the
-warm standby); the status says so, and it answers as before.
+warm standby); the status says so, and it answers as before. Its preload runs beside the embedded model's
+(``preload_jobs = 2``), its KV cache pinned.
 
 Run: HOTWEIGHTS_VLLM_PYTHON=~/.cache/hotweights/vllm-venv/bin/python pytest tests/test_switch_vllm.py
 """
@@ -45,6 +46,7 @@ def test_with_vllms_cpu_build_a_switch_stops_its_engine_and_a_request_starts_it_
     (tmp_path / "switch.toml").write_text(f"""
 [switch]
 port = {port}
+preload_jobs = 2
 [[model]]
 name = "v"
 checkpoint = "{small}"
@@ -87,6 +89,9 @@ args = ["--max-model-len", "64"]
         assert re.search(r"v ready in [\d.]+ s \(cached, [\d.]+ s; started from a warm standby, [\d.]+ s; awake\)",
                          text), text
         assert "v awake in" in text and "(weights start;" in text
+        assert "e: preloading beside 1 other preload(s)" in text  # its preload ran beside v's vLLM preload
+        preload_log = (sock / "vllm-preload-small.log").read_text()  # named by its model: preloads run beside
+        assert "kv_cache_memory_bytes" in preload_log  # its KV cache pinned, not profiled beside e's preload
         engine_log = Path(status()["v"]["log"]).read_text()
         assert engine_log.count("Started vLLM from a warm standby") >= 1 and "Mapped " in engine_log
     finally:
