@@ -81,8 +81,9 @@ def test_a_request_right_after_the_awake_engine_dies_is_answered_by_its_restart(
     assert answer(front.client(), "a") == expected  # at once: the front finds it dead and starts it again
     row = front.state("a")
     assert row["state"] == "awake" and row["pid"] != pid
-    assert "its engine is gone" in front.log.read_text() and "starting it again for this request" in \
-        front.log.read_text()
+    log = front.log.read_text()  # the request found it gone, or (a loaded machine) the watcher did a moment before
+    assert ("its engine is gone" in log and "starting it again for this request" in log) or \
+        "its engine exited (code -9); it starts again on the next request" in log, log[-2000:]
 
 
 def test_a_client_that_leaves_cancels_its_request_so_the_switch_behind_it_goes_on(front):
