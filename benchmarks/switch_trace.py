@@ -29,7 +29,8 @@ every second. Modes, each a front of its own (``hotweights switch --config``), o
   ``--gpu-memory-utilization`` of about 1/N).
 
 Each mode also reads what every tier holds when its front is up and after the trace (``memory_by_tier``: the
-keeper's entries per tier and its process, each engine's processes on the GPU and in host RSS, the totals).
+keeper's entries per tier and its process, each engine's processes on the GPU and in host RSS, the totals), and
+then asks every model once (``roll_call``: a Zipf trace may never ask the last model of its long tail).
 
 ``--url URL --names a,b,c`` runs the trace once against a front that runs already (mode ``given``).
 
@@ -263,6 +264,20 @@ def run_trace(url: str, trace: list[Request], args: argparse.Namespace) -> dict:
                                   "wall_s": round(time.perf_counter() - began, 1)})
 
 
+def roll_call(url: str, names: list[str], args: argparse.Namespace) -> dict:
+    """After the trace, one probe per model, one at a time (a Zipf trace may never ask the long tail's last model):
+    whether each answers, by its own name, and its first token's wait (a switch to it, most of them)."""
+    trace = [Request(0.0, name, [65 + i % 26] * 16, 4, True) for i, name in enumerate(names)]
+
+    async def each() -> list[dict]:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(args.request_timeout_s, connect=30)) as c:
+            return [await send(c, url, r, time.perf_counter()) for r in trace]
+
+    rows = asyncio.run(each())
+    return {"answered": sum(r["outcome"] == "ok" for r in rows), "of": len(names),
+            "rows": {r["model"]: {"outcome": r["outcome"], "ttft_s": r["ttft_s"]} for r in rows}}
+
+
 def mode_config(mode: str, models: dict[str, Path], args: argparse.Namespace) -> tuple[str, list[str]]:
     """The front's config file and flags for ``mode``."""
     engine_args = shlex.split(args.engine_args) + (["--load-format", "auto"] if mode == "vllm_sleep" else [])
@@ -293,6 +308,7 @@ def run_mode(mode: str, models: dict[str, Path], trace: list[Request], args: arg
         started = memory_by_tier(url, sock)
         result = run_trace(url, trace, args)
         result["memory_by_tier"] = {"started": started, "after_trace": memory_by_tier(url, sock)}
+        result["roll_call"] = roll_call(url, list(models), args)
         result["startup_s"] = round(startup_s, 1)
         result["states_after"] = {m["name"]: m["state"] for m in (status(url) or {"models": []})["models"]}
     finally:

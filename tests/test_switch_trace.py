@@ -32,6 +32,7 @@ def test_a_trace_through_the_switch_never_crosses_models_and_parking_beats_stopp
     assert park["switches"] > 3  # the trace asks for every model, in turns
     assert park["ttft_p99_s"] is not None and park["ttft_p99_s"] < 10, park["ttft_p99_s"]
     assert park["goodput_rps"] > restart["goodput_rps"], (park["goodput_rps"], restart["goodput_rps"])
+    assert park["roll_call"]["answered"] == restart["roll_call"]["answered"] == 3  # every model, once more after it
 
 
 def test_the_trace_reads_events_whose_text_holds_what_splitlines_splits_at():

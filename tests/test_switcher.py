@@ -214,6 +214,29 @@ def test_a_failed_start_answers_at_once_until_its_back_off_or_its_files_change()
     asyncio.run(main())
 
 
+def test_a_start_that_failed_is_tried_again_by_itself_once_its_back_off_is_over(monkeypatch):
+    """A default whose start failed (on an H200: vLLM's memory profile upset by another process freeing memory) left
+    /health at 503 until a request came, which a health-gated deployment never sends."""
+    from hotweights.switch import operations
+
+    monkeypatch.setattr(operations, "BACKOFF_S", 0.2)
+
+    async def main():
+        s, engines, log = make(["a", "b"])
+        engines["a"].fail_start = engines["b"].fail_start = "Error in memory profiling"
+        task = await started(s)
+        assert states(s) == {"a": "failed", "b": "failed"}
+        engines["a"].fail_start = engines["b"].fail_start = ""
+        deadline = time.monotonic() + 5
+        while states(s) != {"a": "awake", "b": "parked"}:  # no request: the scheduler tried them again
+            assert time.monotonic() < deadline, states(s)
+            await asyncio.sleep(0.01)
+        assert log.count("start a") == 2 and log.count("start b") == 2 and log[-1] == "park b"
+        assert s.models["a"].failure is None and s.models["b"].error == "" and s.models["b"].start_failures == 0
+        task.cancel()
+    asyncio.run(main())
+
+
 def test_the_back_off_doubles_with_each_start_that_fails_again():
     async def main():
         s, engines, _ = make(["a", "b"])

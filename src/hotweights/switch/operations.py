@@ -73,6 +73,9 @@ class Operations:
     async def _start_up(self, m: Model) -> None:
         """Preload and start ``m``; it stays awake when it is the default, a request waits for it, or it is kept
         awake with room beside it; else it parks."""
+        if m.state is S.FAILED:  # its start failed and its back-off is over: start-up tries it again
+            logger.info("switch: %s: starting again (%d failed start(s) before)", m.name, m.start_failures)
+            self.move(m, S.STARTING)
         m.started = True
         began = time.monotonic()
         try:
@@ -89,6 +92,7 @@ class Operations:
             self._start_failed(m, exc)
             logger.error("switch: %s unavailable: %s", m.name, exc)
             return
+        m.failure, m.start_failures = None, 0
         how = " from a warm standby" if m.engine.server else ""
         if m.config is self.config.default or m.waiting or (m.config.keep_awake and len(self.awake_beside(m))
                                                               < self.config.max_awake):
@@ -107,13 +111,14 @@ class Operations:
                     cached, how, started, note)
 
     def _start_failed(self, m: Model, exc: EngineError) -> None:
-        """A start that failed is not tried again by every request: after 30 s, then 60, ... up to 10 min, or at
-        once when the checkpoint's files change."""
+        """A start that failed is not tried again by every request: after 30 s, then 60, ... up to 10 min (by the
+        scheduler itself, or a request), or at once when the checkpoint's files change."""
         m.start_failures += 1
         backoff = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (m.start_failures - 1))
         m.failure = Failure("start", str(exc), time.monotonic() + backoff, m.engine.files())
         m.attempts_failed += 1
         self.move(m, S.FAILED)
+        asyncio.get_running_loop().call_later(backoff, self._kick.set)  # then the scheduler tries it again
 
     async def _host_copy_ahead(self, m: Model) -> None:
         try:

@@ -19,7 +19,7 @@ from .states import ModelState
 
 def next_model(models: Iterable[Model], config: SwitchConfig, default: Model) -> Model | None:
     """The model to start or switch to next: one requests wait for (by the schedule), else the next one start-up
-    has not reached (the default first), else None."""
+    has not reached (the default first), else one whose start failed and may be tried again, else None."""
     models = list(models)
     wanted = [m for m in models if m.waiting > m.reserved and not (m.state is ModelState.AWAKE and not m.draining)
               and not refusal(m)]
@@ -30,8 +30,16 @@ def next_model(models: Iterable[Model], config: SwitchConfig, default: Model) ->
         if starving:
             return max(starving, key=lambda m: m.waited_s())
         return max(wanted, key=lambda m: (m.waiting - m.reserved, m.waited_s()))
-    left = [m for m in models if not m.started]
+    left = [m for m in models if not m.started] or retried(models)
     return default if default in left else (left[0] if left else None)
+
+
+def retried(models: list[Model]) -> list[Model]:
+    """Models whose start failed and whose back-off is over (or whose files changed): start-up tries them again by
+    itself, no request needed (a default that failed once would otherwise leave ``/health`` at 503 until a request
+    came, and a health-gated deployment sends none)."""
+    return [m for m in models if m.state is ModelState.FAILED and m.failure is not None and m.failure.kind == "start"
+            and not m.waiting and not refusal(m)]
 
 
 def pick_victim(candidates: list[Model], schedule: str) -> Model:

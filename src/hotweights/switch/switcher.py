@@ -23,7 +23,7 @@ from ..errors import HotweightsError
 from .engines import EngineError
 from .model import Model
 from .operations import Operations
-from .schedule import next_model, refusal
+from .schedule import next_model, refusal, retried
 from .states import SERVING, Failure, InvalidTransition, ModelState
 
 S = ModelState
@@ -102,7 +102,7 @@ class Switcher(Operations):
                 continue
             async with self.busy:
                 try:
-                    await (self._start_up(m) if not m.started else self._switch_to(m))
+                    await (self._start_up(m) if not m.started or m in retried([m]) else self._switch_to(m))
                 except (OSError, HotweightsError, InvalidTransition) as exc:  # never the end of the scheduler
                     logger.exception("switch: %s: %s", m.name, exc)
                     m.attempts_failed += 1
