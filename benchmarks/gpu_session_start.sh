@@ -1,7 +1,8 @@
 # Sourced by the GPU session scripts (benchmarks/gpu_*_session.sh): vLLM's staged environment, $OUT, a work
 # directory $W (a new one unless given), `step NAME` (a timestamped line in $OUT/progress.txt, what the polling calls read) and
 # `verify_vllm_06b` (verify --engine vllm through the launcher on a 0.6B demo, its park drill included),
-# `switch_drills_8b SOCK ARGS` (benchmarks/switch_drills.py over three 8B with vLLM); then,
+# `switch_drills_8b SOCK ARGS` (benchmarks/switch_drills.py over three 8B with vLLM), `models_written N` (waits for
+# gpu_models_bg.sh); then,
 # unless NO_POOLS_MODEL=1, the CUDA pool tests (their output in $OUT/pools_cuda.txt) and the 8B demo in $W/m8b.
 set -uo pipefail
 BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)  # benchmarks/, wherever the session script changes to
@@ -16,6 +17,10 @@ verify_vllm_06b() {
   python3 -m hotweights verify --engine vllm --device cuda --model "$W/m06" --dtype bfloat16 --port 8123 \
     --no-cold-start --out "$OUT/verify_vllm" > "$OUT/verify.txt" 2>&1
   echo "verify rc=$?" >> "$OUT/verify.txt"
+}
+models_written() {  # models_written N: until m0..m(N-1) under $W are whole and gpu_models_bg.sh's writer has ended
+  while pgrep -f write_models > /dev/null; do sleep 2; done
+  [ -f "$W/m$(( $1 - 1 ))/tokenizer_config.json" ]
 }
 switch_drills_8b() {  # switch_drills_8b SOCK ARGS: `hotweights switch` over $W/m0-m2 (vLLM) from the empty keeper SOCK
   step switch
