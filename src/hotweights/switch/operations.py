@@ -4,6 +4,7 @@ a park, a wake, making room beside a model. ``switcher.Switcher`` decides when. 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -81,12 +82,10 @@ class Operations:
         try:
             if self.preloads is not None:
                 cached, preloaded_s = await self.preloads.result(m)
-                async with self.preloads.alone(m):
-                    started = await asyncio.to_thread(m.engine.start)
             else:
                 cached = await asyncio.to_thread(m.engine.preload)
                 preloaded_s = time.monotonic() - began
-                started = await asyncio.to_thread(m.engine.start)
+            started = await self._start(m)
             cached += f", {preloaded_s:.1f} s" if preloaded_s >= 0.1 else ""
         except EngineError as exc:
             self._start_failed(m, exc)
@@ -109,6 +108,11 @@ class Operations:
                     else "stopped: this engine has no sleep mode")
         logger.info("switch: %s ready in %.1f s (%s; started%s, %.1f s; %s)", m.name, time.monotonic() - began,
                     cached, how, started, note)
+
+    async def _start(self, m: Model) -> float:
+        """Start ``m``'s engine, with no preload beside it on its GPUs (``Preloads.alone``) while there are any."""
+        async with self.preloads.alone(m) if self.preloads is not None else contextlib.nullcontext():
+            return await asyncio.to_thread(m.engine.start)
 
     def _start_failed(self, m: Model, exc: EngineError) -> None:
         """A start that failed is not tried again by every request: after 30 s, then 60, ... up to 10 min (by the
@@ -168,7 +172,7 @@ class Operations:
             if m.state in (S.FAILED, S.STOPPED) or not m.engine.alive():
                 was = m.state
                 self.move(m, S.STARTING)
-                await asyncio.to_thread(m.engine.start)  # EngineError: the start failed
+                await self._start(m)  # EngineError: the start failed
                 return "restart" if was is S.FAILED else "start"
             try:
                 return await asyncio.to_thread(m.engine.wake)
