@@ -123,7 +123,12 @@ def test_an_engine_starts_with_no_preload_beside_it_on_its_gpu(monkeypatch):
     from hotweights.switch import preloads
 
     monkeypatch.setattr(preloads, "kind_need", lambda m: GpuNeed((0,), weights_mib=1))
-    monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(100_000, 100_000)})
+
+    def slow_memory() -> dict[int, GpuMemory]:  # nvidia-smi takes its time: a start may begin while it runs
+        time.sleep(PRELOAD_S / 4)
+        return {0: GpuMemory(100_000, 100_000)}
+
+    monkeypatch.setattr(preloads, "gpu_memory", slow_memory)
 
     async def main():
         s, engines, _, spans = switcher(["a", "b", "c", "d"], jobs=2)
@@ -161,17 +166,24 @@ def test_gpu_memory_admits_a_preload_only_beside_what_the_others_and_the_next_st
 
 
 def test_each_engine_kind_says_what_its_preload_and_start_take_on_the_gpu(tmp_path):
-    (tmp_path / "model-00001.safetensors").write_bytes(b"\0" * (3 << 20))
-    (tmp_path / "model-00002.safetensors").write_bytes(b"\0" * (1 << 20))
-    vllm = KINDS["vllm"].gpu_need(ModelConfig("v", tmp_path, "vllm", ("--gpu-memory-utilization=0.25", "-tp", "2")))
-    embedded = KINDS["hotweights"].gpu_need(ModelConfig("e", tmp_path, args=("--device", "cuda:1"), gpus=(2, 3)))
-    cpu = KINDS["hotweights"].gpu_need(ModelConfig("c", tmp_path))
+    from hotweights.demo_model import write_demo_model
+    from hotweights.engines.vllm.kvpin import kv_pin
     from hotweights.engines.vllm.start import is_cpu_build
 
+    model = write_demo_model(tmp_path / "m", "small")
+    mib = sum(p.stat().st_size for p in model.glob("*.safetensors")) >> 20  # its shards, as the preload reads them
+    (model / "stray.safetensors").write_bytes(b"")  # not a shard of the index: not counted
+    assert mib > 0
+    vllm = KINDS["vllm"].gpu_need(ModelConfig("v", model, "vllm", ("--gpu-memory-utilization=0.25", "-tp", "2",
+                                                                    "--max-model-len", "64")))
+    embedded = KINDS["hotweights"].gpu_need(ModelConfig("e", model, args=("--device", "cuda:1"), gpus=(2, 3)))
+    cpu = KINDS["hotweights"].gpu_need(ModelConfig("c", model))
     if not is_cpu_build():  # where vLLM has no GPU build installed, its engines need none
-        assert (vllm.gpus, vllm.share, vllm.weights_mib, vllm.kv_mib) == ((0, 1), 0.25, 2, 0)  # no config.json
-    assert (embedded.gpus, embedded.weights_mib) == ((3,), 4) and embedded.extra_mib > 0
+        pinned = kv_pin(model, ["--max-model-len", "64"], 2) >> 20
+        assert (vllm.gpus, vllm.share, vllm.weights_mib, vllm.kv_mib) == ((0, 1), 0.25, mib // 2, pinned)
+    assert (embedded.gpus, embedded.weights_mib) == ((3,), mib) and embedded.extra_mib > 0
     assert cpu.gpus == () and gpu_memory(visible="") == {}
+    assert KINDS["hotweights"].gpu_need(ModelConfig("e", tmp_path / "none", args=("--device", "cuda"))).weights_mib == 0
 
 
 def test_a_vllm_preload_asks_for_the_kv_cache_of_one_sequence_unless_it_cannot_tell(tmp_path):

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from .. import argv
 from ..engines.vllm.kvpin import kv_pin
+from ..errors import CheckpointError
+from ..loading.checkpoint import open_checkpoint
 from ..engines.vllm.options import LOAD_FORMAT
 from ..engines.vllm.start import EXTRA_CONFIG, LOAD_FORMAT_OPTION, TENSOR_PARALLEL, VllmStart, is_cpu_build
 from ..rows import EntryRow
@@ -58,10 +60,11 @@ class GpuNeed:
 
 
 def weights_mib(checkpoint: os.PathLike[str] | str) -> int:
-    """The checkpoint's safetensors files, in MiB (their tensors as stored: a dtype cast is not counted)."""
+    """The checkpoint's shards, in MiB (their tensors as stored: a dtype cast is not counted); 0 where it cannot be
+    read (its preload says why)."""
     try:
-        return sum(e.stat().st_size for e in os.scandir(checkpoint) if e.name.endswith(".safetensors")) >> 20
-    except OSError:
+        return open_checkpoint(checkpoint, validate=False).nbytes >> 20
+    except (OSError, CheckpointError):
         return 0
 
 

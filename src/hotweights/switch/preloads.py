@@ -51,13 +51,20 @@ class Preloads:
     def __init__(self, models: list[Model], jobs: int, memory: Callable[[], dict[int, GpuMemory]] | None = None,
                  need: Callable[[Model], GpuNeed] | None = None) -> None:
         self.models, self.jobs = models, jobs
-        self.memory, self.need = memory or gpu_memory, need or kind_need
+        self.memory, self._need = memory or gpu_memory, need or kind_need
+        self._needs: dict[str, GpuNeed] = {}
         self.done: dict[str, asyncio.Future[tuple[str, float]]] = {}
         self.running: dict[str, Job] = {}
         self.failed_beside: set[str] = set()  # failed beside others: tried again with none running
         self.wanted: list[str] = []  # a start waits for these
         self.starting: dict[str, GpuNeed] = {}  # engines starting, or waiting to: no preload begins on their GPUs
         self._look = asyncio.Event()
+
+    def need(self, m: Model) -> GpuNeed:
+        """``m``'s GPU need, read once (its checkpoint's shards and config.json)."""
+        if m.name not in self._needs:
+            self._needs[m.name] = self._need(m)
+        return self._needs[m.name]
 
     async def result(self, m: Model) -> tuple[str, float]:
         """``m``'s preload (what happened, its seconds), once done; a start that waits for it moves it first."""
@@ -118,12 +125,13 @@ class Preloads:
         if m.name in self.failed_beside and self.running:
             return False
         need = self.need(m)
-        if any(set(other.gpus) & set(need.gpus) for other in self.starting.values()):
-            return False
         fits = True
         if need.gpus and (self.running or m.name not in self.wanted):
             memory = await asyncio.to_thread(self.memory)
             fits = all(self._fits(m, need, g, memory[g]) for g in need.gpus if g in memory)
+        # after the memory read, which awaits: a start may have begun meanwhile
+        if any(set(other.gpus) & set(need.gpus) for other in self.starting.values()):
+            return False
         if not self.running:  # nothing runs: fits, or a start waits for it (vLLM's own check decides then)
             return fits or m.name in self.wanted
         return fits
