@@ -181,13 +181,15 @@ def test_each_engine_kind_says_what_its_preload_and_start_take_on_the_gpu(tmp_pa
     if not is_cpu_build():  # where vLLM has no GPU build installed, its engines need none
         pinned = kv_pin(model, ["--max-model-len", "64"], 2) >> 20
         assert (vllm.gpus, vllm.share, vllm.weights_mib, vllm.kv_mib) == ((0, 1), 0.25, mib // 2, pinned)
+        given = KINDS["vllm"].gpu_need(ModelConfig("v", model, "vllm", ("--kv-cache-memory-bytes", "1G")))
+        assert given.kv_mib == 1024
     assert (embedded.gpus, embedded.weights_mib) == ((3,), mib) and embedded.extra_mib > 0
     assert cpu.gpus == () and gpu_memory(visible="") == {}
     assert KINDS["hotweights"].gpu_need(ModelConfig("e", tmp_path / "none", args=("--device", "cuda"))).weights_mib == 0
 
 
 def test_a_vllm_preload_asks_for_the_kv_cache_of_one_sequence_unless_it_cannot_tell(tmp_path):
-    from hotweights.engines.vllm.kvpin import CEILING, FLOOR, kv_pin
+    from hotweights.engines.vllm.kvpin import CEILING, FLOOR, kv_given, kv_pin
 
     config = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
               "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
@@ -201,3 +203,6 @@ def test_a_vllm_preload_asks_for_the_kv_cache_of_one_sequence_unless_it_cannot_t
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": "many"}))
     assert kv_pin(tmp_path, ["--max-model-len", "4096"]) is None
     assert CEILING > FLOOR
+    # a size the arguments give is what the preload's and the start's need count (vLLM's own units)
+    assert kv_given(["--kv-cache-memory-bytes", "4G"]) == 4 << 30 and kv_given(["--kv-cache-memory-bytes=2g"]) == 2e9
+    assert kv_given([]) is None and kv_given(["--kv-cache-memory-bytes", "lots"]) is None

@@ -126,6 +126,16 @@ def test_start_up_leaves_the_default_awake_and_parks_the_others():
     asyncio.run(main())
 
 
+def test_start_up_starts_the_host_tier_right_after_the_default_so_their_weights_leave_the_gpu_early():
+    async def main():
+        s, _, log = make(["a", "b", "c", "d"], host=("d", "b"))
+        task = await started(s)
+        assert log == ["start a", "start b", "park b", "start d", "park d", "start c", "park c"]
+        assert states(s) == {"a": "awake", "b": "deep-parked", "c": "parked", "d": "deep-parked"}
+        task.cancel()
+    asyncio.run(main())
+
+
 def test_one_switch_serves_every_request_that_waited_for_it():
     async def main():
         s, _, log = make(["a", "b"])

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 
 from .. import argv
-from ..engines.vllm.kvpin import kv_pin
+from ..engines.vllm.kvpin import kv_given, kv_pin
 from ..errors import CheckpointError
 from ..loading.checkpoint import open_checkpoint
 from ..engines.vllm.options import LOAD_FORMAT
@@ -43,7 +43,7 @@ class GpuNeed:
     share: float = 0.0
     weights_mib: int = 0
     extra_mib: int = 0
-    kv_mib: int = 0  # the KV cache its preload pins (0: its engine sizes it from ``share``)
+    kv_mib: int = 0  # the KV cache its preload pins, or its arguments give (0: its engine sizes it from ``share``)
 
     def preload_mib(self, total_mib: int) -> int:
         """At the preload's peak: an engine of its own loads the weights while it publishes a copy of them, within
@@ -143,7 +143,7 @@ class VllmKind(EngineKind):
             share = float(GPU_SHARE.value(m.args) or VLLM_SHARE)
         except ValueError:  # vLLM refuses the start itself, in its own words
             share = VLLM_SHARE
-        pinned = kv_pin(m.checkpoint, argv.strip(m.args, TENSOR_PARALLEL), ranks) or 0
+        pinned = kv_given(m.args) or kv_pin(m.checkpoint, argv.strip(m.args, TENSOR_PARALLEL), ranks) or 0
         return GpuNeed(m.gpus[:ranks] or tuple(range(ranks)), share, weights_mib(m.checkpoint) // ranks,
                        kv_mib=pinned >> 20)
 

@@ -15,7 +15,7 @@ from .engines import EngineError, EngineLike, WakeRefused
 from .metrics import SwitchMetrics
 from .model import Model
 from .preloads import Preloads
-from .schedule import pick_victim
+from .schedule import pick_victim, startup_order
 from .states import SERVING, TRANSITIONS, Failure, InvalidTransition, ModelState
 
 S = ModelState
@@ -40,8 +40,7 @@ class Operations:
         """With ``jobs`` > 1, start-up's preloads run ahead of the starts (``preloads.py``): their task."""
         if jobs <= 1:
             return None
-        default = self.models[self.config.default.name]
-        self.preloads = Preloads([default, *(m for m in self.models.values() if m is not default)], jobs)
+        self.preloads = Preloads(startup_order(self.models.values(), self.models[self.config.default.name]), jobs)
         return asyncio.create_task(self.preloads.run())
 
     def move(self, m: Model, to: ModelState) -> None:

@@ -19,7 +19,7 @@ from .states import ModelState
 
 def next_model(models: Iterable[Model], config: SwitchConfig, default: Model) -> Model | None:
     """The model to start or switch to next: one requests wait for (by the schedule), else the next one start-up
-    has not reached (the default first), else one whose start failed and may be tried again, else None."""
+    has not reached (``startup_order``), else one whose start failed and may be tried again, else None."""
     models = list(models)
     wanted = [m for m in models if m.waiting > m.reserved and not (m.state is ModelState.AWAKE and not m.draining)
               and not refusal(m)]
@@ -30,8 +30,19 @@ def next_model(models: Iterable[Model], config: SwitchConfig, default: Model) ->
         if starving:
             return max(starving, key=lambda m: m.waited_s())
         return max(wanted, key=lambda m: (m.waiting - m.reserved, m.waited_s()))
-    left = [m for m in models if not m.started] or retried(models)
-    return default if default in left else (left[0] if left else None)
+    left = [m for m in startup_order(models, default) if not m.started] or retried(models)
+    return left[0] if left else None
+
+
+def startup_order(models: Iterable[Model], default: Model) -> list[Model]:
+    """The order start-up takes the models in: the default, then those whose parked weights go to host memory
+    (``parked_weights = "host"``), then the rest, each group as configured. A host-tier engine's weights leave the
+    GPU once it has started and parked, so its preload (which holds them on the GPU, twice at its peak) finds more
+    room early than late, when every GPU-tier model's weights are there: ten 8B vLLM models, six of them on the GPU
+    tier, fit an H200 in this order and not in the configured one (the seventh preload would need 34 GiB where
+    30 are free)."""
+    rest = [m for m in models if m is not default]
+    return [default, *sorted(rest, key=lambda m: m.config.parked_weights != "host")]
 
 
 def retried(models: list[Model]) -> list[Model]:

@@ -33,6 +33,16 @@ def _human_int(text: str) -> int:
     return int(text)
 
 
+def kv_given(args: Sequence[str]) -> int | None:
+    """The KV cache size per GPU the arguments give (``--kv-cache-memory-bytes``), None where they give none or one
+    vLLM will refuse in its own words."""
+    try:
+        given = KV_BYTES.value(args)
+        return _human_int(given) if given else None
+    except ValueError:
+        return None
+
+
 def kv_pin(model_dir: str | Path, args: Sequence[str], tp_size: int = 1) -> int | None:
     """Bytes of KV cache per GPU for a preload of ``model_dir`` with vLLM arguments ``args``; None where vLLM should
     size it itself: the arguments give a size already, or the config does not tell it (a layout this estimate does
