@@ -143,6 +143,39 @@ def test_an_engine_starts_with_no_preload_beside_it_on_its_gpu(monkeypatch):
     asyncio.run(main())
 
 
+def test_a_start_whose_preload_is_done_goes_before_a_new_preload_on_its_gpu(monkeypatch):
+    """A start takes seconds and a vLLM preload minutes, and neither runs beside the other: a preload begun while
+    a preloaded model waits its turn to start holds that start back a whole preload (on an H200, ten 8B: m7's
+    18 s start waited 100 s behind m9's preload, begun while m6 parked)."""
+    from hotweights.switch import preloads
+
+    monkeypatch.setattr(preloads, "kind_need", lambda m: GpuNeed((0,), weights_mib=1))
+    monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(100_000, 100_000)})
+
+    class SlowPark(SlowPreload):
+        def park(self, level: int) -> None:
+            time.sleep(PRELOAD_S / 2)  # the window in which a preload was admitted
+            super().park(level)
+
+    async def main():
+        log: list[str] = []
+        spans: list[tuple[str, float, float]] = []
+
+        def factory(m: ModelConfig) -> SlowPark:
+            engine = SlowPark(m, log)
+            engine.spans = spans
+            return engine
+
+        config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in "abcd"), preload_jobs=3)
+        s = Switcher(config, SwitchMetrics(), factory)
+        task = await started(s)
+        began = {n: b for n, b, _ in spans}
+        assert [n for n, _, _ in spans if not n.startswith("start ")][:3] == ["a", "b", "c"]
+        assert began["start c"] < began["d"], spans  # c was preloaded: it starts before d's preload begins
+        task.cancel()
+    asyncio.run(main())
+
+
 def test_gpu_memory_admits_a_preload_only_beside_what_the_others_and_the_next_start_hold():
     need = GpuNeed((0,), share=0.25, weights_mib=15_000)  # at its peak 40 GB of 100; its start 10
     assert (need.preload_mib(100_000), need.start_mib(100_000)) == (40_000, 10_000)

@@ -113,8 +113,23 @@ def test_parked_engines_are_listed_per_entry_and_gone_pids_dropped():
     reg.park(KEY, os.getpid(), 2, 4096)
     reg.park(KEY, gone.pid, 1, 100)
     (row,), _, parked = reg.describe()
-    assert row.parked == f"{os.getpid()}:2" and parked == {"cpu": 4096}
+    assert row.parked == f"{os.getpid()}:2" and parked == {"cpu": 4096} and row.parked_bytes == 4096
     reg.park(KEY, os.getpid(), 0, 0)
     (row,), _, parked = reg.describe()
-    assert row.parked == "" and parked == {"cpu": 0}
+    assert row.parked == "" and parked == {"cpu": 0} and row.parked_bytes == 0
+    reg.release(None)
+
+
+def test_a_vllm_start_counts_only_the_engines_parked_on_the_entry_it_maps():
+    from hotweights.engines.vllm.budget import parked_on_entry
+
+    other = CacheKey(shards=(ShardId("n", 1, "h2", "c"),), arch="A", dtype="float16", model="n")
+    reg = Registry()
+    assert reg.add(*entry(KEY)) is None and reg.add(*entry(other)) is None
+    reg.park(KEY, os.getpid(), 1, 1 << 30)  # its own predecessor, parked: the same share
+    reg.park(other, os.getpid(), 2, 7 << 30)  # another model's engine: a share of its own
+    rows, _, parked = reg.describe()
+    assert parked == {"cpu": 8 << 30}
+    assert parked_on_entry(rows, KEY.short) == 1 << 30 and parked_on_entry(rows, other.short) == 7 << 30
+    assert parked_on_entry(rows, "000000000000") == 0
     reg.release(None)

@@ -15,7 +15,7 @@ from .errors import ProtocolError
 _ROW_TYPES: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "float": (int, float)}
 _ROW_SHAPES = {"tp": re.compile(r"\d+/\d+"), "parked": re.compile(r"(\d+:\d+(,\d+:\d+)*)?")}
 _ROW_STAND_INS = {"arch": "", "tp": "0/1", "num_pools": 0, "num_attaches": 0, "published_at": 0.0, "host_nbytes": 0,
-                  "parked": ""}
+                  "parked": "", "parked_bytes": 0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +37,7 @@ class EntryRow:
     published_at: float
     host_nbytes: int = 0  # bytes of its host copy (0: none); ``nbytes`` is 0 when only the host copy is left
     parked: str = ""  # "pid:level,..." of the engines parked on it
+    parked_bytes: int = 0  # what those engines hold of their own on its device (their residue)
 
     @property
     def parked_on(self) -> tuple[tuple[int, int], ...]:

@@ -165,7 +165,8 @@ class Registry:
                 held_by = sorted(self._parked.get(key, {}).items())
                 parked = EntryRow.parked_text((pid, level) for pid, (level, _) in held_by)
                 rows.append(dataclasses.replace(row, nbytes=device.manifest.nbytes if device else 0,
-                                                host_nbytes=host.manifest.nbytes if host else 0, parked=parked))
+                                                host_nbytes=host.manifest.nbytes if host else 0, parked=parked,
+                                                parked_bytes=sum(held for _, (_, held) in held_by)))
             parked_by: dict[str, int] = {}
             for key, notes in self._parked.items():
                 parked_by[key.device] = parked_by.get(key.device, 0) + sum(held for _, held in notes.values())
