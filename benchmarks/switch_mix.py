@@ -82,12 +82,13 @@ def model_table(name: str, path: Path, gpus: list[int], engine: str, engine_args
 
 
 def start_front(cmd: list[str], url: str, sock: str, log: Path, label: str) -> tuple[subprocess.Popen, float]:
-    """The front ``cmd`` (serving at ``url``, keeper ``sock``, output to ``log``) once every model is past start-up,
-    and the seconds that took; SystemExit with its output when it does not get there."""
+    """The front ``cmd`` (serving at ``url``, keeper ``sock``, output to ``log``) once every model is past start-up
+    (up, or its start failed at least once: the front tries it again by itself, and the run records what a request
+    for it gets meanwhile), and the seconds that took; SystemExit with its output when it does not get there."""
     began = time.monotonic()
     front = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                              env={**os.environ, "HOTWEIGHTS_SOCKET_DIR": sock})
-    while not ((state := status(url)) and all(m["state"] != "starting" for m in state["models"])):
+    while not ((state := status(url)) and all(m["state"] != "starting" or m.get("error") for m in state["models"])):
         if front.poll() is not None or time.monotonic() - began > 1800:
             front.kill()
             raise SystemExit(f"{label}: the front did not start: {log.read_text()[-3000:]}")

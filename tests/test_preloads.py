@@ -239,3 +239,33 @@ def test_a_vllm_preload_asks_for_the_kv_cache_of_one_sequence_unless_it_cannot_t
     # a size the arguments give is what the preload's and the start's need count (vLLM's own units)
     assert kv_given(["--kv-cache-memory-bytes", "4G"]) == 4 << 30 and kv_given(["--kv-cache-memory-bytes=2g"]) == 2e9
     assert kv_given([]) is None and kv_given(["--kv-cache-memory-bytes", "lots"]) is None
+
+
+def test_the_front_says_whether_its_models_fit_each_gpu_at_the_worst_moment():
+    """Ten 8B vLLM models on an H200, six on the GPU tier: at 0.25 each the awake host-tier model does not fit beside
+    the GPU tier and nine parked engines (the sixth start found too little free); at 0.17 they do."""
+    from hotweights.switch.fit import PARKED_MIB, fits
+
+    h200 = {0: GpuMemory(143_771, 143_000)}
+    weights = 15_626  # an 8B's 15.26 GiB
+
+    def config(share: float, host_from: int = 6, **switch) -> SwitchConfig:
+        models = tuple(ModelConfig(f"m{i}", Path(f"/m/m{i}"), "vllm", ("--gpu-memory-utilization", str(share)),
+                                   parked_weights="host" if i >= host_from else "gpu") for i in range(10))
+        return SwitchConfig(models, **switch)
+
+    def need(m: ModelConfig) -> GpuNeed:
+        return GpuNeed((0,), float(m.args[1]), weights)
+
+    (tight,) = fits(config(0.25), need, h200)
+    assert (tight.kept, tight.awake, tight.parked) == (6, 1, 9) and tight.kept_mib == 6 * weights
+    awake = int(0.25 * 143_771 + 1) - weights + PARKED_MIB["vllm"] + weights  # a host-tier model, its weights back
+    assert tight.awake_mib == awake and tight.need_mib > tight.total_mib and "does not fit" in tight.line()
+    assert 'parked_weights = "host"' in tight.line()
+    (fine,) = fits(config(0.17), need, h200)
+    assert fine.need_mib <= fine.total_mib and "does not fit" not in fine.line()
+    assert fine.line().startswith("GPU 0: at most about ")
+    (two,) = fits(config(0.17, max_awake=2), need, h200)  # two awake: both host-tier ones, the costliest
+    assert two.awake == 2 and two.awake_mib == 2 * fine.awake_mib and two.parked == 8
+    assert fits(config(0.17), need, {1: GpuMemory(143_771, 143_000)}) == []  # none of them on GPU 1
+    assert fits(config(0.17), lambda m: GpuNeed(()), h200) == []  # CPU engines: nothing to say

@@ -33,6 +33,9 @@ from ..serve.errors import http_error, stream_error
 from ..parked.records import take_port
 from .config import ModelConfig, SwitchConfig
 from .engines import Engine, EngineLike, gpu_mib_by_pid
+from .fit import say_fit
+from .gpus import gpu_memory
+from .kinds import KINDS
 from .metrics import SwitchMetrics
 from .model import Model
 from .states import ModelState
@@ -228,6 +231,10 @@ def run(config: SwitchConfig, log_dir: Path | None = None) -> int:
     app = create_app(config, log_dir)
     names = ", ".join(m.name + (" (default)" if m is config.default else "") for m in config.models)
     logger.info("switch: http://%s:%d for %s; logs in %s", config.host, config.port, names, log_dir)
+    try:
+        say_fit(config, lambda m: KINDS[m.engine].gpu_need(m), gpu_memory)
+    except (OSError, ValueError) as exc:  # an estimate: never the reason a front does not start
+        logger.info("switch: no estimate of what the models need of the GPU (%s)", exc)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
                                            timeout_graceful_shutdown=30))
     server.run(sockets=[sock])
