@@ -6,10 +6,12 @@
 #
 # Each engine gets `--gpu-memory-utilization 0.17`: vLLM asks for that share of the GPU free at its start, less
 # the weights it maps from the keeper (engines/vllm/budget.py), so 0.17 x 139.8 GiB - 15.26 GiB = 8.5 GiB for its
-# KV cache (about 6.5 GiB), activations and graphs. At 0.25 (the three-model runs) the sixth start finds 22 GiB
-# free of the 19.7 it needs beside five GPU-tier models' weights, and the seventh 5 GiB: ten do not start.
+# KV cache (7.5 GiB read on 2026-12-03), graphs (1.0) and activations. At 0.25 (the three-model runs) the last
+# GPU-tier starts would find less free than the 19.7 GiB each needs (the front's fit line: 145.7 of 140.4 GiB).
 # Start-up takes the host tier right after the default (switch/schedule.py startup_order), so that their weights
-# leave the GPU before the GPU tier's fill it.
+# leave the GPU before the GPU tier's fill it. The first attempt (2026-12-03, commit d5a79c9) stopped at the
+# GPU-tier starts: the vLLM budget counted other models' parked engines in each start's share (fixed since;
+# results/gpu_load/ten_vllm_2026-12-03_failed.json).
 #   first call:  bash benchmarks/gpu_models_bg.sh /tmp/hw-models 10 8b     (while the next calls stage vLLM)
 #   then:        W=/tmp/hw-models OUT=DIR BUDGET_S=1500 bash benchmarks/gpu_ten_session.sh
 #   polls:       bash benchmarks/gpu_poll.sh DIR 540 /tmp/hw-models
