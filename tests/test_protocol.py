@@ -135,13 +135,13 @@ def test_sender_refuses_too_many_fds_and_oversized_frames(pair):
 
 ROW = {"key": "k", "model": "m", "dtype": "bfloat16", "arch": "A", "layout": "checkpoint", "device": "cpu",
        "tp": "0/1", "nbytes": 4096, "tensor_nbytes": 4000, "num_tensors": 3, "num_pools": 1, "num_attaches": 2,
-       "published_at": 1.5, "host_nbytes": 0, "parked": ""}
+       "published_at": 1.5, "host_nbytes": 0, "parked": "", "parked_bytes": 0}
 
 
 def test_a_status_row_is_typed_and_an_older_daemons_row_still_decodes():
     row = EntryRow.from_wire(ROW)
     assert row.to_wire() == ROW and row.tensor_nbytes == 4000
-    newer = ("tensor_nbytes", "arch", "num_pools", "published_at", "host_nbytes", "parked")
+    newer = ("tensor_nbytes", "arch", "num_pools", "published_at", "host_nbytes", "parked", "parked_bytes")
     older = {k: v for k, v in ROW.items() if k not in newer}
     old = EntryRow.from_wire(older)
     assert old.tensor_nbytes == 4096 and old.num_pools == 0  # its pool bytes stand in
