@@ -2,7 +2,7 @@
 # directory $W (a new one unless given), `step NAME` (a timestamped line in $OUT/progress.txt, what the polling calls read) and
 # `verify_vllm_06b` (verify --engine vllm through the launcher on a 0.6B demo, its park drill included),
 # `switch_drills_8b SOCK ARGS` (benchmarks/switch_drills.py over three 8B with vLLM), `models_written N` (waits for
-# gpu_models_bg.sh); then,
+# gpu_models_bg.sh), `trace NAME ARGS...` (one switch_trace.py run) and `left` (seconds of BUDGET_S left); then,
 # unless NO_POOLS_MODEL=1, the CUDA pool tests (their output in $OUT/pools_cuda.txt) and the 8B demo in $W/m8b.
 set -uo pipefail
 BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)  # benchmarks/, wherever the session script changes to
@@ -21,6 +21,17 @@ verify_vllm_06b() {
 models_written() {  # models_written N: until m0..m(N-1) under $W are whole and gpu_models_bg.sh's writer has ended
   while pgrep -f write_models > /dev/null; do sleep 2; done
   [ -f "$W/m$(( $1 - 1 ))/tokenizer_config.json" ]
+}
+BEGAN=$(date +%s)
+left() { echo $(( ${BUDGET_S:-1500} - ($(date +%s) - BEGAN) )); }  # seconds left of BUDGET_S, from the start
+trace() {  # trace NAME ARGS...: one switch_trace.py run over 8B models in $W, its JSON, fronts' and engines' logs in $OUT
+  local name=$1; shift
+  step "trace $name"
+  python3 "$BENCH/switch_trace.py" --size 8b --models-dir "$W" --out "$W/trace-$name" --json \
+    --partial-json "$OUT/trace_8b_$name.partial.json" "$@" > "$OUT/trace_8b_$name.json" 2> "$OUT/trace_8b_$name.err"
+  echo "trace rc=$?" >> "$OUT/trace_8b_$name.err"
+  cp "$W/trace-$name"/trace-front-*.log "$OUT/" 2>/dev/null
+  tar czf "$OUT/logs_$name.tgz" --exclude='*.json' -C "$W/trace-$name" . 2>/dev/null  # preloads', engines' logs
 }
 switch_drills_8b() {  # switch_drills_8b SOCK ARGS: `hotweights switch` over $W/m0-m2 (vLLM) from the empty keeper SOCK
   step switch

@@ -16,21 +16,10 @@
 #   then:        W=/tmp/hw-models OUT=DIR BUDGET_S=1500 bash benchmarks/gpu_ten_session.sh
 #   polls:       bash benchmarks/gpu_poll.sh DIR 540 /tmp/hw-models
 NO_POOLS_MODEL=1 source "$(dirname "$0")/gpu_session_start.sh"
-BEGAN=$(date +%s)
 BUDGET_S=${BUDGET_S:-1500}
 TEN_ARGS="--max-model-len 4096 --gpu-memory-utilization 0.17"
 THREE_ARGS="--max-model-len 4096 --gpu-memory-utilization 0.25"  # as the three-model modes of 2026-12-03
 SOCK=$(mktemp -d /tmp/hw-keep-XXXX)
-left() { echo $(( BUDGET_S - ($(date +%s) - BEGAN) )); }
-trace() {  # trace NAME ARGS...: one switch_trace.py run, its JSON and its fronts' logs in $OUT
-  local name=$1; shift
-  step "trace $name"
-  python3 switch_trace.py --size 8b --models-dir "$W" --out "$W/trace-$name" --json \
-    --partial-json "$OUT/trace_8b_$name.partial.json" "$@" > "$OUT/trace_8b_$name.json" 2> "$OUT/trace_8b_$name.err"
-  echo "trace rc=$?" >> "$OUT/trace_8b_$name.err"
-  cp "$W/trace-$name"/trace-front-*.log "$OUT/" 2>/dev/null
-  tar czf "$OUT/logs_$name.tgz" --exclude='*.json' -C "$W/trace-$name" . 2>/dev/null  # preloads', engines' logs
-}
 cd benchmarks
 step models
 models_written 10 || { step "models failed"; cp "$W/models.log" "$OUT/" 2>/dev/null; }
