@@ -29,6 +29,11 @@ class SlowPreload(FakeEngine):
 
     spans: list[tuple[str, float, float]]
     beside_fails = False  # its preload fails while another runs
+    park_s = 0.0  # a park that takes its time
+
+    def park(self, level: int) -> None:
+        time.sleep(self.park_s)
+        super().park(level)
 
     def start(self) -> float:
         began = time.monotonic()
@@ -152,22 +157,9 @@ def test_a_start_whose_preload_is_done_goes_before_a_new_preload_on_its_gpu(monk
     monkeypatch.setattr(preloads, "kind_need", lambda m: GpuNeed((0,), weights_mib=1))
     monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(100_000, 100_000)})
 
-    class SlowPark(SlowPreload):
-        def park(self, level: int) -> None:
-            time.sleep(PRELOAD_S / 2)  # the window in which a preload was admitted
-            super().park(level)
-
     async def main():
-        log: list[str] = []
-        spans: list[tuple[str, float, float]] = []
-
-        def factory(m: ModelConfig) -> SlowPark:
-            engine = SlowPark(m, log)
-            engine.spans = spans
-            return engine
-
-        config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in "abcd"), preload_jobs=3)
-        s = Switcher(config, SwitchMetrics(), factory)
+        slow_park = {"park_s": PRELOAD_S / 2}  # the window in which a preload was admitted
+        s, _, _, spans = switcher(["a", "b", "c", "d"], jobs=3, **{n: slow_park for n in "abcd"})
         task = await started(s)
         began = {n: b for n, b, _ in spans}
         assert [n for n, _, _ in spans if not n.startswith("start ")][:3] == ["a", "b", "c"]

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ...evidence import GIB
+from ...rows import EntryRow
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +97,7 @@ def request(original: Any, init_snapshot: Any, cache_config: Any, *args: Any, ta
     return engine
 
 
-def parked_on_entry(rows: list[Any], key_short: str) -> int:
+def parked_on_entry(rows: Iterable[EntryRow], key_short: str) -> int:
     """Bytes the engines parked on the entry ``key_short`` hold of their own (status rows): a start that maps that
     entry counts them in its share; engines parked on other entries are not its share's."""
     return sum(r.parked_bytes for r in rows if r.key == key_short)
