@@ -7,10 +7,12 @@ popularity (weight 1/(rank+1)^``--zipf-s``: a popular model and a long tail), pl
 ``--burst-every-s``, ``--burst-size`` requests for one model within half a second); prompts of ``--prompt-tokens
 LO,HI`` tokens (log-uniform; token ids, so every engine sees the same length), ``--max-tokens LO,HI``, greedy,
 streamed. Every ``--probe-every``-th request of a model is its probe prompt: its answer must begin as that model's
-first probe answer did, and every chunk must name the model asked for: a request answered by another model's
-engine counts in ``crossed`` and fails the run (exit 1).
+first probe answer did (the same first token, its logprob within ``PROBE_TOLERANCE``), and every chunk must name the
+model asked for: a request answered by another model's engine counts in ``crossed`` and fails the run (exit 1).
+``probe_tells_models_apart``: no two models' probe answers begin alike, so that the probe could tell them apart.
 
-Per request: time to first token (from sending), decode tokens/s, outcome. Per mode: p50/p95/p99 TTFT over every
+Per request: time to first token (from sending), decode tokens/s (the tokens from the stream's usage event, as an
+engine may merge several into one event), outcome. Per mode: p50/p95/p99 TTFT over every
 request (one that failed counts as never: its TTFT is infinite, shown as null), goodput (requests answered with a
 first token within ``--slo-s``, per second of trace), switches (the front's counter), GPU and host memory sampled
 every second. Modes, each a front of its own (``hotweights switch --config``), one keeper for all:
@@ -127,11 +129,12 @@ async def sse_events(resp: httpx.Response) -> AsyncIterator[dict]:
 async def send(client: httpx.AsyncClient, url: str, r: Request, began: float) -> dict:
     await asyncio.sleep(max(0.0, began + r.at_s - time.perf_counter()))
     body = {"model": r.model, "prompt": r.prompt, "max_tokens": r.max_tokens, "temperature": 0, "stream": True,
-            **({"logprobs": 1} if r.probe else {})}
+            "stream_options": {"include_usage": True}, **({"logprobs": 1} if r.probe else {})}
     sent = time.perf_counter()
     row = {"at_s": r.at_s, "model": r.model, "prompt_tokens": len(r.prompt), "max_tokens": r.max_tokens,
-           "probe": r.probe, "ttft_s": None, "total_s": None, "tokens": 0, "outcome": "ok", "text": "",
-           "logprobs": []}
+           "probe": r.probe, "ttft_s": None, "total_s": None, "tokens": 0, "chunks": 0, "outcome": "ok", "text": "",
+           "logprobs": [], "first_token": None}
+    usage_tokens = None
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
             if resp.status_code != 200:
@@ -144,20 +147,27 @@ async def send(client: httpx.AsyncClient, url: str, r: Request, began: float) ->
                     break
                 if event.get("model") != r.model:
                     row["outcome"] = "crossed"
-                if row["ttft_s"] is None:
+                if event.get("usage"):  # the last event (include_usage): how many tokens, however chunked
+                    usage_tokens = event["usage"].get("completion_tokens")
+                choices = event.get("choices") or []
+                if choices and row["ttft_s"] is None:
                     row["ttft_s"] = round(time.perf_counter() - sent, 4)
-                for choice in event.get("choices", []):
-                    row["tokens"] += 1
+                for choice in choices:
+                    row["chunks"] += 1  # vLLM merges tokens into one event when its client lags
                     row["text"] += choice.get("text", "")
-                    row["logprobs"] += (choice.get("logprobs") or {}).get("token_logprobs") or []
+                    logprobs = choice.get("logprobs") or {}
+                    row["logprobs"] += logprobs.get("token_logprobs") or []
+                    if row["first_token"] is None and logprobs.get("tokens"):
+                        row["first_token"] = logprobs["tokens"][0]
     except httpx.HTTPError as exc:
         row["outcome"], row["error"] = "transport", f"{type(exc).__name__}: {exc}"[:300]
     except ValueError as exc:  # an event that is not JSON: a failure of this request, not of the run
         row["outcome"], row["error"] = "bad_event", str(exc)[:300]
     row["total_s"] = round(time.perf_counter() - sent, 4)
+    row["tokens"] = usage_tokens if isinstance(usage_tokens, int) else row["chunks"]
     if not r.probe:
         row["text"] = ""
-        del row["logprobs"]
+        del row["logprobs"], row["first_token"]
     return row
 
 
@@ -213,20 +223,25 @@ def percentile(xs: list[float], q: float) -> float | None:
     return None if math.isinf(x) else round(x, 4)
 
 
+def same_start(a: tuple[str, float], b: tuple[str, float]) -> bool:
+    """Whether two probe answers (first token, its logprob) begin alike, within ``PROBE_TOLERANCE``."""
+    return a[0] == b[0] and abs(a[1] - b[1]) <= PROBE_TOLERANCE
+
+
 def summarize(rows: list[dict], args: argparse.Namespace, extra: dict) -> dict:
     ttfts = [r["ttft_s"] if r["outcome"] == "ok" and r["ttft_s"] is not None else math.inf for r in rows]
-    reference: dict[str, tuple[str, float]] = {}
+    reference: dict[str, tuple[str, float]] = {}  # per model: its first probe's first token and that token's logprob
     crossed = 0
     for r in rows:
         if r["outcome"] == "crossed":
             crossed += 1
         elif r["probe"] and r["outcome"] == "ok" and r["text"] and r["logprobs"]:
-            text, logprob = reference.setdefault(r["model"], (r["text"], r["logprobs"][0]))
-            # another model's engine would not begin as this one does (the demo models' texts may agree: their
-            # first token's logprob does not, beyond the drift a batch of other requests makes)
-            crossed += text[:1] != r["text"][:1] or abs(logprob - r["logprobs"][0]) > PROBE_TOLERANCE
-    firsts = sorted(lp for _, lp in reference.values())
-    tells_apart = all(b - a > PROBE_TOLERANCE for a, b in zip(firsts, firsts[1:]))
+            first = (r.get("first_token") or r["text"][:1], r["logprobs"][0])
+            # another model's engine would not begin as this one does: another first token, or (the demo models'
+            # may agree) another logprob of it, beyond the drift a batch of other requests makes
+            crossed += not same_start(reference.setdefault(r["model"], first), first)
+    answers = list(reference.values())
+    tells_apart = not any(same_start(a, b) for i, a in enumerate(answers) for b in answers[i + 1:])
     rates = [(r["tokens"] - 1) / (r["total_s"] - r["ttft_s"]) for r in rows if r["outcome"] == "ok" and
              r["tokens"] > 1 and r["total_s"] > r["ttft_s"]]
     outcomes: dict[str, int] = {}
@@ -237,7 +252,7 @@ def summarize(rows: list[dict], args: argparse.Namespace, extra: dict) -> dict:
             "ttft_p99_s": percentile(ttfts, 99),
             "goodput_rps": round(sum(t <= args.slo_s for t in ttfts) / args.duration_s, 3),
             "decode_tokens_per_s_p50": round(statistics.median(rates), 1) if rates else None,
-            "probe_answers": {k: [v[0][:40], round(v[1], 4)] for k, v in reference.items()},
+            "probe_answers": {k: [v[0][:40], round(v[1], 4)] for k, v in reference.items()},  # first token, logprob
             "probe_tells_models_apart": tells_apart, **extra,
             "rows": [{k: v for k, v in r.items() if k not in ("text", "logprobs")} for r in rows]}
 

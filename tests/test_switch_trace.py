@@ -65,3 +65,26 @@ def test_the_trace_reads_events_whose_text_holds_what_splitlines_splits_at():
                 return [e["choices"][0]["text"] async for e in sse_events(resp)]
 
     assert asyncio.run(read()) == texts
+
+
+def test_the_probe_tells_models_apart_by_first_token_or_its_logprob_and_counts_a_crossed_answer():
+    """Ten 8B demo models on an H200 began with other tokens but two of them with logprobs 0.033 apart: the probe
+    compares the first token and its logprob, so those two are told apart; an answer that begins as another
+    model's counts as crossed."""
+    import argparse
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from switch_trace import summarize
+
+    def probe(model: str, token: str, logprob: float) -> dict:
+        return {"model": model, "probe": True, "outcome": "ok", "ttft_s": 0.1, "total_s": 0.2, "tokens": 4,
+                "text": token + "...", "logprobs": [logprob, -1.0], "first_token": token}
+
+    args = argparse.Namespace(slo_s=2.0, duration_s=10.0)
+    apart = summarize([probe("m0", "<110856>", -8.0911), probe("m8", "<139146>", -8.0584)], args, {})
+    assert apart["probe_tells_models_apart"] and apart["crossed"] == 0, apart
+    alike = summarize([probe("m0", "<7>", -8.0911), probe("m8", "<7>", -8.0584)], args, {})
+    assert not alike["probe_tells_models_apart"]
+    crossed = summarize([probe("m0", "<110856>", -8.0911), probe("m8", "<139146>", -8.0584),
+                         probe("m0", "<139146>", -8.0584)], args, {})  # m0 asked, m8's answer
+    assert crossed["crossed"] == 1
