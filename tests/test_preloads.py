@@ -236,7 +236,9 @@ def test_a_vllm_preload_asks_for_the_kv_cache_of_one_sequence_unless_it_cannot_t
 def test_the_front_says_whether_its_models_fit_each_gpu_at_the_worst_moment():
     """Ten 8B vLLM models on an H200, six on the GPU tier: at 0.25 each the awake host-tier model does not fit beside
     the GPU tier and nine parked engines (the sixth start found too little free); at 0.17 they do."""
-    from hotweights.switch.fit import PARKED_MIB, fits
+    from hotweights.switch.fit import fits
+
+    parked = KINDS["vllm"].parked_mib
 
     h200 = {0: GpuMemory(143_771, 143_000)}
     weights = 15_626  # an 8B's 15.26 GiB
@@ -247,17 +249,23 @@ def test_the_front_says_whether_its_models_fit_each_gpu_at_the_worst_moment():
         return SwitchConfig(models, **switch)
 
     def need(m: ModelConfig) -> GpuNeed:
-        return GpuNeed((0,), float(m.args[1]), weights)
+        return GpuNeed((0,), float(m.args[1]), weights, parked_mib=parked)
 
     (tight,) = fits(config(0.25), need, h200)
     assert (tight.kept, tight.awake, tight.parked) == (6, 1, 9) and tight.kept_mib == 6 * weights
-    awake = int(0.25 * 143_771 + 1) - weights + PARKED_MIB["vllm"] + weights  # a host-tier model, its weights back
+    awake = int(0.25 * 143_771 + 1) - weights + parked + weights  # a host-tier model, its weights back
     assert tight.awake_mib == awake and tight.need_mib > tight.total_mib and "does not fit" in tight.line()
     assert 'parked_weights = "host"' in tight.line()
     (fine,) = fits(config(0.17), need, h200)
     assert fine.need_mib <= fine.total_mib and "does not fit" not in fine.line()
     assert fine.line().startswith("GPU 0: at most about ")
-    (two,) = fits(config(0.17, max_awake=2), need, h200)  # two awake: both host-tier ones, the costliest
-    assert two.awake == 2 and two.awake_mib == 2 * fine.awake_mib and two.parked == 8
+    assert fine.fit_awake == 1 and fine.line().endswith("1 of 10 fit awake at once")
+    (two,) = fits(config(0.17, max_awake=2), need, h200)  # a cap of two, but memory holds one host-tier one awake
+    assert two.awake == 1 and two.awake_mib == fine.awake_mib
+    (three,) = fits(config(0.25, host_from=0, max_awake=0), need, {0: GpuMemory(143_771, 143_000)})
+    assert three.fit_awake == 3  # ten 8B at 0.25, every parked one in host memory: three awake at once
+    few = SwitchConfig(config(0.25).models[:3])  # issue 52: three 8B at 0.25 fit an H200 awake together
+    (static,) = fits(few, need, h200)
+    assert static.fit_awake == static.awake == 3 and static.need_mib <= static.total_mib, static.line()
     assert fits(config(0.17), need, {1: GpuMemory(143_771, 143_000)}) == []  # none of them on GPU 1
     assert fits(config(0.17), lambda m: GpuNeed(()), h200) == []  # CPU engines: nothing to say

@@ -43,7 +43,8 @@ def keeper():
 
 @pytest.fixture(scope="module")
 def front(two_models, keeper, tmp_path_factory):
-    f = wait_started(Front(tmp_path_factory.mktemp("switch"), two_models, socket_dir=keeper))
+    # one engine awake at a time (the cap): these tests switch (by default both would stay awake, as they fit)
+    f = wait_started(Front(tmp_path_factory.mktemp("switch"), two_models, "--max-awake", "1", socket_dir=keeper))
     yield f
     if f.proc.poll() is None:
         f.interrupt()
@@ -162,7 +163,7 @@ def test_an_api_key_guards_the_front_a_model_that_cannot_start_is_unavailable_an
 @pytest.mark.slow
 def test_without_parking_a_switch_stops_one_engine_and_starts_the_other(two_models, keeper, tmp_path):
     """What the vLLM CPU build gets (no sleep mode), and what llama-swap does: the same answers, engines stopped."""
-    f = Front(tmp_path, two_models, "--no-parking", socket_dir=keeper)
+    f = Front(tmp_path, two_models, "--no-parking", "--max-awake", "1", socket_dir=keeper)
     try:
         deadline = time.monotonic() + 60
         while f.state("coder")["state"] != "stopped":
@@ -183,7 +184,7 @@ def test_preloads_run_beside_each_other_ahead_of_the_starts_from_an_empty_keeper
     """``--preload-jobs 2``: both models' preloads run at once (a vLLM preload is a whole vLLM start), the starts
     one after the other as before, every model answers."""
     with private_keeper("hwpj-") as sock:
-        f = wait_started(Front(tmp_path, two_models, "--preload-jobs", "2", socket_dir=sock))
+        f = wait_started(Front(tmp_path, two_models, "--preload-jobs", "2", "--max-awake", "1", socket_dir=sock))
         try:
             log = f.log.read_text()
             assert "coder: preloading beside 1 other preload(s)" in log, log
@@ -203,7 +204,8 @@ def test_weights_parked_in_host_memory_leave_the_keepers_gpu_tier_and_a_request_
     same front's timeout: a request that waits too long is answered 503, and the switch it waited for goes on."""
     import openai
 
-    f = Front(tmp_path, two_models, "--request-timeout-s", "0.001", "--parked-weights", "host", socket_dir=keeper)
+    f = Front(tmp_path, two_models, "--request-timeout-s", "0.001", "--parked-weights", "host", "--max-awake", "1",
+              socket_dir=keeper)
     try:
         deadline = time.monotonic() + 60
         while "coder ready in" not in f.log.read_text():  # started, parked, and its weights moved
@@ -263,9 +265,11 @@ def test_the_config_file_names_what_is_wrong(tmp_path):
             ("[switch]\n", "no model"),
             (good + "park_level = 3\n", "park_level must be 1 or 2"),
             (good + 'parked_weights = "disk"\n', "parked_weights must be gpu or host"),
-            (good.replace("max_awake = 2", "max_awake = 'two'"), "max_awake must be int"),
+            (good.replace("max_awake = 2", "max_awake = 'two'"), 'max_awake must be "auto" or at least 1'),
+            (good.replace("max_awake = 2", "max_awake = 0"), 'max_awake must be "auto" or at least 1, got 0'),
             (good.replace("max_awake = 2", "request_timeout_s = -5"), "request_timeout_s must be positive"),
-            (good.replace("max_awake = 2", "overlap_after_s = -1"), r"overlap_after_s must be 0 \(always wait\)"),
+            (good.replace("max_awake = 2", "turn_s = -1"), r"turn_s must be 0 or more"),
+            (good.replace("max_awake = 2", "overlap_after_s = 2"), r"overlap_after_s is gone \(a wake goes beside"),
             (good.replace("max_awake = 2", "preload_jobs = -1"), r"preload_jobs must be 0 \(auto\) or more"),
             ("[model]\nname = 'a'\n", "models are [[model]] tables"),
             ("[[model]\n", "not TOML"),
@@ -348,7 +352,7 @@ def test_engines_on_gpus_of_their_own_stay_awake_together_and_one_that_spans_the
 
     wide = write_demo_model(tmp_path / "wide", "tiny", seed=2)
     rows = [("left", two_models["chat"], [0]), ("right", two_models["coder"], [1]), ("wide", wide, [0, 1])]
-    (tmp_path / "switch.toml").write_text("".join(
+    (tmp_path / "switch.toml").write_text("[switch]\nmax_awake = 1\n" + "".join(
         f'[[model]]\nname = "{name}"\ncheckpoint = "{path}"\nargs = ["--max-model-len", "64"]\ngpus = {gpus}\n'
         for name, path, gpus in rows))
     f = Front(tmp_path, {}, "--config", str(tmp_path / "switch.toml"), socket_dir=keeper)

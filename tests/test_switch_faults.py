@@ -108,10 +108,10 @@ def test_a_client_that_leaves_cancels_its_request_so_the_switch_behind_it_goes_o
     assert metric(front, 'hotweights_switch_requests_total{model="a",outcome="abandoned"}') == abandoned + 1
 
 
-def test_a_switch_behind_a_long_stream_wakes_its_model_beside_it_and_the_stream_goes_on(front):
-    """Issue 43: a switch waited for every request in flight on the awake engine, so one long generation held every
-    other model back (here ~19 s). After overlap_after_s (2 s) the model wakes beside it; the stream is not cut,
-    its engine takes no new request and parks once the stream ends."""
+def test_a_model_asked_for_behind_a_long_stream_wakes_beside_it_at_once_and_both_stay_awake(front):
+    """Issue 52: a switch behind a busy engine waited 2 s, then the busy engine refused its own model's requests until
+    it parked, and the models took turns. Where both fit (here: no GPU, nothing bounds them), the model wakes beside
+    the busy engine at once, the stream goes on, and both stay awake, serving their own requests."""
     answer(front.client(), "a")  # a awake
     body = json.dumps({"model": "a", "prompt": "The weight cache", "max_tokens": LONG, "temperature": 0,
                        "stream": True}).encode()
@@ -121,18 +121,13 @@ def test_a_switch_behind_a_long_stream_wakes_its_model_beside_it_and_the_stream_
         began = time.monotonic()
         assert answer(front.client(), "b")
         waited = time.monotonic() - began
-        assert front.state("a")["inflight"] == 1 and front.state("a")["state"] == "awake", front.status()
-        assert waited < 15, f"b waited {waited:.1f} s: for the whole generation of a"
+        assert waited < 5, f"b waited {waited:.1f} s behind a's generation"
+        assert answer(front.client(), "a")  # a still takes its own model's requests beside its stream
+        assert front.state("a")["state"] == front.state("b")["state"] == "awake", front.status()
         more = [stream.readline() for _ in range(20)]  # the stream goes on, not cut
         assert all(x.startswith(b"data: {") or x == b"\n" for x in more), more
-    deadline = time.monotonic() + 15  # the client left: a's request is cancelled, then a parks
-    while front.state("a")["state"] != "parked":
-        assert time.monotonic() < deadline, front.status()
-        time.sleep(0.05)
     log = front.log.read_text()
-    assert re.search(r"switch: b awake in [\d.]+ s \(weights \w+; waited [\d.]+ s for a's requests, woke beside them "
-                     r"\(a parks once they end\)", log), log[-2000:]
-    assert "switch: a parked for b once its requests ended" in log, log[-2000:]
+    assert "leaves for" not in log and "parked for" not in log, log[-2000:]
 
 
 def test_a_request_without_a_model_is_served_by_the_default_model(front):
@@ -254,26 +249,38 @@ def test_unknown_paths_and_methods_are_answered_in_vllms_json_shape(front):
         assert caught.value.code == code and body["error"]["code"] == code, body
 
 
-def test_the_wake_line_says_how_long_the_switch_waited_for_the_other_models_requests(front):
-    answer(front.client(), "a")
-    body = {"model": "a", "prompt": "The weight cache", "max_tokens": 300, "temperature": 0}
-    busy = threading.Thread(target=post, args=(front.url + "/v1/completions", body))
-    busy.start()
-    deadline = time.monotonic() + 10
-    while front.state("a")["inflight"] != 1:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    assert answer(front.client(), "c")
-    busy.join()
-    from hotweights.evidence import SWITCH_AWAKE_RE
+@pytest.mark.slow
+def test_with_one_awake_a_busy_engine_leaves_after_its_turn_and_the_wake_line_says_how_long_requests_waited(
+        models, keeper, tmp_path):
+    """``max_awake = 1``: a request for c behind a's generation waits for a's turn (``turn_s`` 1 s per request in
+    flight), then a leaves (its generation goes on, it takes no new request) and parks once it ends, and c wakes; the
+    log says each step, and c's wake line how long its request had waited."""
+    f = wait_started(Front(tmp_path, {"a": models["a"], "c": models["c"]}, "--max-awake", "1", socket_dir=keeper,
+                           engine_args=("--max-model-len", "4096")))
+    try:
+        answer(f.client(), "a")
+        body = {"model": "a", "prompt": "The weight cache", "max_tokens": 1500, "temperature": 0}  # seconds here
+        busy = threading.Thread(target=post, args=(f.url + "/v1/completions", body))
+        busy.start()
+        deadline = time.monotonic() + 10
+        while f.state("a")["inflight"] != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        began = time.monotonic()
+        assert answer(f.client(), "c")
+        waited = time.monotonic() - began
+        busy.join()
+        from hotweights.evidence import SWITCH_AWAKE_RE
 
-    line = [m for m in SWITCH_AWAKE_RE.finditer(front.log.read_text()) if m.group(1) == "c"][-1]
-    waited = re.search(r"waited ([\d.]+) s for a's requests, parked a in ([\d.]+) s, woke c in ([\d.]+) s",
-                       line.group(4))
-    assert waited, line.group(0)
-    drain, park, wake = (float(x) for x in waited.groups())
-    assert drain > 0.3 and park < drain and wake < drain, line.group(0)  # the wait was a's generation, not the wake
-    assert abs(drain + park + wake - float(line.group(2))) < 0.05, line.group(0)
+        log = f.log.read_text()
+        assert "switch: a leaves for c: 1 request(s) in flight end first, 1 wait for c" in log, log[-2000:]
+        assert "switch: a parked for c once its requests ended" in log, log[-2000:]
+        line = [m for m in SWITCH_AWAKE_RE.finditer(log) if m.group(1) == "c"][-1]
+        said = re.search(r"its requests waited ([\d.]+) s; woke c in ([\d.]+) s", line.group(4) or "")
+        assert said, line.group(0)
+        assert 1.0 <= float(said.group(1)) <= waited and float(said.group(2)) < 1.0, (line.group(0), waited)
+    finally:
+        f.interrupt()
 
 
 def test_status_sends_the_key_from_the_environment_and_a_closed_pipe_is_no_error(models, keeper, tmp_path):

@@ -12,6 +12,11 @@ DTYPES = ["auto", "float16", "bfloat16", "float32"]
 MODEL_COMMANDS = {"preload", "inspect", "serve", "verify", "generate"}
 
 
+def _awake(text: str) -> int | str:
+    """``--max-awake``: auto or a count (the switch's config checks its bounds)."""
+    return text if text == "auto" else int(text)
+
+
 def _socket_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument("--socket-dir", default=None,
                    help="daemon directory (default: $HOTWEIGHTS_SOCKET_DIR, $XDG_RUNTIME_DIR/hotweights, "
@@ -157,7 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", default="hotweights", choices=["hotweights", "vllm"], help="the quick form's engine")
     p.add_argument("--host", default=None, help="address of the front (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="port of the front (default 8000)")
-    p.add_argument("--max-awake", type=int, default=None, help="engines awake at once (default 1)")
+    p.add_argument("--max-awake", type=_awake, default=None,
+                   help="engines awake at once per GPU: auto (default: as many as GPU memory holds) or a cap")
     p.add_argument("--request-timeout-s", type=float, default=None,
                    help="how long a request waits for its model before a 503 (default 300)")
     p.add_argument("--api-key", default=None, help="Bearer key the front asks for on /v1 (default: $VLLM_API_KEY; "
@@ -174,9 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", choices=["fair", "fifo"], default=None,
                    help="which waiting model a switch serves next: fair (default: the most requests waiting; one "
                         "waiting over starve_after_s first) or fifo (first come)")
-    p.add_argument("--overlap-after-s", type=float, default=None,
-                   help="a switch that has waited this long for the awake engine's requests wakes its model beside "
-                        "them where memory allows; the busy engine parks once they end (default 2; 0: always wait)")
+    p.add_argument("--turn-s", type=float, default=None,
+                   help="where memory forces a choice between busy engines, a busy one leaves once another model's "
+                        "waiting requests have waited this long in sum per request in flight on it (default 1)")
     p.add_argument("--preload-jobs", type=int, default=None,
                    help="start-up's preloads at once, where GPU memory allows (default 0: 4 with GPUs, else 1)")
     p.add_argument("--json", action="store_true", help="status: one JSON object")

@@ -20,7 +20,7 @@ def cmd_switch(args: argparse.Namespace) -> int:
     options = {"host": args.host, "port": args.port, "max_awake": args.max_awake,
                "request_timeout_s": args.request_timeout_s, "api_key": args.api_key,
                "parking": False if args.no_parking else None, "stop_keeper": True if args.stop_keeper else None,
-               "schedule": args.schedule, "overlap_after_s": args.overlap_after_s, "preload_jobs": args.preload_jobs}
+               "schedule": args.schedule, "turn_s": args.turn_s, "preload_jobs": args.preload_jobs}
     engine_args = list(getattr(args, "cmd", []) or [])
     if args.config and (args.models or engine_args or args.parked_weights):
         raise ValueError("--config names every model; --model NAME=DIR, --parked-weights and -- ENGINE ARGS are the "
@@ -28,7 +28,9 @@ def cmd_switch(args: argparse.Namespace) -> int:
     try:
         if args.config:
             config = switch_config.load(args.config)
-            config = switch_config.build({**{k: getattr(config, k) for k in switch_config.SWITCH_KEYS},
+            given = {k: getattr(config, k) for k in switch_config.SWITCH_KEYS}
+            given["max_awake"] = given["max_awake"] or "auto"
+            config = switch_config.build({**given,
                                           **{k: v for k, v in options.items() if v is not None}},
                                          list(config.models), args.config)
         else:

@@ -157,19 +157,16 @@ def woke(model: str, seconds: float, source: str | None) -> str:
 
 
 # the switch's line for each switch (``hotweights switch``): its time, where the weights came from, and what it
-# waited for: each engine it parked first (waiting for that engine's requests in flight, then the park itself)
+# waited for: how long its longest-waiting request had waited when the switch began (for busy engines to leave), and
+# each engine it parked first
 SWITCH_AWAKE_RE = re.compile(r"switch: (\S+) awake in ([\d.]+) s \(weights (\w+)(?:; (.*))?\)")
 
 
-def switch_awake(model: str, seconds: float, source: str, parked: list[tuple[str, float, float | None]],
-                 wake_s: float) -> str:
-    """``parked``: ``(model, seconds waiting for its requests, seconds parking it)`` of each engine parked first;
-    ``None`` for one still busy, beside which the model woke (it parks once its requests end)."""
-    def then(name: str, park: float | None) -> str:
-        if park is None:
-            return f"woke beside them ({name} parks once they end), "
-        return f"parked {name} in {park:.3f} s, "
-
-    waits = "".join(f"waited {drain:.3f} s for {name}'s requests, {then(name, park)}" for name, drain, park in parked)
-    return (f"switch: {model} awake in {seconds:.3f} s (weights {source}"
-            + (f"; {waits}woke {model} in {wake_s:.3f} s)" if parked else ")"))
+def switch_awake(model: str, seconds: float, source: str, parked: list[tuple[str, float]], wake_s: float,
+                 waited_s: float = 0.0) -> str:
+    """``parked``: ``(model, seconds parking it)`` of each engine parked first; ``waited_s``: how long the model's
+    longest-waiting request had waited before the switch began."""
+    said = [f"its requests waited {waited_s:.3f} s"] if waited_s >= 0.001 else []
+    said += [f"parked {name} in {park:.3f} s" for name, park in parked]
+    said += [f"woke {model} in {wake_s:.3f} s"] if said else []
+    return f"switch: {model} awake in {seconds:.3f} s (weights {source}" + "".join(f"; {x}" for x in said) + ")"

@@ -3,7 +3,7 @@
     [switch]                 # all optional
     host = "127.0.0.1"       # the one port a user exposes: loopback unless asked
     port = 8000
-    max_awake = 1            # engines awake at once; the least recently used one parks for another
+    max_awake = "auto"       # engines awake at once: "auto" (as many as GPU memory holds), or a cap per GPU
     request_timeout_s = 300  # how long a request may wait for its model, then 503
     api_key = ""             # like vllm serve --api-key (else $VLLM_API_KEY): Bearer on /v1/*
     socket_dir = ""          # the keeper's (default: hotweights' default)
@@ -11,9 +11,9 @@
     stop_keeper = false      # true: on the way out, stop the keeper if this front started it (frees the weights)
     schedule = "fair"        # which waiting model goes next: "fair" (most requests waiting; one waiting over
     starve_after_s = 10      # starve_after_s goes first) or "fifo" (first come)
-    overlap_after_s = 2      # a switch that has waited this long for the awake engine's requests in flight wakes
-                             # its model beside them where memory allows (a wake refused for memory waits for
-                             # them after all); the busy engine parks once they are done. 0: always wait
+    turn_s = 1               # where memory forces a choice between busy engines: a busy one leaves (takes no new
+                             # request, parks once its requests end) once the requests waiting for another model
+                             # have waited turn_s seconds in sum per request in flight on it
     preload_jobs = 0         # start-up's preloads at once, ahead of the starts, where GPU memory allows (a vLLM
                              # preload is a whole vLLM start); 0: 4 where there are GPUs, else 1 (in each start)
 
@@ -96,7 +96,7 @@ class SwitchConfig:
     models: tuple[ModelConfig, ...]
     host: str = "127.0.0.1"
     port: int = 8000
-    max_awake: int = 1
+    max_awake: int = 0  # 0: auto (GPU memory bounds the awake set); N: at most N awake per GPU
     request_timeout_s: float = 300.0
     api_key: str = ""
     socket_dir: str = ""
@@ -104,7 +104,7 @@ class SwitchConfig:
     stop_keeper: bool = False  # on the way out, stop the keeper if this front's preloads started it
     schedule: str = "fair"  # or "fifo": which waiting model a switch serves next (switcher.py)
     starve_after_s: float = 10.0  # fair: a model whose request has waited this long goes next
-    overlap_after_s: float = 2.0  # a switch waits this long for a busy engine, then wakes its model beside it
+    turn_s: float = 1.0  # a busy engine's turn, in request-seconds waited per request it has in flight (schedule.py)
     preload_jobs: int = 0  # start-up's preloads at once (preloads.py); 0: auto (jobs())
 
     def jobs(self) -> int:
@@ -117,15 +117,19 @@ class SwitchConfig:
         return next((m for m in self.models if m.default), self.models[0])
 
 
-SWITCH_KEYS = {"host": str, "port": int, "max_awake": int, "request_timeout_s": (int, float), "api_key": str,
+SWITCH_KEYS = {"host": str, "port": int, "max_awake": (int, str), "request_timeout_s": (int, float), "api_key": str,
                "socket_dir": str, "parking": bool, "stop_keeper": bool, "schedule": str,
-               "starve_after_s": (int, float), "overlap_after_s": (int, float), "preload_jobs": int}
+               "starve_after_s": (int, float), "turn_s": (int, float), "preload_jobs": int}
+GONE_KEYS = {"overlap_after_s": "a wake goes beside a busy engine at once where memory allows; turn_s bounds a busy "
+                                "engine's turn where it does not"}
 _MODEL_KEYS = {"name": str, "checkpoint": str, "engine": str, "args": list, "default": bool, "keep_awake": bool,
                "park_level": int, "deep_park_after_s": (int, float), "parked_weights": str, "gpus": list}
 
 
 def _typed(table: dict[str, Any], keys: dict[str, Any], where: str) -> dict[str, Any]:
     for key, value in table.items():
+        if key in GONE_KEYS:
+            raise ConfigError(f"{where}: {key} is gone ({GONE_KEYS[key]})")
         if key not in keys:
             raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(keys)})")
         if not isinstance(value, keys[key]) or (isinstance(value, bool) and keys[key] is not bool):
@@ -182,16 +186,18 @@ def build(switch: dict[str, Any], models: list[ModelConfig], where: str) -> Swit
         raise ConfigError(f"{where}: model names must differ: {', '.join(twice)} is named twice")
     if sum(m.default for m in models) > 1:
         raise ConfigError(f"{where}: more than one model is the default")
-    if switch.get("max_awake", 1) < 1:
-        raise ConfigError(f"{where}: max_awake must be at least 1")
+    awake = switch.get("max_awake", "auto")
+    if awake == "auto":
+        switch = {**switch, "max_awake": 0}
+    elif isinstance(awake, str) or awake < 1:
+        raise ConfigError(f"{where}: max_awake must be \"auto\" or at least 1, got {awake!r}")
     if switch.get("schedule", "fair") not in ("fair", "fifo"):
         raise ConfigError(f"{where}: schedule must be fair or fifo, got {switch['schedule']!r}")
     if switch.get("request_timeout_s", 300) <= 0:
         raise ConfigError(f"{where}: request_timeout_s must be positive (seconds a request may wait for its "
                           f"model), got {switch['request_timeout_s']!r}")
-    if switch.get("overlap_after_s", 2.0) < 0:
-        raise ConfigError(f"{where}: overlap_after_s must be 0 (always wait) or more, got "
-                          f"{switch['overlap_after_s']!r}")
+    if switch.get("turn_s", 1.0) < 0:
+        raise ConfigError(f"{where}: turn_s must be 0 or more, got {switch['turn_s']!r}")
     if switch.get("preload_jobs", 0) < 0:
         raise ConfigError(f"{where}: preload_jobs must be 0 (auto) or more, got {switch['preload_jobs']!r}")
     if not 0 < switch.get("port", 8000) < 65536:

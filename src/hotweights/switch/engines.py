@@ -18,6 +18,7 @@ from .config import ModelConfig
 from .gpus import gpu_mib_by_pid
 from .keeper import KeeperView
 from .kinds import KINDS
+from .memory import GpuNeed
 from .process import EngineError, EngineProcess, WakeRefused, one_line
 
 # a wake takes 0.05-1 s on an H200 (from the GPU or host memory); one that does not answer within this is an engine
@@ -54,6 +55,7 @@ class EngineLike(Protocol):
     def host_copy_ahead(self) -> int: ...
     def stop(self) -> None: ...
     def files(self) -> tuple[tuple[str, int, int], ...]: ...
+    def gpu_need(self) -> GpuNeed: ...
 
 
 class Engine:
@@ -65,6 +67,7 @@ class Engine:
         self.log_path = log_dir / f"{model.name.replace('/', '_')}.log"
         self.process = EngineProcess(model.name, self.log_path)
         self.keeper = KeeperView(model, self.kind, socket_dir, self.env(socket_dir))
+        self._need: GpuNeed | None = None
 
     url = property(lambda self: self.process.url)
     pid = property(lambda self: self.process.pid)
@@ -160,3 +163,9 @@ class Engine:
             return tuple((e.name, (st := e.stat()).st_size, st.st_mtime_ns) for e in found if e.is_file())
         except OSError:
             return ()
+
+    def gpu_need(self) -> GpuNeed:
+        """What it takes of its GPUs (``memory.py``), read once: its checkpoint's shards and config.json."""
+        if self._need is None:
+            self._need = self.kind.gpu_need(self.model)
+        return self._need

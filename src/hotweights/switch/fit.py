@@ -1,12 +1,12 @@
 """Whether a switch's models fit each GPU at the worst moment, from their configuration alone, said once at start-up
-(before a quarter of an hour of preloads and starts finds out).
+(before a quarter of an hour of preloads and starts finds out), with how many of them fit awake at once.
 
-Per GPU (``kinds.GpuNeed``, its total from ``nvidia-smi``): the weights of every model parked on the GPU tier stay
-there, the ``max_awake`` engines that cost the most are awake (an engine's own memory, its share less its mapped
-weights, plus a host-tier model's weights, which come back to the GPU while it is awake), and every other engine is
-parked, holding its residue (``PARKED_MIB``, read on an H200: CUDA context and graphs). Where that is more than the
-GPU has, the line says what to change: a model whose start or wake finds too little free would fail or wait.
-An estimate (an engine's memory beyond its share, a residue per kind), not a promise; torch-free.
+Per GPU, by the switch's memory model (``memory.py``, its total from ``nvidia-smi``): the weights of every model
+parked on the GPU tier stay there, the engines that cost the most are awake (``max_awake`` of them where it is set,
+else as many as fit: the switch keeps engines awake while memory allows), and every other engine is parked, holding
+its residue. Where even one awake does not fit, the line says what to change: a model whose start or wake finds too
+little free would fail or wait. An estimate (an engine's memory beyond its share, a residue per kind), not a
+promise; torch-free.
 """
 
 from __future__ import annotations
@@ -17,12 +17,10 @@ from dataclasses import dataclass
 
 from .config import ModelConfig, SwitchConfig
 from .gpus import GpuMemory
-from .kinds import GpuNeed
+from .memory import RESERVE_MIB, GpuNeed, Holder, held_mib
+from .states import ModelState
 
 logger = logging.getLogger("hotweights.switch")
-# what a parked engine keeps on its GPU, read on an H200 (8B, CUDA graphs): vLLM 1,898-1,912 MiB (context 0.6 GiB,
-# graphs 1.0), the embedded engine 712-892 MiB (benchmarks/results/gpu_load/)
-PARKED_MIB = {"vllm": 1950, "hotweights": 900}
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,10 +29,12 @@ class GpuFit:
     total_mib: int
     kept_mib: int  # weights of the GPU-tier models
     kept: int
-    awake_mib: int  # the ``max_awake`` engines that cost the most, awake
+    awake_mib: int  # the engines that cost the most, awake (their weights in it where they are host-tier)
     awake: int
     parked_mib: int  # every other engine's residue
     parked: int
+    models: int = 0  # on this GPU
+    fit_awake: int = 0  # how many of them fit awake at once (the costliest first)
 
     @property
     def need_mib(self) -> int:
@@ -44,12 +44,13 @@ class GpuFit:
         gib = 1024
         what = (f"GPU {self.gpu}: at most about {self.need_mib / gib:.1f} of {self.total_mib / gib:.1f} GiB "
                 f"({self.kept} model(s)' weights kept on it {self.kept_mib / gib:.1f} GiB, {self.awake} awake "
-                f"{self.awake_mib / gib:.1f} GiB, {self.parked} parked about {self.parked_mib / gib:.1f} GiB)")
+                f"{self.awake_mib / gib:.1f} GiB, {self.parked} parked about {self.parked_mib / gib:.1f} GiB); "
+                f"{self.fit_awake} of {self.models} fit awake at once")
         if self.need_mib <= self.total_mib:
             return what
         return (f"{what}: does not fit, and a start or wake that finds too little free fails or waits: keep fewer "
                 f"models' weights on it (parked_weights = \"host\") or give each engine less "
-                f"(--gpu-memory-utilization for vLLM)")
+                f"(--gpu-memory-utilization or --kv-cache-memory-bytes for vLLM)")
 
 
 def fits(config: SwitchConfig, need: Callable[[ModelConfig], GpuNeed],
@@ -62,19 +63,36 @@ def fits(config: SwitchConfig, need: Callable[[ModelConfig], GpuNeed],
 
 def _fit(config: SwitchConfig, needs: dict[str, GpuNeed], gpu: int, total_mib: int) -> GpuFit:
     on = [m for m in config.models if gpu in needs[m.name].gpus]
-    kept = {m.name for m in on if m.parked_weights == "gpu" or not config.parking}
 
-    def residue(m: ModelConfig) -> int:
-        return PARKED_MIB.get(m.engine, 0) if config.parking else 0
-
-    def awake_cost(m: ModelConfig) -> int:
+    def holder(m: ModelConfig, state: ModelState) -> Holder:
         n = needs[m.name]
-        return n.start_mib(total_mib) + residue(m) + (0 if m.name in kept else n.weights_mib)
+        if not config.parking:  # a park stops the engine: nothing stays behind it
+            n = GpuNeed(n.gpus, n.share, n.weights_mib, n.extra_mib, n.kv_mib, 0, n.engine_kv_mib)
+        return Holder(n, state, m.parked_weights == "gpu" or not config.parking)
 
-    awake = sorted(on, key=awake_cost, reverse=True)[:max(1, config.max_awake)]
+    def cost(m: ModelConfig) -> int:  # what waking it adds
+        return held_mib(holder(m, ModelState.AWAKE), total_mib) - held_mib(holder(m, ModelState.PARKED), total_mib)
+
+    parked_all = sum(held_mib(holder(m, ModelState.PARKED), total_mib) for m in on)
+    costliest = sorted(on, key=cost, reverse=True)
+    fit_awake, used = 0, parked_all
+    for m in costliest:
+        used += cost(m)
+        if used > total_mib - RESERVE_MIB:
+            break
+        fit_awake += 1
+    awake = costliest[:max(1, min(config.max_awake or len(on), fit_awake))]
     parked = [m for m in on if m not in awake]
-    return GpuFit(gpu, total_mib, sum(needs[n].weights_mib for n in kept), len(kept), sum(map(awake_cost, awake)),
-                  len(awake), sum(map(residue, parked)), len(parked))
+    kept = [m for m in on if m.parked_weights == "gpu" or not config.parking]
+
+    def engine_parked(m: ModelConfig) -> int:
+        return held_mib(holder(m, ModelState.PARKED), total_mib) - (needs[m.name].weights_mib if m in kept else 0)
+
+    kept_mib = sum(needs[m.name].weights_mib for m in kept)
+    awake_mib = sum(held_mib(holder(m, ModelState.AWAKE), total_mib) for m in awake) - sum(
+        needs[m.name].weights_mib for m in awake if m in kept)
+    return GpuFit(gpu, total_mib, kept_mib, len(kept), awake_mib, len(awake), sum(map(engine_parked, parked)),
+                  len(parked), len(on), fit_awake)
 
 
 def say_fit(config: SwitchConfig, need: Callable[[ModelConfig], GpuNeed],

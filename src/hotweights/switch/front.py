@@ -50,7 +50,8 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
     """The front's app; ``engines`` makes a model's engine (default: its real server process, ``Engine``)."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="hotweights-switch-"))
     metrics = SwitchMetrics()
-    switcher = Switcher(config, metrics, engines or (lambda m: Engine(m, log_dir, config.socket_dir, config.parking)))
+    switcher = Switcher(config, metrics, engines or (lambda m: Engine(m, log_dir, config.socket_dir, config.parking)),
+                        {gpu: mem.total_mib for gpu, mem in gpu_memory().items()})
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
 
     def authorized(request: Request) -> bool:
@@ -76,7 +77,8 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
         if not authorized(request):
             return error(401, "Unauthorized")
         gpu = await asyncio.to_thread(gpu_mib_by_pid)
-        return JSONResponse({"default": config.default.name, "max_awake": config.max_awake, "log_dir": str(log_dir),
+        return JSONResponse({"default": config.default.name, "max_awake": config.max_awake or "auto",
+                             "log_dir": str(log_dir),
                              "models": [m.row(gpu).to_json() for m in switcher.models.values()]})
 
     async def scrape(_request: Request) -> Response:
@@ -232,7 +234,7 @@ def run(config: SwitchConfig, log_dir: Path | None = None) -> int:
     names = ", ".join(m.name + (" (default)" if m is config.default else "") for m in config.models)
     logger.info("switch: http://%s:%d for %s; logs in %s", config.host, config.port, names, log_dir)
     try:
-        say_fit(config, lambda m: KINDS[m.engine].gpu_need(m), gpu_memory)
+        say_fit(config, lambda m: KINDS[m.engine].gpu_need(m), gpu_memory)  # before any engine: from its config
     except (OSError, ValueError) as exc:  # an estimate: never the reason a front does not start
         logger.info("switch: no estimate of what the models need of the GPU (%s)", exc)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",

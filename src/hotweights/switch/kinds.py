@@ -11,7 +11,6 @@ A new engine is a new row. Torch-free.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from dataclasses import dataclass
@@ -24,39 +23,12 @@ from ..engines.vllm.options import LOAD_FORMAT
 from ..engines.vllm.start import EXTRA_CONFIG, LOAD_FORMAT_OPTION, TENSOR_PARALLEL, VllmStart, is_cpu_build
 from ..rows import EntryRow
 from .config import ModelConfig
+from .memory import CONTEXT_MIB, GpuNeed
 
 SLEEP_MODE = argv.Option(("--enable-sleep-mode",), "none")
 DEVICE = argv.Option(("--device",))
 GPU_SHARE = argv.Option(("--gpu-memory-utilization",))
 VLLM_SHARE = 0.92  # vLLM 0.26's default --gpu-memory-utilization
-CONTEXT_MIB = 1024  # a CUDA context with torch's kernels loaded, as an embedded engine's preload and start take it
-PRELOAD_SCRATCH_MIB = 3072  # a vLLM preload's context, activations of its profile run and CUDA graphs (8B: ~2.5 GiB)
-
-
-@dataclass(frozen=True, slots=True)
-class GpuNeed:
-    """What a model's preload and its engine's start take on each of its GPUs (``gpus``: CUDA indices among those
-    the front sees): a ``share`` of the GPU's memory (vLLM's ``--gpu-memory-utilization``, which its mapped weights
-    count towards), its weights (per GPU; they stay in the keeper once preloaded) and a fixed ``extra``."""
-
-    gpus: tuple[int, ...]
-    share: float = 0.0
-    weights_mib: int = 0
-    extra_mib: int = 0
-    kv_mib: int = 0  # the KV cache its preload pins, or its arguments give (0: its engine sizes it from ``share``)
-
-    def preload_mib(self, total_mib: int) -> int:
-        """At the preload's peak: an engine of its own loads the weights while it publishes a copy of them, within
-        its ``share``, or (its KV cache pinned) beside its weights, its pinned KV cache and ``PRELOAD_SCRATCH_MIB``;
-        vLLM asks for its ``share`` free at start either way."""
-        share = math.ceil(self.share * total_mib)
-        if self.kv_mib:
-            return max(share, 2 * self.weights_mib + self.kv_mib + PRELOAD_SCRATCH_MIB) + self.extra_mib
-        return share + self.weights_mib + self.extra_mib
-
-    def start_mib(self, total_mib: int) -> int:
-        """Free memory its engine's start needs, its weights mapped from the keeper."""
-        return max(0, math.ceil(self.share * total_mib) - self.weights_mib) + self.extra_mib
 
 
 def weights_mib(checkpoint: os.PathLike[str] | str) -> int:
@@ -71,6 +43,7 @@ def weights_mib(checkpoint: os.PathLike[str] | str) -> int:
 @dataclass(frozen=True, slots=True)
 class EngineKind:
     name: str
+    parked_mib: int  # what a parked engine keeps on its GPU, read on an H200 (8B, CUDA graphs; KINDS below)
 
     def parks(self, parking: bool) -> bool:
         """Whether its engines park (else a park stops them and a wake starts them again)."""
@@ -102,7 +75,8 @@ class EngineKind:
         if not device.startswith("cuda"):
             return GpuNeed(())
         index = int(device.partition(":")[2] or 0)
-        return GpuNeed(m.gpus[index:index + 1] if m.gpus else (index,), 0.0, weights_mib(m.checkpoint), CONTEXT_MIB)
+        return GpuNeed(m.gpus[index:index + 1] if m.gpus else (index,), 0.0, weights_mib(m.checkpoint), CONTEXT_MIB,
+                       parked_mib=self.parked_mib)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,9 +117,10 @@ class VllmKind(EngineKind):
             share = float(GPU_SHARE.value(m.args) or VLLM_SHARE)
         except ValueError:  # vLLM refuses the start itself, in its own words
             share = VLLM_SHARE
-        pinned = kv_given(m.args) or kv_pin(m.checkpoint, argv.strip(m.args, TENSOR_PARALLEL), ranks) or 0
+        given = kv_given(m.args) or 0
+        pinned = given or kv_pin(m.checkpoint, argv.strip(m.args, TENSOR_PARALLEL), ranks) or 0
         return GpuNeed(m.gpus[:ranks] or tuple(range(ranks)), share, weights_mib(m.checkpoint) // ranks,
-                       kv_mib=pinned >> 20)
+                       kv_mib=pinned >> 20, parked_mib=self.parked_mib, engine_kv_mib=given >> 20)
 
 
 def _common(m: ModelConfig, port: int) -> list[str]:
@@ -156,4 +131,5 @@ def _sleep_mode(m: ModelConfig, parks: bool) -> list[str]:
     return ["--enable-sleep-mode"] if parks and not SLEEP_MODE.present(m.args) else []
 
 
-KINDS: dict[str, EngineKind] = {"hotweights": EngineKind("hotweights"), "vllm": VllmKind("vllm")}
+# parked: vLLM 1,898-1,912 MiB (context 0.6 GiB, graphs 1.0), the embedded engine 712-892 MiB
+KINDS: dict[str, EngineKind] = {"hotweights": EngineKind("hotweights", 900), "vllm": VllmKind("vllm", 1950)}

@@ -22,7 +22,6 @@ class Model:
     inflight: int = 0
     waiting: int = 0
     arrivals: list[float] = field(default_factory=list)  # time.monotonic() of each request waiting for it
-    draining: bool = False  # a switch parks it once its requests in flight are done: no new one goes in
     reserved: int = 0  # waiting requests a switch already counted in flight
     last_used: float = 0.0
     parked_at: float = 0.0
@@ -40,9 +39,9 @@ class Model:
     def error(self) -> str:
         return self.failure.message if self.failure is not None else ""
 
-    def waited_s(self) -> float:
+    def waited_s(self, now: float | None = None) -> float:
         """How long its longest-waiting request has waited."""
-        return time.monotonic() - min(self.arrivals) if self.arrivals else 0.0
+        return (now or time.monotonic()) - min(self.arrivals) if self.arrivals else 0.0
 
     def row(self, gpu: dict[int, int]) -> ModelRow:
         pids = self.engine.pids()

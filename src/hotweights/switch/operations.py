@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from .engines import EngineError, EngineLike, WakeRefused
 from .metrics import SwitchMetrics
 from .model import Model
 from .preloads import Preloads
-from .schedule import pick_victim, startup_order
+from .schedule import Room, pick_victim, room_for, startup_order
 from .states import SERVING, TRANSITIONS, Failure, InvalidTransition, ModelState
 
 S = ModelState
@@ -24,15 +25,15 @@ BACKOFF_S, BACKOFF_MAX_S = 30.0, 600.0
 
 
 class Operations:
-    def __init__(self, config: SwitchConfig, metrics: SwitchMetrics,
-                 engines: Callable[[ModelConfig], EngineLike]) -> None:
+    def __init__(self, config: SwitchConfig, metrics: SwitchMetrics, engines: Callable[[ModelConfig], EngineLike],
+                 totals: dict[int, int] | None = None) -> None:
         self.config, self.metrics = config, metrics
+        self.totals = totals if totals is not None else {}  # each GPU's MiB (nvidia-smi, once): memory bounds wakes
         self.models = {m.name: Model(m, engines(m)) for m in config.models}
         self.busy = asyncio.Lock()  # held by the one start, park or wake going on
         self.ready = asyncio.Event()  # start-up reached the default model
         self._kick = asyncio.Event()  # a request waits, or an engine changed: the scheduler looks again
         self._moved = asyncio.Event()  # set (and replaced) on every change: waiting requests look again
-        self._leaving: set[str] = set()  # awake engines a model woke beside: each parks once its requests end
         self._tasks: set[asyncio.Task[None]] = set()
         self.preloads: Preloads | None = None  # several preloads at once (``begin_preloads``), else each in its start
 
@@ -57,12 +58,16 @@ class Operations:
         self._moved.set()
         self._moved = asyncio.Event()
 
-    def awake(self) -> list[Model]:
-        return [m for m in self.models.values() if m.state is S.AWAKE]
-
     def awake_beside(self, m: Model) -> list[Model]:
-        """The awake engines other than ``m`` that share a GPU with it: those ``max_awake`` counts for it."""
-        return [x for x in self.awake() if x is not m and x.config.shares_a_gpu(m.config)]
+        """The awake engines other than ``m`` that share a GPU with it."""
+        return [x for x in self.models.values() if x.state is S.AWAKE and x is not m
+                and x.config.shares_a_gpu(m.config)]
+
+    def room(self, m: Model, capped: bool = True) -> Room:
+        """What must make room for ``m`` now (``schedule.room_for`` over the memory model; ``capped``: ``max_awake``
+        counts, as it does not for a start that parks right after)."""
+        config = self.config if capped else dataclasses.replace(self.config, max_awake=0)
+        return room_for(m, list(self.models.values()), self.totals, config)
 
     def _exited(self, m: Model) -> None:
         m.failure = Failure("died", f"its engine exited (code {m.engine.exit_code}); it starts again on the next "
@@ -71,8 +76,8 @@ class Operations:
         self.move(m, S.FAILED)
 
     async def _start_up(self, m: Model) -> None:
-        """Preload and start ``m``; it stays awake when it is the default, a request waits for it, or it is kept
-        awake with room beside it; else it parks."""
+        """Preload and start ``m`` (idle engines park first where it would not fit beside them); it stays awake when
+        it is the default, a request waits for it, or it is kept awake; else it parks."""
         if m.state is S.FAILED:  # its start failed and its back-off is over: start-up tries it again
             logger.info("switch: %s: starting again (%d failed start(s) before)", m.name, m.start_failures)
             self.move(m, S.STARTING)
@@ -84,6 +89,8 @@ class Operations:
             else:
                 cached = await asyncio.to_thread(m.engine.preload)
                 preloaded_s = time.monotonic() - began
+            stays = m.config is self.config.default or m.waiting > 0 or m.config.keep_awake
+            await self._make_room(Room(park=self.room(m, capped=stays).park), m)
             started = await self._start(m)
             cached += f", {preloaded_s:.1f} s" if preloaded_s >= 0.1 else ""
         except EngineError as exc:
@@ -92,9 +99,7 @@ class Operations:
             return
         m.failure, m.start_failures = None, 0
         how = " from a warm standby" if m.engine.server else ""
-        if m.config is self.config.default or m.waiting or (m.config.keep_awake and len(self.awake_beside(m))
-                                                              < self.config.max_awake):
-            await self._make_room(m)
+        if m.config is self.config.default or m.waiting or m.config.keep_awake:
             self._awake(m)
             note = "awake" + (f", for {m.waiting} waiting request(s)" if m.waiting else "")
             if m.config.parked_weights == "host" and m.engine.parks:
@@ -137,13 +142,6 @@ class Operations:
         self.move(m, S.AWAKE)
         self._let_in(m)
 
-    def _stays(self, m: Model) -> None:
-        """``m``, awake and to park once its requests ended (a model woke beside it), is switched to: it stays."""
-        m.draining = False
-        self._leaving.discard(m.name)
-        self._let_in(m)
-        self._changed()
-
     def _let_in(self, m: Model) -> None:
         m.last_used = time.time()
         batch = max(0, m.waiting - m.reserved)
@@ -152,17 +150,32 @@ class Operations:
         if m.inflight:
             m.idle.clear()
 
-    async def _make_room(self, m: Model) -> list[tuple[str, float, float | None]]:
-        """Park engines beside ``m`` until ``max_awake`` lets it wake; what was parked, with its drain and park (None:
-        it was still busy after ``overlap_after_s``, so ``m`` wakes beside it and it parks once its requests end)."""
-        parked = []
-        while (len([x for x in self.awake_beside(m) if x.name not in self._leaving]) >= self.config.max_awake
-               and (done := await self._park_one(m, overlap=True))):
-            parked.append(done)
-        return parked
+    async def _make_room(self, room: Room, m: Model) -> list[tuple[str, float]]:
+        """Park ``room``'s idle engines for ``m``: each ``(its name, seconds parking it)``."""
+        done: list[tuple[str, float]] = []
+        for victim in room.park:
+            if victim.state is S.AWAKE and not victim.inflight:  # still idle: nothing went in since the plan
+                began = time.monotonic()
+                await self._park_for(victim, m)
+                done.append((victim.name, time.monotonic() - began))
+        return done
 
-    def _leaving_beside(self, m: Model) -> bool:
-        return any(x.name in self._leaving for x in self.awake_beside(m))
+    def _leave(self, victim: Model, keep: Model) -> None:
+        """``victim`` takes no new request and parks once its requests in flight end: ``keep`` wakes after it."""
+        self.move(victim, S.LEAVING)
+        logger.info("switch: %s leaves for %s: %d request(s) in flight end first, %d wait for %s", victim.name,
+                    keep.name, victim.inflight, keep.waiting, keep.name)
+
+        async def park() -> None:
+            if victim.inflight:
+                await victim.idle.wait()
+            async with self.busy:
+                if victim.state is S.LEAVING:
+                    await self._park_for(victim, keep, " once its requests ended")
+
+        task = asyncio.create_task(park())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _wake(self, m: Model) -> str:
         """Wake ``m`` (or start it again, also when it dies as it is asked); a wake refused for memory parks one
@@ -179,9 +192,7 @@ class Operations:
                 if not await self._park_one(m):
                     raise
             except EngineError:
-                if self._leaving_beside(m):  # woken beside a busy engine, it could not: wait for that one after all
-                    await self._park_one(m)
-                elif not await self.engine_died(m):  # alive and refusing: its reason is the answer
+                if not await self.engine_died(m):  # alive and refusing: its reason is the answer
                     raise
 
     async def engine_died(self, m: Model, wait_s: float = 10.0) -> bool:
@@ -197,60 +208,24 @@ class Operations:
             self._exited(m)
         return True
 
-    async def _park_one(self, keep: Model, overlap: bool = False) -> tuple[str, float, float | None] | None:
-        """Park one awake engine beside ``keep`` (not kept awake), once its requests in flight are done:
-        ``(its name, seconds waiting for them, seconds parking)``; None when there is none. ``overlap``: one still
-        busy after ``overlap_after_s`` is left to park once its requests end (``(its name, seconds waited, None)``),
-        and ``keep`` wakes beside it."""
-        candidates = [x for x in self.awake_beside(keep) if not x.config.keep_awake
-                      and not (overlap and x.name in self._leaving)]
+    async def _park_one(self, keep: Model) -> bool:
+        """Park one more awake engine beside ``keep`` (not kept awake), once its requests in flight are done: the
+        GPU refused ``keep``'s wake for memory, so the memory model's estimate was short. False when there is none."""
+        candidates = [x for x in self.awake_beside(keep) if not x.config.keep_awake]
         if not candidates:
-            return None
+            return False
         victim = pick_victim(candidates, self.config.schedule)
-        victim.draining = True
-        began = time.monotonic()
-        later = False
-        try:
-            if victim.inflight:
-                limit = self.config.overlap_after_s if overlap and self.config.overlap_after_s else None
-                try:
-                    await asyncio.wait_for(victim.idle.wait(), limit)
-                except TimeoutError:
-                    later = True
-                    self._park_when_idle(victim, keep)
-                    return victim.name, time.monotonic() - began, None
-            drained = time.monotonic()
-            if not await self._park_for(victim, keep):
-                drained = began
-        finally:
-            if not later:
-                victim.draining = False
-                self._leaving.discard(victim.name)
-        return victim.name, drained - began, time.monotonic() - drained
-
-    def _park_when_idle(self, victim: Model, keep: Model) -> None:
-        """``keep`` wakes beside ``victim``, which takes no new request and parks once its requests in flight end
-        (unless it is switched to meanwhile, or ``keep`` did not wake)."""
-        self._leaving.add(victim.name)
-
-        async def park() -> None:
-            try:
-                await victim.idle.wait()
-                async with self.busy:
-                    if victim.name in self._leaving and victim.state is S.AWAKE and keep.state is S.AWAKE:
-                        await self._park_for(victim, keep, " once its requests ended")
-            finally:
-                if victim.name in self._leaving:
-                    victim.draining = False
-                    self._leaving.discard(victim.name)
-                    self._changed()
-
-        task = asyncio.create_task(park())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.move(victim, S.LEAVING)
+        if victim.inflight:
+            await victim.idle.wait()
+        await self._park_for(victim, keep, " (its wake was refused for memory)")
+        return True
 
     async def _park_for(self, victim: Model, keep: Model, when: str = "") -> bool:
-        """Park ``victim`` for ``keep`` (logged); one that would not park is stopped (False)."""
+        """Park ``victim`` for ``keep`` (logged; it takes no new request meanwhile); one that would not park is stopped
+        (False)."""
+        if victim.state is S.AWAKE:
+            self.move(victim, S.LEAVING)
         try:
             moved = await self._park(victim)
         except EngineError as exc:

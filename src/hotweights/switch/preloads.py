@@ -11,7 +11,7 @@ A preload does not begin on GPUs where a model whose preload is done has yet to 
 it): the starts go first, then the next preloads begin together, a wave (as memory admits), rather than one by one
 between starts, each holding the next start back.
 
-Admission, per GPU the preload uses (``kinds.GpuNeed``, free memory from ``nvidia-smi``): what is free now, less
+Admission, per GPU the preload uses (``memory.GpuNeed``, free memory from ``nvidia-smi``): what is free now, less
 the peak of every preload still running (counted whole, even once it has taken part of it: conservative) and less
 what the start in progress (else the next one) needs, must hold this preload's peak. Where no preload runs, one
 is admitted when that holds or when a start waits for it (the sequential start-up of before: vLLM's own check
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from .engines import NOT_CACHED
 from .gpus import GpuMemory, gpu_memory
-from .kinds import KINDS, GpuNeed
+from .memory import GpuNeed
 from .model import Model
 from .states import ModelState
 
@@ -39,7 +39,7 @@ LOOK_AGAIN_S = 1.0  # free memory changes as engines start and park: admission l
 
 
 def kind_need(m: Model) -> GpuNeed:
-    return KINDS[m.config.engine].gpu_need(m.config)
+    return m.engine.gpu_need()
 
 
 @dataclass

@@ -1,36 +1,75 @@
-"""The switch's choices, as functions of its models' state (so that they are tested without engines): which model a
-switch serves next, which awake engine parks for it, and when a request is answered 503 without a switch.
+"""The switch's choices, as functions of its models' state and one memory model (so that they are tested without
+engines): which model a switch serves next, what must make room for it, and when a request is answered 503 without
+a switch.
 
-``fair`` (the default): a model whose longest-waiting request has waited over ``starve_after_s`` goes next (the
-longest first), else the one with the most requests waiting (then the longest-waiting); an idle engine parks
-before a busy one (a busy one's requests in flight are waited for, up to ``overlap_after_s``: operations.py), then
-the least recently used. ``fifo``: the request that came first, the least recently used.
+Which model: ``fair`` (the default) takes a model whose longest-waiting request has waited over ``starve_after_s``
+first (the longest first), else the one with the most requests waiting (then the longest-waiting); ``fifo`` the
+request that came first.
+
+Room (``room_for``): GPU memory bounds the awake set (``memory.py``), and ``max_awake``, where set, caps it per GPU.
+An engine stays awake, serving its own requests, while its memory is not needed. A wake that fits beside the awake
+engines goes at once; one that does not parks idle engines first, the least recently used first; then it waits for
+engines already leaving; then, where memory forces a choice between busy engines, a busy engine's turn ends once the
+requests waiting for the model have waited, in sum, ``turn_s`` per request it has in flight (a starving request ends
+it at once): it leaves (takes no new request, parks once its requests end) and the model wakes after it. Nothing is
+parked or left for a wake that must wait anyway.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from .config import SwitchConfig
+from .memory import Holder, over_mib
 from .model import Model
 from .states import ModelState
+
+S = ModelState
+
+
+@dataclass(frozen=True)
+class Room:
+    """What a switch to a model does first: park ``park`` (idle), take ``leave`` (busy, their turn over) out of
+    service; ``wait``: the model wakes only once the leaving engines have parked (or, with nothing to leave, a busy
+    engine's turn ends in ``look_in_s``)."""
+
+    park: tuple[Model, ...] = ()
+    leave: tuple[Model, ...] = ()
+    wait: bool = False
+    look_in_s: float | None = None
+
+    @property
+    def now(self) -> bool:
+        """Nothing to park, leave or wait for: the model wakes beside the others."""
+        return not (self.park or self.leave or self.wait)
+
+
+def wanted(models: Iterable[Model], config: SwitchConfig) -> list[Model]:
+    """Models requests wait for that a switch may serve, the next first (by the schedule)."""
+    now = time.monotonic()
+    found = [m for m in models if m.waiting > m.reserved and m.state not in (S.AWAKE, S.LEAVING) and not refusal(m)]
+    if config.schedule == "fifo":
+        return sorted(found, key=lambda m: -m.waited_s(now))
+    return sorted(found, key=lambda m: (m.waited_s(now) <= config.starve_after_s,
+                                        -(m.waited_s(now) if m.waited_s(now) > config.starve_after_s else 0),
+                                        -(m.waiting - m.reserved), -m.waited_s(now)))
 
 
 def next_model(models: Iterable[Model], config: SwitchConfig, default: Model) -> Model | None:
     """The model to start or switch to next: one requests wait for (by the schedule), else the next one start-up
     has not reached (``startup_order``), else one whose start failed and may be tried again, else None."""
     models = list(models)
-    wanted = [m for m in models if m.waiting > m.reserved and not (m.state is ModelState.AWAKE and not m.draining)
-              and not refusal(m)]
-    if wanted:
-        if config.schedule == "fifo":
-            return max(wanted, key=lambda m: m.waited_s())
-        starving = [m for m in wanted if m.waited_s() > config.starve_after_s]
-        if starving:
-            return max(starving, key=lambda m: m.waited_s())
-        return max(wanted, key=lambda m: (m.waiting - m.reserved, m.waited_s()))
-    left = [m for m in startup_order(models, default) if not m.started] or retried(models)
+    first = wanted(models, config)
+    if first:
+        return first[0]
+    return startup_next(models, default)
+
+
+def startup_next(models: Sequence[Model], default: Model) -> Model | None:
+    """The next model start-up has not reached, else one whose start failed and may be tried again, else None."""
+    left = [m for m in startup_order(models, default) if not m.started] or retried(list(models))
     return left[0] if left else None
 
 
@@ -54,10 +93,65 @@ def retried(models: list[Model]) -> list[Model]:
 
 
 def pick_victim(candidates: list[Model], schedule: str) -> Model:
-    """The awake engine to park for another."""
+    """The awake engine to park for another where its own wake says the GPU has too little (the memory model's
+    estimate was short)."""
     if schedule == "fifo":
         return min(candidates, key=lambda x: x.last_used)
     return min(candidates, key=lambda x: (x.inflight > 0, x.last_used))
+
+
+def holder(m: Model, state: ModelState | None = None) -> Holder:
+    """``m`` as the memory model sees it (in ``state``, else its own; a model start-up has not reached holds no
+    engine)."""
+    state = state or (m.state if m.started else S.STOPPED)
+    return Holder(m.engine.gpu_need(), state, m.config.parked_weights == "gpu" or not m.engine.parks)
+
+
+def fits(m: Model, models: Sequence[Model], totals: dict[int, int], config: SwitchConfig,
+         gone: Sequence[Model] = ()) -> bool:
+    """Whether ``m`` awake fits beside the others, those in ``gone`` parked: ``max_awake`` (where set) and each of
+    its GPUs' memory."""
+    beside = [x for x in models if x is not m and x.config.shares_a_gpu(m.config)]
+    if config.max_awake and sum(x.state in (S.AWAKE, S.LEAVING) and x not in gone for x in beside) >= config.max_awake:
+        return False
+    holders = [holder(m, S.AWAKE), *(holder(x, S.PARKED if x in gone else None) for x in models if x is not m)]
+    return all(over_mib(g, totals[g], holders) <= 0 for g in m.engine.gpu_need().gpus if g in totals)
+
+
+def turn_left_s(busy: Model, m: Model, config: SwitchConfig, now: float) -> float:
+    """Seconds until ``busy``'s turn ends for ``m``: once ``m``'s waiting requests have waited, in sum, ``turn_s`` per
+    request in flight on ``busy`` (0 at once where one of them starves)."""
+    if not m.arrivals:
+        return config.turn_s
+    if now - min(m.arrivals) > config.starve_after_s:
+        return 0.0
+    owed = config.turn_s * max(1, busy.inflight) - sum(now - a for a in m.arrivals)
+    return max(0.0, owed / len(m.arrivals))
+
+
+def room_for(m: Model, models: Sequence[Model], totals: dict[int, int], config: SwitchConfig,
+             now: float | None = None) -> Room:
+    """What must make room for ``m`` to wake (``totals``: each GPU's MiB): see the module's docstring."""
+    now = time.monotonic() if now is None else now
+    if fits(m, models, totals, config):
+        return Room()
+    beside = [x for x in models if x is not m and x.config.shares_a_gpu(m.config)]
+    movable = [x for x in beside if x.state is S.AWAKE and not x.config.keep_awake]
+    idle = sorted((x for x in movable if not x.inflight), key=lambda x: x.last_used)
+    for i in range(1, len(idle) + 1):
+        if fits(m, models, totals, config, idle[:i]):
+            return Room(park=tuple(idle[:i]))
+    gone = [*idle, *(x for x in beside if x.state is S.LEAVING)]
+    if len(gone) > len(idle) and fits(m, models, totals, config, gone):
+        return Room(wait=True)  # the leaving engines will do; the idle ones park then if still needed
+    busy = sorted((x for x in movable if x.inflight), key=lambda x: (turn_left_s(x, m, config, now), x.last_used))
+    over = [x for x in busy if turn_left_s(x, m, config, now) <= 0]
+    for i in range(1, len(over) + 1):
+        if fits(m, models, totals, config, [*gone, *over[:i]]):
+            return Room(leave=tuple(over[:i]), wait=True)
+    if busy and fits(m, models, totals, config, [*gone, *busy]):  # once more turns end
+        return Room(wait=True, look_in_s=min(turn_left_s(x, m, config, now) for x in busy if x not in over))
+    return Room(park=tuple(idle))  # it does not fit even alone, by the estimate: its own wake says whether it does
 
 
 def refusal(m: Model) -> str:

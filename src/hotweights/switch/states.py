@@ -2,7 +2,9 @@
 door, and refuses, logs and raises on a move the table does not have: a bug, never a user's input).
 
     starting -> awake | parked | deep-parked | stopped | failed      (its start-up, or a start for a request)
-    awake    -> parked | deep-parked | stopped | failed
+    awake    -> leaving | parked | deep-parked | stopped | failed
+    leaving  -> parked | deep-parked | stopped | failed              (awake, taking no new request: its GPU memory
+                                                                       is wanted, and it parks once its requests end)
     parked   -> awake | deep-parked | stopped | failed | starting    (starting: it died parked, and a request
     deep     -> awake | stopped | failed | starting                   starts it again)
     stopped  -> starting | failed
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 class ModelState(enum.StrEnum):
     STARTING = "starting"
     AWAKE = "awake"
+    LEAVING = "leaving"
     PARKED = "parked"
     DEEP = "deep-parked"
     STOPPED = "stopped"
@@ -31,13 +34,15 @@ class ModelState(enum.StrEnum):
 S = ModelState
 TRANSITIONS: dict[ModelState, frozenset[ModelState]] = {
     S.STARTING: frozenset({S.AWAKE, S.PARKED, S.DEEP, S.STOPPED, S.FAILED}),
-    S.AWAKE: frozenset({S.PARKED, S.DEEP, S.STOPPED, S.FAILED}),
+    S.AWAKE: frozenset({S.LEAVING, S.PARKED, S.DEEP, S.STOPPED, S.FAILED}),
+    S.LEAVING: frozenset({S.PARKED, S.DEEP, S.STOPPED, S.FAILED}),
     S.PARKED: frozenset({S.AWAKE, S.DEEP, S.STOPPED, S.FAILED, S.STARTING}),
     S.DEEP: frozenset({S.AWAKE, S.STOPPED, S.FAILED, S.STARTING}),
     S.STOPPED: frozenset({S.STARTING, S.FAILED}),
     S.FAILED: frozenset({S.STARTING, S.STOPPED}),
 }
-SERVING = frozenset({S.AWAKE, S.PARKED, S.DEEP})  # an engine process that should be alive
+SERVING = frozenset({S.AWAKE, S.LEAVING, S.PARKED, S.DEEP})  # an engine process that should be alive
+RESIDENT = frozenset({S.STARTING, S.AWAKE, S.LEAVING})  # an engine that holds its whole memory
 
 
 class InvalidTransition(RuntimeError):

@@ -1,15 +1,16 @@
-"""Which engine is awake: requests wait for their model (``acquire``); one scheduler (``run``) starts, parks and
-wakes engines, one at a time, in the order ``schedule.py`` gives.
+"""Which engines are awake: requests wait for their model (``acquire``); one scheduler (``run``) starts, parks and
+wakes engines, one at a time, as ``schedule.py`` decides over the memory model (``memory.py``).
 
-To switch to a model, while ``max_awake`` engines that share a GPU with it are awake (a model without ``gpus``
-shares every GPU), one that is not ``keep_awake`` stops taking requests, its requests in flight finish (a switch
-never cuts a stream) and it parks (still busy after ``overlap_after_s``, it parks once they end, and the model
-wakes beside it where memory allows); then the model wakes (or starts again, if its engine died or cannot park) and
-every request waiting for it goes through at once: a switch serves the whole batch that waited for it. A wake
-refused for memory (``WakeRefused``) parks one more engine on its GPUs and tries again. Start-up starts every
-engine in turn, the default first and awake, the others parked; a request for a model start-up has not reached
-moves it to the front, and keeps it awake. States and failures: ``states.py``. A request that waits longer than
-``request_timeout_s`` is answered 503, and never by another model's engine.
+An engine stays awake while its GPU memory is not needed. To wake a model, the scheduler asks ``schedule.room_for``
+what must make room: nothing (it wakes beside the awake engines), idle engines (they park, the least recently used
+first), or busy ones whose turn is over (they leave: no new request, parked once their requests in flight end; a
+switch never cuts a stream), the model waking once they have. While a wake must wait, another model that fits with
+nothing moved may still wake. Then the model wakes (or starts again, if its engine died or cannot park) and every
+request waiting for it goes through at once: a switch serves the whole batch that waited for it. A wake refused for
+memory (``WakeRefused``: the estimate was short) parks one more engine on its GPUs and tries again. Start-up starts
+every engine in turn, the default first and awake, the others parked; a request for a model start-up has not
+reached moves it to the front, and keeps it awake. States and failures: ``states.py``. A request that waits longer
+than ``request_timeout_s`` is answered 503, and never by another model's engine.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ..errors import HotweightsError
 from .engines import EngineError
 from .model import Model
 from .operations import Operations
-from .schedule import next_model, refusal, retried
+from .schedule import Room, refusal, retried, startup_next, wanted
 from .states import SERVING, Failure, InvalidTransition, ModelState
 
 S = ModelState
@@ -48,7 +49,7 @@ class Switcher(Operations):
                 if m.reserved:  # the switch that woke it counted this batch in flight already
                     m.reserved -= 1
                     break
-                if m.state is S.AWAKE and not m.draining:
+                if m.state is S.AWAKE:
                     m.inflight += 1
                     m.idle.clear()
                     break
@@ -82,6 +83,7 @@ class Switcher(Operations):
         m.last_used = time.time()
         if m.inflight == 0:
             m.idle.set()
+            self._kick.set()  # an idle engine may make room for a model that waits
 
     async def run(self) -> None:
         """Start-up, then every switch, one at a time, in the order ``next_model`` gives; with ``preload_jobs`` > 1
@@ -95,30 +97,54 @@ class Switcher(Operations):
 
     async def _schedule(self) -> None:
         while True:
-            m = next_model(self.models.values(), self.config, self.models[self.config.default.name])
-            if m is None:
-                await self._kick.wait()
-                self._kick.clear()
-                continue
             async with self.busy:
+                m, room, look = self._plan()
+                if m is not None:
+                    try:
+                        await (self._start_up(m) if not m.started or m in retried([m]) else self._switch_to(m, room))
+                    except (OSError, HotweightsError, InvalidTransition) as exc:  # never the end of the scheduler
+                        logger.exception("switch: %s: %s", m.name, exc)
+                        m.attempts_failed += 1
+                        m.failure = Failure("wake", f"the switch to it failed: {exc}")
+                        self._changed()
+                        await asyncio.sleep(0.1)  # a bug that repeats must not spin the loop
+            if m is None:
                 try:
-                    await (self._start_up(m) if not m.started or m in retried([m]) else self._switch_to(m))
-                except (OSError, HotweightsError, InvalidTransition) as exc:  # never the end of the scheduler
-                    logger.exception("switch: %s: %s", m.name, exc)
-                    m.attempts_failed += 1
-                    m.failure = Failure("wake", f"the switch to it failed: {exc}")
-                    self._changed()
-                    await asyncio.sleep(0.1)  # a bug that repeats must not spin the loop
-            if m.config is self.config.default or all(x.started for x in self.models.values()):
+                    await asyncio.wait_for(self._kick.wait(), look)
+                except TimeoutError:
+                    pass
+                self._kick.clear()
+            elif m.config is self.config.default or all(x.started for x in self.models.values()):
                 self.ready.set()
 
-    async def _switch_to(self, m: Model) -> None:
+    def _plan(self) -> tuple[Model | None, Room, float | None]:
+        """The model to start or wake now and what makes room for it; (None, _, seconds until a busy engine's turn
+        ends, or None) when none can go now. The first model requests wait for may make busy engines leave; one
+        after it goes only where it fits with nothing moved (it takes no memory the first one waits for)."""
+        models = list(self.models.values())
+        look: float | None = None
+        order = wanted(models, self.config)
+        for i, m in enumerate(order):
+            if not m.started or m in retried([m]):
+                if i == 0:
+                    return m, Room(), None
+                continue
+            room = self.room(m)
+            if i == 0:
+                for victim in room.leave:
+                    self._leave(victim, m)
+            if not room.wait and (i == 0 or room.now):
+                return m, room, None
+            if room.look_in_s is not None:
+                look = room.look_in_s if look is None else min(look, room.look_in_s)
+        if order:
+            return None, Room(), look
+        return startup_next(models, self.models[self.config.default.name]), Room(), None
+
+    async def _switch_to(self, m: Model, room: Room) -> None:
         began = time.monotonic()
-        parked = await self._make_room(m)
-        if m.state is S.AWAKE:  # it was to park once its requests ended (a model woke beside it): it stays
-            self._stays(m)
-            logger.info("switch: %s stays awake (it was to park once its requests ended)", m.name)
-            return
+        waited = m.waited_s(began)
+        parked = await self._make_room(room, m)
         woke_began = time.monotonic()
         try:
             source = await self._wake(m)
@@ -137,7 +163,7 @@ class Switcher(Operations):
         self._awake(m)
         seconds = time.monotonic() - began
         self.metrics.switch(m.name, source, seconds)
-        logger.info(evidence.switch_awake(m.name, seconds, source, parked, time.monotonic() - woke_began))
+        logger.info(evidence.switch_awake(m.name, seconds, source, parked, time.monotonic() - woke_began, waited))
 
     async def watch(self, interval_s: float = 0.5) -> None:
         """Engines that died are marked failed (their next request starts them again); parked embedded engines

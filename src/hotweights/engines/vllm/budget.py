@@ -30,13 +30,19 @@ from ...rows import EntryRow
 logger = logging.getLogger(__name__)
 
 
+def engine_share(total: int, utilization: float, external: int) -> int:
+    """What an engine allocates itself of ``utilization`` x ``total``, ``external`` (its mapped weights) counted
+    towards it; in any unit (bytes here, MiB in the switch's memory model, ``switch/memory.py``). vLLM-free."""
+    return math.ceil(total * utilization) - external
+
+
 def engine_budget(*, total: int, free: int, utilization: float, external: int) -> tuple[int, str]:
     """``(bytes the engine may allocate, '')``, or ``(0, why it cannot start)``.
 
     ``external``: bytes of weights this engine maps from the cache (0 for a disk start).
     """
     requested = math.ceil(total * utilization)
-    engine = requested - external
+    engine = engine_share(total, utilization, external)
     if engine <= 0:
         return 0, (f"the mapped weights ({external / GIB:.2f} GiB) exceed the --gpu-memory-utilization budget "
                    f"({utilization}, {requested / GIB:.2f} GiB); raise --gpu-memory-utilization")

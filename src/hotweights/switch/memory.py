@@ -1,0 +1,97 @@
+"""GPU memory as the switch models it, in one place: what a model's preload, start and engine take on each of its
+GPUs (``GpuNeed``, from its kind's row), what it holds in each state (``held_mib``), and whether a set of states
+fits a GPU (``over_mib``). The scheduler decides wakes and parks by it (``schedule.room_for``), the start-up line
+says each GPU's worst moment by it (``fit.py``), the preloads are admitted by it (``preloads.py``).
+
+Per GPU a model holds:
+
+- its weights, in the keeper: always where its parked weights stay on the GPU (``parked_weights = "gpu"``, or
+  parking off), else only while its engine is resident (starting, awake or leaving: a wake uploads them);
+- its engine's own memory: resident, its share of the GPU less the weights it maps (vLLM's
+  ``--gpu-memory-utilization``: ``engines/vllm/budget.engine_share``, the rule the engine's own start applies) or,
+  where its arguments pin its KV cache (``--kv-cache-memory-bytes``), that KV cache and the activations beside it;
+  plus what a parked engine keeps (its CUDA context and graphs, read on an H200); parked, only that; stopped,
+  nothing.
+
+An estimate from the configuration, not a reading: it is what lets the switch decide without awaiting a read
+between looking at its models and acting (an engine's own wake still refuses when the GPU has too little: the
+switch then parks one more). Torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..engines.vllm.budget import engine_share
+from .states import RESIDENT, ModelState
+
+CONTEXT_MIB = 1024  # a CUDA context with torch's kernels loaded, as an embedded engine's preload and start take it
+PRELOAD_SCRATCH_MIB = 3072  # a vLLM preload's context, activations of its profile run and CUDA graphs (8B: ~2.5 GiB)
+ACTIVATIONS_MIB = 2048  # a vLLM engine's activations beside a KV cache its arguments pin (8B, 8,192 batched tokens)
+RESERVE_MIB = 1024  # of each GPU, never planned for: other processes, fragmentation, the estimate's error
+
+
+@dataclass(frozen=True, slots=True)
+class GpuNeed:
+    """What a model's preload and its engine take on each of its GPUs (``gpus``: CUDA indices among those the front
+    sees): a ``share`` of the GPU's memory (vLLM's ``--gpu-memory-utilization``, which its mapped weights count
+    towards), its weights (per GPU; they stay in the keeper once preloaded), a fixed ``extra``, the KV cache a preload
+    pins (``kv_mib``) or the engine's arguments pin (``engine_kv_mib``), and what the engine keeps parked."""
+
+    gpus: tuple[int, ...]
+    share: float = 0.0
+    weights_mib: int = 0
+    extra_mib: int = 0
+    kv_mib: int = 0  # the KV cache its preload pins, or its arguments give (0: its engine sizes it from ``share``)
+    parked_mib: int = 0  # what its engine keeps on the GPU while parked (context, CUDA graphs)
+    engine_kv_mib: int = 0  # the KV cache its engine's arguments pin (0: sized from ``share``)
+
+    def preload_mib(self, total_mib: int) -> int:
+        """At the preload's peak: an engine of its own loads the weights while it publishes a copy of them, within
+        its ``share``, or (its KV cache pinned) beside its weights, its pinned KV cache and ``PRELOAD_SCRATCH_MIB``;
+        vLLM asks for its ``share`` free at start either way."""
+        share = math.ceil(self.share * total_mib)
+        if self.kv_mib:
+            return max(share, 2 * self.weights_mib + self.kv_mib + PRELOAD_SCRATCH_MIB) + self.extra_mib
+        return share + self.weights_mib + self.extra_mib
+
+    def start_mib(self, total_mib: int) -> int:
+        """Free memory its engine's start needs, its weights mapped from the keeper."""
+        return max(0, engine_share(total_mib, self.share, self.weights_mib)) + self.extra_mib
+
+    def awake_mib(self, total_mib: int) -> int:
+        """Its engine's own memory while it serves (its weights aside)."""
+        if self.engine_kv_mib:
+            return self.engine_kv_mib + ACTIVATIONS_MIB + self.extra_mib + self.parked_mib
+        return self.start_mib(total_mib) + self.parked_mib
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """A model as memory sees it: its need, its state, and whether its weights stay on the GPU while parked."""
+
+    need: GpuNeed
+    state: ModelState
+    weights_kept: bool  # parked_weights = "gpu" (or parking off): the keeper keeps its entry on the GPU
+
+
+def held_mib(h: Holder, total_mib: int) -> int:
+    """What ``h`` holds on each of its GPUs (of ``total_mib``) in its state: its weights where they are on the GPU,
+    and its engine's own memory."""
+    n = h.need
+    if not n.gpus:
+        return 0
+    resident = h.state in RESIDENT
+    weights = n.weights_mib if (h.weights_kept or resident) else 0
+    if resident:
+        return weights + n.awake_mib(total_mib)
+    if h.state in (ModelState.PARKED, ModelState.DEEP):
+        return weights + n.parked_mib
+    return weights  # stopped or failed: no engine, its weights wherever the keeper keeps them
+
+
+def over_mib(gpu: int, total_mib: int, holders: Iterable[Holder]) -> int:
+    """How far ``holders`` on ``gpu`` run past what may be planned of it (> 0: they do not fit)."""
+    return sum(held_mib(h, total_mib) for h in holders if gpu in h.need.gpus) - (total_mib - RESERVE_MIB)
