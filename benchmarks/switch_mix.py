@@ -7,7 +7,8 @@ of its own, a vLLM model on several with that tensor parallelism) and the mix m0
 asks for another model than the one before: each is a switch), one streamed completion at a time, timed
 from the request to its first streamed token. Modes, in ``--modes`` order (one keeper for all):
 
-- ``park``: the front as shipped (the engine parks, its weights stay on the GPU; the next wakes);
+- ``park``: the front as shipped, capped at one engine awake (``max_awake = 1``; by default every engine that fits
+  stays awake, and the mix would switch nothing): the engine parks, its weights stay on the GPU; the next wakes;
 - ``restart``: ``--no-parking``: the engine stops and the next starts (what llama-swap does with vLLM);
 - ``vllm_sleep`` (vLLM only): the engines read the checkpoint themselves (``--load-format auto``) and park
   with vLLM's own sleep level 1 (their weights copied to host memory by vLLM, per engine);
@@ -82,13 +83,15 @@ def model_table(name: str, path: Path, gpus: list[int], engine: str, engine_args
             + ('parked_weights = "host"\n' if host else ""))
 
 
-def start_front(cmd: list[str], url: str, sock: str, log: Path, label: str) -> tuple[subprocess.Popen, float]:
-    """The front ``cmd`` (serving at ``url``, keeper ``sock``, output to ``log``) once every model is past start-up
+def start_front(cmd: list[str], url: str, sock: str, log: Path, label: str,
+                env: dict[str, str] | None = None) -> tuple[subprocess.Popen, float]:
+    """The front ``cmd`` (serving at ``url``, keeper ``sock``, output to ``log``, ``env`` added to the environment)
+    once every model is past start-up
     (up, or its start failed at least once: the front tries it again by itself, and the run records what a request
     for it gets meanwhile), and the seconds that took; SystemExit with its output when it does not get there."""
     began = time.monotonic()
     front = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                             env={**os.environ, "HOTWEIGHTS_SOCKET_DIR": sock})
+                             env={**os.environ, "HOTWEIGHTS_SOCKET_DIR": sock, **(env or {})})
     while not ((state := status(url)) and all(m["state"] != "starting" or m.get("error") for m in state["models"])):
         if front.poll() is not None or time.monotonic() - began > 1800:
             front.kill()
@@ -125,8 +128,9 @@ def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock:
     url = f"http://127.0.0.1:{port}"
     engine_args = shlex.split(args.engine_args) + (["--load-format", "auto"] if mode == "vllm_sleep" else [])
     config = out / f"switch-{mode}.toml"
-    config.write_text("".join(model_table(name, path, gpus, args.engine, engine_args, mode == "park_host")
-                              for (name, path), gpus in zip(models.items(), args.gpu_sets)))
+    tables = "".join(model_table(name, path, gpus, args.engine, engine_args, mode == "park_host")
+                     for (name, path), gpus in zip(models.items(), args.gpu_sets))
+    config.write_text("[switch]\nmax_awake = 1\n" + tables)  # one engine awake: every request of the mix a switch
     cmd = [sys.executable, "-m", "hotweights", "switch", "--config", str(config), "--port", str(port),
            "--log-dir", str(out / f"logs-{mode}"), *(["--no-parking"] if mode == "restart" else [])]
     log = out / f"front-{mode}.log"
@@ -183,7 +187,8 @@ def main() -> int:
     parser.add_argument("--switches", type=int, default=20)
     parser.add_argument("--modes", default="park,restart", help="park, restart, vllm_sleep, park_host (last)")
     parser.add_argument("--restart-switches", type=int, default=0, help="switches of the restart mode (0: --switches)")
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--socket-dir", default="", help="a keeper to use (and leave running): its entries serve")
+    parser.add_argument("--out", type=Path, default=None, help="where the demo models are (written if not)")
     parser.add_argument("--partial-json", type=Path, default=None, help="the results so far, after each mode")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -196,7 +201,7 @@ def main() -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="hw-switch-"))
     out.mkdir(parents=True, exist_ok=True)
     models = write_models(out, sizes, args.gen_device)
-    sock = tempfile.mkdtemp(prefix="hw-switch-sock-", dir="/tmp")
+    sock = args.socket_dir or tempfile.mkdtemp(prefix="hw-switch-sock-", dir="/tmp")
     result: dict = {"models": args.models, "size": args.size, "sizes": sizes, "gpus": args.gpu_sets,
                     "engine": args.engine, "engine_args": args.engine_args}
     try:
@@ -209,7 +214,8 @@ def main() -> int:
             if args.partial_json:  # what a run cut short still leaves
                 args.partial_json.write_text(json.dumps(result))
     finally:
-        subprocess.run([sys.executable, "-m", "hotweights", "stop", "--socket-dir", sock], capture_output=True)
+        if not args.socket_dir:
+            subprocess.run([sys.executable, "-m", "hotweights", "stop", "--socket-dir", sock], capture_output=True)
     modes = [m for m in args.modes.split(",") if "answers" in result.get(m, {})]
     result["same_answers_across_modes"] = len({json.dumps(result[m]["answers"]) for m in modes}) == 1
     for other in ("restart", "vllm_sleep", "park_host"):

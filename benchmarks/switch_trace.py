@@ -2,25 +2,36 @@
 """``hotweights switch`` under a traffic trace: many models at once, bursts, long prompts, streams overlapping
 switches; every mode side by side in one run, against the same seeded trace.
 
-The trace (``--seed``): Poisson arrivals at ``--rate`` requests/s in all, each for a model drawn by Zipf-like
-popularity (weight 1/(rank+1)^``--zipf-s``: a popular model and a long tail), plus bursts (on average every
-``--burst-every-s``, ``--burst-size`` requests for one model within half a second); prompts of ``--prompt-tokens
-LO,HI`` tokens (log-uniform; token ids, so every engine sees the same length), ``--max-tokens LO,HI``, greedy,
-streamed. Every ``--probe-every``-th request of a model is its probe prompt: its answer must begin as that model's
-first probe answer did (the same first token, its logprob within ``PROBE_TOLERANCE``), and every chunk must name the
-model asked for: a request answered by another model's engine counts in ``crossed`` and fails the run (exit 1).
+The trace (``--seed``): Poisson arrivals at each rate of ``--rates`` (requests/s in all), each for a model drawn by
+Zipf-like popularity (weight 1/(rank+1)^``--zipf-s``: a popular model and a long tail), or with
+``--per-model-rate R`` a Poisson process of R requests/s per model (as Aegaeon's SOSP'25 evaluation: 0.1 and 0.5),
+plus bursts (on average every ``--burst-every-s``, ``--burst-size`` requests for one model within half a
+second); prompts of ``--prompt-tokens LO,HI`` tokens (log-uniform; token ids, so every engine sees the same length),
+``--max-tokens LO,HI``, greedy, streamed. Every ``--probe-every``-th request of a model is its probe prompt: its
+answer must begin as that model's first probe answer did (the same first token, its logprob within
+``PROBE_TOLERANCE``), and every chunk must name the model asked for: a request answered by another model's engine
+counts in ``crossed`` and fails the run (exit 1).
 ``probe_tells_models_apart``: no two models' probe answers begin alike, so that the probe could tell them apart.
 
-Per request: time to first token (from sending), decode tokens/s (the tokens from the stream's usage event, as an
-engine may merge several into one event), outcome. Per mode: p50/p95/p99 TTFT over every
-request (one that failed counts as never: its TTFT is infinite, shown as null), goodput (requests answered with a
-first token within ``--slo-s``, per second of trace), switches (the front's counter), GPU and host memory sampled
-every second. Modes, each a front of its own (``hotweights switch --config``), one keeper for all:
+Per request: time to first token (TTFT, from sending), time per output token after the first (TPOT: the stream's
+time after its first token over the tokens after it, the tokens from the stream's usage event, as an engine may
+merge several into one event), outcome. Per run: p50/p95/p99 TTFT over every request (one that failed counts as
+never: its TTFT is infinite, shown as null), p50/p99 TPOT, goodput (requests answered with a first token within
+``--slo-s``, per second of trace), SLO attainment (the share of requests with TTFT within ``--slo-s`` and TPOT
+within ``--tpot-slo-s``), switches (the front's counter), GPU and host memory sampled every second. Each rate runs
+``--repeats`` times (seeds ``--seed``, +1, ...) on the same front, one after another, the lowest rate first; per
+rate the medians of the runs with their spread (min, max). Modes, each a front of its own (``hotweights switch
+--config``), one keeper for all:
 
-- ``park``: parked engines keep their weights on the GPU (the default), ``schedule = "fair"``, a switch behind a
-  busy engine wakes its model beside it after ``overlap_after_s`` (2 s) where memory allows;
-- ``park_wait``: the same, but a switch waits for the busy engine's requests (``overlap_after_s = 0``);
-- ``park_fifo``: the simple policy of before: first come, first served, and a switch waits for the busy engine;
+- ``park``: the front's defaults: every engine that fits stays awake (``max_awake = "auto"``: GPU memory bounds
+  the awake set), parked engines keep their weights on the GPU, ``schedule = "fair"``, bounded turns where memory
+  forces a choice between busy engines (``turn_s``);
+- ``one``: the same, capped at one engine awake (``max_awake = 1``): every model change is a switch;
+- ``before``: today's policy of 2026-12-03 (one engine awake, a 2 s wait behind a busy engine, then its model wakes
+  beside it and the busy engine refuses its own requests until it parks), run from the source tree that
+  ``--before-src`` names (``git worktree add /tmp/hw-before 34b815a``: its ``src``); fronts and engines of that
+  code;
+- ``park_fifo``: first come, first served;
 - ``park_x2``: ``max_awake = 2`` (two engines awake at once where memory allows);
 - ``park_host``: every parked engine's weights in host memory; ``mixed``: the most popular half (``--gpu-tier K``:
   the K most popular) on the GPU, the rest in host memory;
@@ -37,8 +48,11 @@ then asks every model once (``roll_call``: a Zipf trace may never ask the last m
 ``--url URL --names a,b,c`` runs the trace once against a front that runs already (mode ``given``).
 
 Run: .venv/bin/python benchmarks/switch_trace.py --json                                       (CPU: 3 tiny models)
-     python3 benchmarks/switch_trace.py --size 8b --gen-device cuda --engine vllm --rate 1 \\
-         --engine-args "--max-model-len 4096 --gpu-memory-utilization 0.25" --modes park,park_fifo,static --json
+     .venv/bin/python benchmarks/switch_trace.py --modes park,before,static --before-src /tmp/hw-before/src \\
+         --rates 2,4 --repeats 3 --duration-s 30 --max-tokens 32,512 --json                      (CPU: the sweep)
+     python3 benchmarks/switch_trace.py --size 8b --gen-device cuda --engine vllm --rates 2,6,16 \\
+         --max-tokens 32,512 --engine-args "--max-model-len 4096 --gpu-memory-utilization 0.25" \\
+         --modes park,before,static --before-src DIR --json                                      (an H200)
 """
 
 from __future__ import annotations
@@ -47,6 +61,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import re
 import shlex
@@ -70,7 +85,7 @@ from hotweights.unix import descendants
 from hotweights.verify.memory import proc_status
 
 PROBE_TOLERANCE = 0.05  # of a first token's logprob
-MODES = ("park", "park_wait", "park_fifo", "park_x2", "park_host", "mixed", "vllm_sleep", "restart", "static")
+MODES = ("park", "one", "before", "park_fifo", "park_x2", "park_host", "mixed", "vllm_sleep", "restart", "static")
 
 
 @dataclass(frozen=True)
@@ -82,8 +97,9 @@ class Request:
     probe: bool
 
 
-def make_trace(names: list[str], args: argparse.Namespace) -> list[Request]:
-    rng = random.Random(args.seed)
+def make_trace(names: list[str], args: argparse.Namespace, rate: float, seed: int) -> list[Request]:
+    """``rate`` requests/s in all over Zipf-weighted models (or ``--per-model-rate`` each), seeded by ``seed``."""
+    rng = random.Random(seed)
     weights = [1 / (i + 1) ** args.zipf_s for i in range(len(names))]
     lo, hi = args.prompt_range
     probe_prompt = [rng.randrange(32, 256) for _ in range(lo)]  # byte tokens of the demo tokenizer
@@ -94,10 +110,12 @@ def make_trace(names: list[str], args: argparse.Namespace) -> list[Request]:
                        rng.randint(*args.max_tokens_range), False)
 
     arrivals: list[Request] = []
-    at = rng.expovariate(args.rate)
-    while at < args.duration_s:
-        arrivals.append(request(at, rng.choices(names, weights)[0]))
-        at += rng.expovariate(args.rate)
+    for model in names if args.per_model_rate else [""]:  # one Poisson process per model, or one for all
+        each = args.per_model_rate or rate
+        at = rng.expovariate(each)
+        while at < args.duration_s:
+            arrivals.append(request(at, model or rng.choices(names, weights)[0]))
+            at += rng.expovariate(each)
     at = rng.expovariate(1 / args.burst_every_s) if args.burst_size else args.duration_s
     while at < args.duration_s:
         model = rng.choices(names, weights)[0]
@@ -244,6 +262,12 @@ def summarize(rows: list[dict], args: argparse.Namespace, extra: dict) -> dict:
     tells_apart = not any(same_start(a, b) for i, a in enumerate(answers) for b in answers[i + 1:])
     rates = [(r["tokens"] - 1) / (r["total_s"] - r["ttft_s"]) for r in rows if r["outcome"] == "ok" and
              r["tokens"] > 1 and r["total_s"] > r["ttft_s"]]
+    for r in rows:  # time per output token after the first (0 for one token; None, counted infinite, for a failure)
+        r["tpot_s"] = None
+        if r["outcome"] == "ok" and r["ttft_s"] is not None:
+            r["tpot_s"] = round((r["total_s"] - r["ttft_s"]) / (r["tokens"] - 1), 5) if r["tokens"] > 1 else 0.0
+    tpots = [r["tpot_s"] if r["tpot_s"] is not None else math.inf for r in rows]
+    met = sum(t <= args.slo_s and p <= args.tpot_slo_s for t, p in zip(ttfts, tpots))
     outcomes: dict[str, int] = {}
     for r in rows:
         outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
@@ -251,6 +275,8 @@ def summarize(rows: list[dict], args: argparse.Namespace, extra: dict) -> dict:
             "ttft_p50_s": percentile(ttfts, 50), "ttft_p95_s": percentile(ttfts, 95),
             "ttft_p99_s": percentile(ttfts, 99),
             "goodput_rps": round(sum(t <= args.slo_s for t in ttfts) / args.duration_s, 3),
+            "slo_attainment": round(met / len(rows), 4) if rows else None,
+            "tpot_p50_s": percentile(tpots, 50), "tpot_p99_s": percentile(tpots, 99),
             "decode_tokens_per_s_p50": round(statistics.median(rates), 1) if rates else None,
             "probe_answers": {k: [v[0][:40], round(v[1], 4)] for k, v in reference.items()},  # first token, logprob
             "probe_tells_models_apart": tells_apart, **extra,
@@ -299,39 +325,85 @@ def mode_config(mode: str, models: dict[str, Path], args: argparse.Namespace) ->
     names = list(models)
     on_gpu = args.gpu_tier if args.gpu_tier is not None else (len(names) + 1) // 2  # mixed: the most popular first
     host = set(names if mode == "park_host" else names[on_gpu:] if mode == "mixed" else [])
-    awake = {"park_x2": 2, "static": len(names)}.get(mode, 1)
-    text = f"[switch]\nmax_awake = {awake}\nschedule = \"{'fifo' if mode == 'park_fifo' else 'fair'}\"\n"
-    text += "overlap_after_s = 0\n" if mode in ("park_wait", "park_fifo") else ""  # the switch waits for a busy engine
+    awake = {"one": 1, "park_x2": 2, "static": len(names)}.get(mode)  # else auto ("before": its own default, 1)
+    text = "[switch]\n" + (f"max_awake = {awake}\n" if awake else "")
+    text += f"schedule = \"{'fifo' if mode == 'park_fifo' else 'fair'}\"\n"
     text += f"request_timeout_s = {args.request_timeout_s}\n"
     text += "".join(model_table(name, path, [], args.engine, engine_args, name in host) for name, path in
                     models.items())
     return text, ["--no-parking"] if mode == "restart" else []
 
 
-def run_mode(mode: str, models: dict[str, Path], trace: list[Request], args: argparse.Namespace, sock: str,
-             out: Path) -> dict:
+def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock: str, out: Path) -> dict:
+    """One front for ``mode``, then every rate of the sweep on it, each ``--repeats`` times."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     text, flags = mode_config(mode, models, args)
     config = out / f"trace-{mode}.toml"
     config.write_text(text)
     log = out / f"trace-front-{mode}.log"
+    env = None  # "before": its source tree first (the front's and its engines' hotweights), the rest as it was
+    if mode == "before" and args.before_src:
+        env = {"PYTHONPATH": os.pathsep.join(x for x in (str(args.before_src), os.environ.get("PYTHONPATH")) if x)}
+    if mode == "before" and not args.before_src:
+        raise SystemExit("before: --before-src names the source tree of the policy before (its src/)")
     front, startup_s = start_front([sys.executable, "-m", "hotweights", "switch", "--config", str(config), "--port",
                                     str(port), "--log-dir", str(out / f"trace-logs-{mode}"), *flags], url, sock, log,
-                                   mode)
+                                   mode, env)
+    names = list(models)
+    result: dict = {"startup_s": round(startup_s, 1), "rates": {}}
     try:
-        started = memory_by_tier(url, sock)
-        result = run_trace(url, trace, args)
-        result["memory_by_tier"] = {"started": started, "after_trace": memory_by_tier(url, sock)}
-        result["roll_call"] = roll_call(url, list(models), args)
-        result["startup_s"] = round(startup_s, 1)
+        result["memory_by_tier"] = {"started": memory_by_tier(url, sock)}
+        for rate in args.rate_list:
+            runs = [run_trace(url, make_trace(names, args, rate, args.seed + i), args) for i in range(args.repeats)]
+            result["rates"][str(rate)] = {"runs": runs, **spread(runs)}
+            print(json.dumps({mode: {"rate": rate, **{k: v for k, v in result["rates"][str(rate)].items()
+                                                      if k != "runs"}}}), file=sys.stderr)
+        result["memory_by_tier"]["after_trace"] = memory_by_tier(url, sock)
+        result["roll_call"] = roll_call(url, names, args)
         result["states_after"] = {m["name"]: m["state"] for m in (status(url) or {"models": []})["models"]}
     finally:
         front.send_signal(signal.SIGINT)
         front.wait(120)
     result["switch_lines"] = [x.split("switch: ", 1)[1] for x in log.read_text().splitlines()
-                              if re.search(r"switch: \S+ (awake in|ready in)", x)][:40]
+                              if re.search(r"switch: \S+ (awake in|ready in|leaves for)", x)][:60]
     return result
+
+
+FIGURES = ("goodput_rps", "slo_attainment", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
+           "switches", "crossed", "requests")
+
+
+def spread(runs: list[dict]) -> dict:
+    """Per figure the median of the runs, and their (min, max); a figure that is None in a run (a p99 that is a
+    failure) counts as infinite, and a median that is infinite as None."""
+    out: dict = {"repeats": len(runs)}
+    for k in FIGURES:
+        xs = sorted(math.inf if r.get(k) is None else r[k] for r in runs)
+        finite = [x for x in xs if not math.isinf(x)]
+        med = statistics.median(xs)
+        out[k] = None if math.isinf(med) else round(med, 4)
+        out[f"{k}_range"] = [round(xs[0], 4) if finite else None, None if math.isinf(xs[-1]) else round(xs[-1], 4)]
+    return out
+
+
+def ratios(result: dict, rates: list[float]) -> dict:
+    """Per mode and rate, its median goodput and SLO attainment over static partitioning's (where static ran)."""
+    ran = {m: r for m, r in result.items() if isinstance(r, dict) and "rates" in r}
+    if "static" not in ran:
+        return {}
+    out: dict = {}
+    for mode, r in ran.items():
+        if mode == "static":
+            continue
+        for rate in map(str, rates):
+            mine, base = r["rates"].get(rate), ran["static"]["rates"].get(rate)
+            if mine and base and base["goodput_rps"]:
+                out.setdefault(mode, {})[rate] = {
+                    "goodput_over_static": round(mine["goodput_rps"] / base["goodput_rps"], 3),
+                    "slo_attainment": mine["slo_attainment"], "static_slo_attainment": base["slo_attainment"],
+                    "ttft_p99_s": mine["ttft_p99_s"], "static_ttft_p99_s": base["ttft_p99_s"]}
+    return out
 
 
 def main() -> int:
@@ -341,9 +413,15 @@ def main() -> int:
     parser.add_argument("--gen-device", default="cpu")
     parser.add_argument("--engine", default="hotweights", choices=["hotweights", "vllm"])
     parser.add_argument("--engine-args", default="--max-model-len 4096")
-    parser.add_argument("--modes", default="park,park_wait,park_fifo,park_x2,park_host,restart,static")
-    parser.add_argument("--duration-s", type=float, default=60.0)
+    parser.add_argument("--modes", default="park,one,park_fifo,park_x2,park_host,restart,static")
+    parser.add_argument("--duration-s", type=float, default=60.0, help="of each run of the trace")
     parser.add_argument("--rate", type=float, default=1.0, help="requests per second in all (Poisson)")
+    parser.add_argument("--rates", default="", help="a sweep, the lowest first (comma-separated; default --rate)")
+    parser.add_argument("--per-model-rate", type=float, default=0.0,
+                        help="a Poisson process of this many requests/s per model instead of a Zipf-weighted --rate")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each rate (seeds --seed, +1, ...)")
+    parser.add_argument("--tpot-slo-s", type=float, default=0.1, help="the time per output token a request must meet")
+    parser.add_argument("--before-src", type=Path, default=None, help="mode before: the src/ of the policy before")
     parser.add_argument("--zipf-s", type=float, default=1.1)
     parser.add_argument("--burst-every-s", type=float, default=20.0)
     parser.add_argument("--burst-size", type=int, default=4)
@@ -368,38 +446,43 @@ def main() -> int:
     args.prompt_range = tuple(int(x) for x in args.prompt_tokens.split(","))
     args.max_tokens_range = tuple(int(x) for x in args.max_tokens.split(","))
     args.gpu = args.gen_device == "cuda" or args.engine == "vllm"
+    args.rate_list = sorted(float(x) for x in args.rates.split(",")) if args.rates else [args.rate]
+    if args.per_model_rate:
+        args.rate_list = [args.per_model_rate]
     out = args.out or Path(tempfile.mkdtemp(prefix="hw-trace-"))
     out.mkdir(parents=True, exist_ok=True)
     names = args.names.split(",") if args.url else [f"m{i}" for i in range(args.models)]
-    trace = make_trace(names, args)
-    result: dict = {"trace": {"requests": len(trace), "per_model": {n: sum(r.model == n for r in trace) for n in names},
-                              "probes": sum(r.probe for r in trace), **{k: v for k, v in vars(args).items()
+    first = make_trace(names, args, args.rate_list[0], args.seed)
+    result: dict = {"trace": {"requests": len(first), "per_model": {n: sum(r.model == n for r in first) for n in names},
+                              "probes": sum(r.probe for r in first), **{k: str(v) if isinstance(v, Path) else v
+                                                                        for k, v in vars(args).items()
                                                                         if k not in ("out", "partial_json", "json",
                                                                                      "models_dir", "socket_dir")}}}
     if args.url:
-        result["given"] = run_trace(args.url, trace, args)
+        runs = [run_trace(args.url, make_trace(names, args, rate, args.seed + i), args) for rate in args.rate_list
+                for i in range(args.repeats)]
+        result["given"] = {"rates": {str(rate): {"runs": runs[j * args.repeats:(j + 1) * args.repeats],
+                                                 **spread(runs[j * args.repeats:(j + 1) * args.repeats])}
+                                     for j, rate in enumerate(args.rate_list)}}
     else:
         models = write_models(args.models_dir or out, [args.size] * args.models, args.gen_device, args.link_shards)
         sock = args.socket_dir or tempfile.mkdtemp(prefix="hw-trace-sock-", dir="/tmp")
         try:
             for mode in args.modes.split(","):
                 try:
-                    result[mode] = run_mode(mode, models, trace, args, sock, out)
+                    result[mode] = run_mode(mode, models, args, sock, out)
                 except (SystemExit, OSError, ValueError, subprocess.TimeoutExpired) as e:  # the next modes still run
                     result[mode] = {"error": str(e)[-3000:]}
-                print(json.dumps({mode: {k: v for k, v in result[mode].items() if k not in ("rows", "memory")}}),
+                print(json.dumps({mode: {k: v for k, v in result[mode].items() if k not in ("rates", "switch_lines")}}),
                       file=sys.stderr)
                 if args.partial_json:
                     args.partial_json.write_text(json.dumps(result))
         finally:
             if not args.socket_dir:
                 subprocess.run([sys.executable, "-m", "hotweights", "stop", "--socket-dir", sock], capture_output=True)
-    ran = {m: r for m, r in result.items() if isinstance(r, dict) and "goodput_rps" in r}
-    if "restart" in ran and "park" in ran and ran["restart"]["goodput_rps"]:
-        result["park_goodput_over_restart"] = round(ran["park"]["goodput_rps"] / ran["restart"]["goodput_rps"], 2)
-    if "static" in ran and "park" in ran and ran["static"]["goodput_rps"]:
-        result["park_goodput_over_static"] = round(ran["park"]["goodput_rps"] / ran["static"]["goodput_rps"], 2)
-    result["crossed"] = sum(r["crossed"] for r in ran.values())
+    ran = {m: r for m, r in result.items() if isinstance(r, dict) and "rates" in r}
+    result["over_static"] = ratios(result, args.rate_list)
+    result["crossed"] = sum(run["crossed"] for r in ran.values() for at in r["rates"].values() for run in at["runs"])
     result["command"] = "benchmarks/switch_trace.py " + " ".join(sys.argv[1:])
     print(json.dumps(result) if args.json else json.dumps({k: v for k, v in result.items()}, indent=1))
     return 1 if result["crossed"] else 0

@@ -1,7 +1,8 @@
 """``benchmarks/switch_trace.py`` on the CPU (three tiny demo models, the embedded engine): a seeded trace of
-bursty, skewed, streamed requests with long prompts, run through a parking front and a stop-and-start front. No
-request may be answered by another model's engine, every request of the parking front is answered, and parking
-serves more requests within the TTFT target than stopping and starting (bounds loose for a shared 2-core box).
+bursty, skewed, streamed requests with long prompts, run through the default front, static partitioning and the
+policy before issue 52. No request may be answered by another model's engine, every request of the default front is
+answered, and it serves about as many requests within the TTFT target as static partitioning (bounds loose for a
+shared 2-core box).
 
 Run: pytest tests/test_switch_trace.py
 """
@@ -16,23 +17,44 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+BEFORE = "34b815a"  # the last commit of the policy before issue 52
+RATE = "2.0"  # requests/s in all
+
+
+def before_src(tmp_path: Path) -> Path | None:
+    """The source tree of the policy before issue 52 (34b815a), from this clone's history; None without it."""
+    dest = tmp_path / "before"
+    dest.mkdir()
+    archive = subprocess.run(["git", "archive", BEFORE, "src"], cwd=ROOT, capture_output=True)
+    if archive.returncode:
+        return None
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest / "src"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_trace_through_the_switch_never_crosses_models_and_parking_beats_stopping(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "switch_trace.py"), "--modes", "park,restart",
-                           "--duration-s", "20", "--rate", "1", "--out", str(tmp_path), "--json"],
+def test_under_load_the_default_front_serves_as_static_partitioning_does_and_never_crosses_models(tmp_path):
+    """Issue 52 on the CPU (three tiny models, the embedded engine, outputs up to 512 tokens): at a rate where the
+    policy before gave less than half of static partitioning's goodput (benchmarks/results/switch/), the default front
+    gives at least 0.9 of it, and no request is answered by another model's engine. The policy before runs beside
+    where this clone has its commit (a loaded 2-core box: only that it does worse is asserted)."""
+    before = before_src(tmp_path)
+    modes = "park,static" + (",before" if before else "")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "switch_trace.py"), "--modes", modes,
+                           "--duration-s", "20", "--rates", RATE, "--max-tokens", "32,512", "--out", str(tmp_path),
+                           "--json", *(["--before-src", str(before)] if before else [])],
                           capture_output=True, text=True, timeout=840, cwd=ROOT / "benchmarks")
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
-    park, restart = result["park"], result["restart"]
+    park, static = result["park"]["rates"][RATE]["runs"][0], result["static"]["rates"][RATE]["runs"][0]
     assert result["crossed"] == 0 and park["probe_tells_models_apart"], park["probe_answers"]
-    assert park["outcomes"] == {"ok": park["requests"]} and park["requests"] == result["trace"]["requests"] > 10
-    assert park["switches"] > 3  # the trace asks for every model, in turns
-    assert park["ttft_p99_s"] is not None and park["ttft_p99_s"] < 10, park["ttft_p99_s"]
-    assert park["goodput_rps"] > restart["goodput_rps"], (park["goodput_rps"], restart["goodput_rps"])
-    assert park["roll_call"]["answered"] == restart["roll_call"]["answered"] == 3  # every model, once more after it
+    assert park["outcomes"] == {"ok": park["requests"]} and park["requests"] > 10
+    assert park["goodput_rps"] >= 0.9 * static["goodput_rps"], (park["goodput_rps"], static["goodput_rps"])
+    assert result["park"]["roll_call"]["answered"] == 3  # every model, once more after it
+    if before:
+        old = result["before"]["rates"][RATE]["runs"][0]
+        assert old["goodput_rps"] < park["goodput_rps"], (old["goodput_rps"], park["goodput_rps"])
 
 
 def test_the_trace_reads_events_whose_text_holds_what_splitlines_splits_at():
@@ -80,7 +102,7 @@ def test_the_probe_tells_models_apart_by_first_token_or_its_logprob_and_counts_a
         return {"model": model, "probe": True, "outcome": "ok", "ttft_s": 0.1, "total_s": 0.2, "tokens": 4,
                 "text": token + "...", "logprobs": [logprob, -1.0], "first_token": token}
 
-    args = argparse.Namespace(slo_s=2.0, duration_s=10.0)
+    args = argparse.Namespace(slo_s=2.0, tpot_slo_s=0.1, duration_s=10.0)
     apart = summarize([probe("m0", "<110856>", -8.0911), probe("m8", "<139146>", -8.0584)], args, {})
     assert apart["probe_tells_models_apart"] and apart["crossed"] == 0, apart
     alike = summarize([probe("m0", "<7>", -8.0911), probe("m8", "<7>", -8.0584)], args, {})
