@@ -1,3 +1,4 @@
-"""``hotweights switch``: many models on one GPU behind one OpenAI-compatible port, each engine parked while
-another serves (``front.py``: the port; ``switcher.py``: which engine is awake; ``engines.py``: the engine
-processes; ``config.py``: the TOML file and the quick form)."""
+"""``hotweights switch``: many models on one GPU behind one OpenAI-compatible port, each engine awake while GPU memory
+allows and parked when another needs it (``front.py``: the port; ``switcher.py``: requests and the scheduler;
+``schedule.py``: its decisions, pure; ``memory.py``: the GPU memory model; ``operations.py``: start, park, wake;
+``engines.py``: the engine processes; ``config.py``: the TOML file and the quick form)."""
