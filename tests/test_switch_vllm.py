@@ -47,6 +47,7 @@ def test_with_vllms_cpu_build_a_switch_stops_its_engine_and_a_request_starts_it_
 [switch]
 port = {port}
 preload_jobs = 2
+max_awake = 1
 [[model]]
 name = "v"
 checkpoint = "{small}"

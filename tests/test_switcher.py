@@ -246,7 +246,7 @@ def test_the_back_off_doubles_with_each_start_that_fails_again():
         task = await started(s)
         m = s.models["b"]
         for expected in (60, 120):
-            m.failure = type(m.failure)("start", m.failure.message, 0.0, m.failure.files)  # its back-off is over
+            m.failure = type(m.failure)(m.failure.kind, m.failure.message, 0.0, m.failure.files)  # its back-off is over
             with pytest.raises(Unavailable):
                 await request(s, "b")
             assert round(m.failure.retry_at - time.monotonic()) == expected

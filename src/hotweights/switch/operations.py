@@ -17,7 +17,7 @@ from .metrics import SwitchMetrics
 from .model import Model
 from .preloads import Preloads
 from .schedule import Room, pick_victim, room_for, startup_order
-from .states import SERVING, TRANSITIONS, Failure, InvalidTransition, ModelState
+from .states import SERVING, TRANSITIONS, Failure, FailureKind, InvalidTransition, ModelState
 
 S = ModelState
 logger = logging.getLogger("hotweights.switch")
@@ -70,8 +70,8 @@ class Operations:
         return room_for(m, list(self.models.values()), self.totals, config)
 
     def _exited(self, m: Model) -> None:
-        m.failure = Failure("died", f"its engine exited (code {m.engine.exit_code}); it starts again on the next "
-                                    f"request")
+        m.failure = Failure(FailureKind.DIED, f"its engine exited (code {m.engine.exit_code}); it starts again on "
+                                              f"the next request")
         logger.warning("switch: %s: %s", m.name, m.failure.message)
         self.move(m, S.FAILED)
 
@@ -123,7 +123,7 @@ class Operations:
         scheduler itself, or a request), or at once when the checkpoint's files change."""
         m.start_failures += 1
         backoff = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (m.start_failures - 1))
-        m.failure = Failure("start", str(exc), time.monotonic() + backoff, m.engine.files())
+        m.failure = Failure(FailureKind.START, str(exc), time.monotonic() + backoff, m.engine.files())
         m.attempts_failed += 1
         self.move(m, S.FAILED)
         asyncio.get_running_loop().call_later(backoff, self._kick.set)  # then the scheduler tries it again

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from .config import SwitchConfig
 from .memory import Holder, over_mib
 from .model import Model
-from .states import ModelState
+from .states import FailureKind, ModelState
 
 S = ModelState
 
@@ -88,8 +88,8 @@ def retried(models: list[Model]) -> list[Model]:
     """Models whose start failed and whose back-off is over (or whose files changed): start-up tries them again by
     itself, no request needed (a default that failed once would otherwise leave ``/health`` at 503 until a request
     came, and a health-gated deployment sends none)."""
-    return [m for m in models if m.state is ModelState.FAILED and m.failure is not None and m.failure.kind == "start"
-            and not m.waiting and not refusal(m)]
+    return [m for m in models if m.state is ModelState.FAILED and m.failure is not None
+            and m.failure.kind is FailureKind.START and not m.waiting and not refusal(m)]
 
 
 def pick_victim(candidates: list[Model], schedule: str) -> Model:
@@ -158,7 +158,7 @@ def refusal(m: Model) -> str:
     """Why a request for ``m`` is answered 503 now without a switch ("" when a switch may serve it): its start
     failed, the back-off has not passed and its checkpoint's files are as they were."""
     f = m.failure
-    if m.state is not ModelState.FAILED or f is None or f.kind != "start":
+    if m.state is not ModelState.FAILED or f is None or f.kind is not FailureKind.START:
         return ""
     left = f.retry_at - time.monotonic()
     if left <= 0 or m.engine.files() != f.files:

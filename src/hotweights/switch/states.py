@@ -49,12 +49,18 @@ class InvalidTransition(RuntimeError):
     """A move the table does not allow: the switch's own bug, named with the model and both states."""
 
 
+class FailureKind(enum.StrEnum):
+    START = "start"  # its start failed: retried after a back-off, or sooner when its checkpoint's files changed
+    DIED = "died"  # it exited while serving: started again at once
+    WAKE = "wake"  # a switch to it failed (its state says where it is): the requests that waited for it get a 503
+
+
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """Why a model is ``failed``: ``start`` (its start failed: retried after ``retry_at``, or sooner when its
-    checkpoint's files changed since ``files``) or ``died`` (it exited while serving: started again at once)."""
+    """What went wrong with a model last: its ``kind``, one line, and for a failed start when it is tried again
+    (``retry_at``) and its checkpoint's files then (``files``)."""
 
-    kind: str  # "start" | "died"
+    kind: FailureKind
     message: str  # one line
     retry_at: float = 0.0  # time.monotonic() after which a start is tried again
     files: tuple[tuple[str, int, int], ...] = ()  # the checkpoint's (name, size, mtime_ns) when it failed

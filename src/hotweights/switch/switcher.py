@@ -25,7 +25,7 @@ from .engines import EngineError
 from .model import Model
 from .operations import Operations
 from .schedule import Room, refusal, retried, startup_next, wanted
-from .states import SERVING, Failure, InvalidTransition, ModelState
+from .states import SERVING, Failure, FailureKind, InvalidTransition, ModelState
 
 S = ModelState
 logger = logging.getLogger("hotweights.switch")
@@ -105,7 +105,7 @@ class Switcher(Operations):
                     except (OSError, HotweightsError, InvalidTransition) as exc:  # never the end of the scheduler
                         logger.exception("switch: %s: %s", m.name, exc)
                         m.attempts_failed += 1
-                        m.failure = Failure("wake", f"the switch to it failed: {exc}")
+                        m.failure = Failure(FailureKind.WAKE, f"the switch to it failed: {exc}")
                         self._changed()
                         await asyncio.sleep(0.1)  # a bug that repeats must not spin the loop
             if m is None:
@@ -156,7 +156,7 @@ class Switcher(Operations):
                 m.attempts_failed += 1
                 if not m.engine.alive() and m.state in SERVING:
                     self._exited(m)
-                m.failure = m.failure or Failure("wake", str(exc))
+                m.failure = m.failure or Failure(FailureKind.WAKE, str(exc))
                 self._changed()
             return
         m.wakes += 1
