@@ -4,7 +4,8 @@ switches; every mode side by side in one run, against the same seeded trace.
 
 The trace (``--seed``): Poisson arrivals at each rate of ``--rates`` (requests/s in all), each for a model drawn by
 Zipf-like popularity (weight 1/(rank+1)^``--zipf-s``: a popular model and a long tail), or with
-``--per-model-rate R`` a Poisson process of R requests/s per model (as Aegaeon's SOSP'25 evaluation: 0.1 and 0.5),
+``--per-model-rate R[,R...]`` a Poisson process of R requests/s per model, a sweep over the Rs (as Aegaeon's SOSP'25
+evaluation: 0.1 and 0.5),
 plus bursts (on average every ``--burst-every-s``, ``--burst-size`` requests for one model within half a
 second); prompts of ``--prompt-tokens LO,HI`` tokens (log-uniform; token ids, so every engine sees the same length),
 ``--max-tokens LO,HI``, greedy, streamed. Every ``--probe-every``-th request of a model is its probe prompt: its
@@ -98,7 +99,7 @@ class Request:
 
 
 def make_trace(names: list[str], args: argparse.Namespace, rate: float, seed: int) -> list[Request]:
-    """``rate`` requests/s in all over Zipf-weighted models (or ``--per-model-rate`` each), seeded by ``seed``."""
+    """``rate`` requests/s in all over Zipf-weighted models (with ``--per-model-rate``: each), seeded by ``seed``."""
     rng = random.Random(seed)
     weights = [1 / (i + 1) ** args.zipf_s for i in range(len(names))]
     lo, hi = args.prompt_range
@@ -111,11 +112,10 @@ def make_trace(names: list[str], args: argparse.Namespace, rate: float, seed: in
 
     arrivals: list[Request] = []
     for model in names if args.per_model_rate else [""]:  # one Poisson process per model, or one for all
-        each = args.per_model_rate or rate
-        at = rng.expovariate(each)
+        at = rng.expovariate(rate)
         while at < args.duration_s:
             arrivals.append(request(at, model or rng.choices(names, weights)[0]))
-            at += rng.expovariate(each)
+            at += rng.expovariate(rate)
     at = rng.expovariate(1 / args.burst_every_s) if args.burst_size else args.duration_s
     while at < args.duration_s:
         model = rng.choices(names, weights)[0]
@@ -423,8 +423,9 @@ def main() -> int:
     parser.add_argument("--duration-s", type=float, default=60.0, help="of each run of the trace")
     parser.add_argument("--rate", type=float, default=1.0, help="requests per second in all (Poisson)")
     parser.add_argument("--rates", default="", help="a sweep, the lowest first (comma-separated; default --rate)")
-    parser.add_argument("--per-model-rate", type=float, default=0.0,
-                        help="a Poisson process of this many requests/s per model instead of a Zipf-weighted --rate")
+    parser.add_argument("--per-model-rate", default="",
+                        help="R[,R...]: a Poisson process of R requests/s per model instead of Zipf-weighted --rates "
+                             "(a sweep over the Rs)")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each rate (seeds --seed, +1, ...)")
     parser.add_argument("--tpot-slo-s", type=float, default=0.1, help="the time per output token a request must meet")
     parser.add_argument("--before-src", type=Path, default=None, help="mode before: the src/ of the policy before")
@@ -453,8 +454,8 @@ def main() -> int:
     args.max_tokens_range = tuple(int(x) for x in args.max_tokens.split(","))
     args.gpu = args.gen_device == "cuda" or args.engine == "vllm"
     args.rate_list = sorted(float(x) for x in args.rates.split(",")) if args.rates else [args.rate]
-    if args.per_model_rate:
-        args.rate_list = [args.per_model_rate]
+    if args.per_model_rate:  # the sweep's rates are each model's
+        args.rate_list = sorted(float(x) for x in args.per_model_rate.split(","))
     out = args.out or Path(tempfile.mkdtemp(prefix="hw-trace-"))
     out.mkdir(parents=True, exist_ok=True)
     names = args.names.split(",") if args.url else [f"m{i}" for i in range(args.models)]
