@@ -137,7 +137,7 @@ def test_an_api_key_guards_the_front_a_model_that_cannot_start_is_unavailable_an
     import openai
 
     broken = shutil.copytree(two_models["chat"], tmp_path / "broken")
-    (broken / "tokenizer.json").unlink()  # a checkpoint its engine cannot start: no tokenizer
+    (broken / "tokenizer.json").write_text("{}")  # a checkpoint its engine cannot start: a broken tokenizer
     f = Front(tmp_path, {"chat": two_models["chat"], "broken": tmp_path / "broken"}, "--api-key", "sesame",
               socket_dir=keeper)
     with pytest.raises(openai.AuthenticationError):

@@ -158,9 +158,11 @@ def _model_dir(path: str) -> str:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from .config import AttachConfig
+    from .loading.checkpoint import check_tokenizer_dir
     from .serve.config import ServeConfig
 
-    config = ServeConfig(model=_model_dir(args.model), host=args.host, port=args.port, dtype=args.dtype,
+    check_tokenizer_dir(_model_dir(args.model))  # else it would serve, and answer every request with a 500
+    config = ServeConfig(model=args.model, host=args.host, port=args.port, dtype=args.dtype,
                          device=args.device, served_model_name=args.served_model_name,
                          max_model_len=args.max_model_len, load_format=args.load_format, model_impl=args.model_impl,
                          access_log=not args.disable_uvicorn_access_log,

@@ -158,6 +158,19 @@ def check_config_dir(root: Path) -> Path:
     return root
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+
+
+def check_tokenizer_dir(root: str | os.PathLike[str]) -> Path:
+    """A directory with a tokenizer an engine can load (one of ``TOKENIZER_FILES``, or a tiktoken file): without
+    one a server starts, says it is ready, and answers every request with an error. CheckpointError otherwise."""
+    root = Path(root)
+    if any((root / name).is_file() for name in TOKENIZER_FILES) or any(root.glob("*.tiktoken")):
+        return root
+    raise CheckpointError(f"no tokenizer files in {root} ({', '.join(TOKENIZER_FILES)}): an engine would start but "
+                          f"answer no request; put the model's tokenizer beside its weights")
+
+
 def _shard_names(root: Path) -> list[str]:
     index = root / INDEX_NAME
     if index.exists():

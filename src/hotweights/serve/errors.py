@@ -27,6 +27,12 @@ async def http_error(_request: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status_code, str(exc.detail), kind=HTTPStatus(exc.status_code).phrase)
 
 
+async def server_error(_request: Request, exc: Exception) -> JSONResponse:
+    """Anything a handler did not catch (a bug, a model that cannot answer), answered as vLLM does: JSON, one line
+    (the traceback goes to the log, as Starlette raises it on)."""
+    return error_response(500, f"{type(exc).__name__}: {exc}".splitlines()[0][:500])
+
+
 def stream_error(message: str, status: int = 500) -> bytes:
     """The event vLLM ends a stream with when it fails: the error as ``data:``, then ``[DONE]``."""
     event = {"error": {"message": message, "type": ERROR_TYPES.get(status) or HTTPStatus(status).phrase,

@@ -37,7 +37,7 @@ from starlette.routing import Route
 from .. import __version__
 from .answers import Clock, JobStream, Plan, collect, logprobs_of, sse, usage
 from .engine import Engine
-from .errors import error_response, http_error
+from .errors import error_response, http_error, server_error
 from .generate import Generator, SamplingParams
 from .metrics import ServerMetrics
 from .park import ParkError, Parking
@@ -198,7 +198,8 @@ def create_app(generator: Generator, model_name: str, on_start=None, metrics: Se
 
     parked = [Route("/sleep", sleep, methods=["POST"]), Route("/wake_up", wake_up, methods=["POST"]),
               Route("/is_sleeping", is_sleeping)] if parking is not None else []
-    app = Starlette(lifespan=lifespan, exception_handlers={HTTPException: http_error}, routes=[*parked,
+    handlers = {HTTPException: http_error, Exception: server_error}
+    app = Starlette(lifespan=lifespan, exception_handlers=handlers, routes=[*parked,
         Route("/health", health), Route("/version", version), Route("/metrics", scrape), Route("/v1/models", models),
         Route("/v1/completions", post(CompletionRequest, completions), methods=["POST"]),
         Route("/v1/chat/completions", post(ChatRequest, chat), methods=["POST"])])

@@ -28,6 +28,7 @@
     deep_park_after_s = 0    # embedded engine: a level-1 park deepens to 2 after this idle time (0: never)
     parked_weights = "gpu"   # "host": a parked engine's weights leave the GPU (deep park; the keeper keeps a
                              # host copy, made once at start-up) and its wake uploads them: many models per GPU
+    aliases = ["mini"]       # more names it answers to (its engine is asked for it by its name)
     gpus = [0]               # the GPUs it runs on (CUDA_VISIBLE_DEVICES of its preload and engine; as many as
                              # its --tensor-parallel-size); unset: those the front sees. max_awake counts per
                              # GPU: engines on GPUs of their own stay awake beside each other
@@ -42,14 +43,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import argv
 from ..engines.vllm.options import LOAD_FORMAT
 from ..engines.vllm.start import VllmStart
 from ..errors import CheckpointError
-from ..loading.checkpoint import check_config_dir, check_model_dir
+from ..loading.checkpoint import check_config_dir, check_model_dir, check_tokenizer_dir
 from .gpus import gpu_memory
 
 ENGINES = ("hotweights", "vllm")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+# the engine flags the front sets itself (a model's own would make its engine unreachable, or its name unknown), and
+# the config key that does what a user wanted of it
+FRONT_FLAGS = {
+    ("--served-model-name",): "the engine serves the model's name: set name, or aliases = [...] for more",
+    ("--host", "--port", "--uds"): "the front gives each engine a loopback port of its own; the public address is "
+                                   "[switch] host and port",
+    ("--api-key",): "the front checks keys, and its engines answer only it: set [switch] api_key",
+    ("--ssl-keyfile", "--ssl-certfile"): "the front talks plain HTTP to its engines on loopback; put TLS in front of "
+                                         "the front",
+}
+TOKENIZER = argv.Option(("--tokenizer",))
 
 
 class ConfigError(ValueError):
@@ -68,6 +81,7 @@ class ModelConfig:
     deep_park_after_s: float = 0.0
     parked_weights: str = "gpu"
     gpus: tuple[int, ...] = ()  # () : every GPU the front sees
+    aliases: tuple[str, ...] = ()  # more names requests may ask for it by (routed, listed in /v1/models)
 
     def cuda_visible_devices(self) -> str:
         """``CUDA_VISIBLE_DEVICES`` for its processes: ``gpus`` are indices among the GPUs the front sees (those of
@@ -123,7 +137,8 @@ SWITCH_KEYS = {"host": str, "port": int, "max_awake": (int, str), "request_timeo
 GONE_KEYS = {"overlap_after_s": "a wake goes beside a busy engine at once where memory allows; turn_s bounds a busy "
                                 "engine's turn where it does not"}
 _MODEL_KEYS = {"name": str, "checkpoint": str, "engine": str, "args": list, "default": bool, "keep_awake": bool,
-               "park_level": int, "deep_park_after_s": (int, float), "parked_weights": str, "gpus": list}
+               "park_level": int, "deep_park_after_s": (int, float), "parked_weights": str, "gpus": list,
+               "aliases": list}
 
 
 def _typed(table: dict[str, Any], keys: dict[str, Any], where: str) -> dict[str, Any]:
@@ -153,6 +168,12 @@ def model(table: dict[str, Any], where: str) -> ModelConfig:
         raise ConfigError(f"{where}: parked_weights must be gpu or host, got {table['parked_weights']!r}")
     if not all(isinstance(a, str) for a in table.get("args", [])):
         raise ConfigError(f"{where}: args must be a list of strings")
+    for flags, instead in FRONT_FLAGS.items():
+        if argv.Option(flags).present(table.get("args", [])):
+            raise ConfigError(f"{where}: args: {'/'.join(flags)} is the front's to set ({instead})")
+    aliases = table.get("aliases", [])
+    if not all(isinstance(a, str) and NAME_RE.match(a) for a in aliases):
+        raise ConfigError(f"{where}: aliases must be names of letters, digits and ._:/- (up to 128), got {aliases!r}")
     gpus = table.get("gpus", [])
     if not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus) or len(set(gpus)) < len(gpus):
         raise ConfigError(f"{where}: gpus must be distinct GPU indices (0, 1, ...), got {gpus!r}")
@@ -167,11 +188,14 @@ def model(table: dict[str, Any], where: str) -> ModelConfig:
     own_format = table.get("engine") == "vllm" and VllmStart.parse(args).load_format not in (None, LOAD_FORMAT)
     try:  # vLLM reading the checkpoint itself may read other formats than safetensors
         check_model_dir(checkpoint) if not own_format else check_config_dir(checkpoint)
+        if not TOKENIZER.present(args):  # vLLM's --tokenizer: another directory's
+            check_tokenizer_dir(checkpoint)
     except CheckpointError as exc:
         raise ConfigError(f"{where}: checkpoint: {exc}") from None
     made = ModelConfig(table["name"], checkpoint, table.get("engine", "hotweights"), tuple(args),
                        table.get("default", False), table.get("keep_awake", False), table.get("park_level", 1),
-                       float(table.get("deep_park_after_s", 0)), table.get("parked_weights", "gpu"), tuple(gpus))
+                       float(table.get("deep_park_after_s", 0)), table.get("parked_weights", "gpu"), tuple(gpus),
+                       tuple(aliases))
     made.cuda_visible_devices()  # a GPU the front does not see is an error now, not at its first start
     return made
 
@@ -180,10 +204,10 @@ def build(switch: dict[str, Any], models: list[ModelConfig], where: str) -> Swit
     _typed(switch, SWITCH_KEYS, f"{where} [switch]")
     if not models:
         raise ConfigError(f"{where}: no model ([[model]] tables, or --model NAME=DIR)")
-    names = [m.name for m in models]
+    names = [n for m in models for n in (m.name, *m.aliases)]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise ConfigError(f"{where}: model names must differ: {', '.join(twice)} is named twice")
+        raise ConfigError(f"{where}: model names and aliases must differ: {', '.join(twice)} is named twice")
     if sum(m.default for m in models) > 1:
         raise ConfigError(f"{where}: more than one model is the default")
     awake = switch.get("max_awake", "auto")

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hmac
+import json
 import logging
 import tempfile
 import time
@@ -29,10 +30,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..serve.errors import error_response as error
-from ..serve.errors import http_error, stream_error
+from ..serve.errors import http_error, server_error, stream_error
 from ..parked.records import take_port
 from .config import ModelConfig, SwitchConfig
 from .engines import Engine, EngineLike, gpu_mib_by_pid
+from .process import one_line
 from .fit import say_fit
 from .gpus import gpu_memory
 from .kinds import KINDS
@@ -53,6 +55,7 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
     switcher = Switcher(config, metrics, engines or (lambda m: Engine(m, log_dir, config.socket_dir, config.parking)),
                         {gpu: mem.total_mib for gpu, mem in gpu_memory().items()})
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
+    routes = {n: m.name for m in config.models for n in (m.name, *m.aliases)}  # every name a request may ask for
 
     def authorized(request: Request) -> bool:
         if not config.api_key:
@@ -70,8 +73,9 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
             return error(401, "Unauthorized")
         now = int(time.time())
         return JSONResponse({"object": "list", "data": [
-            {"id": name, "object": "model", "created": now, "owned_by": "hotweights", "root": str(m.config.checkpoint),
-             "parent": None, "permission": []} for name, m in switcher.models.items()]})
+            {"id": asked, "object": "model", "created": now, "owned_by": "hotweights",
+             "root": str(switcher.models[name].config.checkpoint), "parent": None if asked == name else name,
+             "permission": []} for asked, name in routes.items()]})
 
     async def status(request: Request) -> Response:
         if not authorized(request):
@@ -89,10 +93,13 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
             return error(401, "Unauthorized")
         body = await request.body()
         try:  # before anything parks for it
-            name = model_of(request.url.path, body, switcher.models, config.default.name)
+            asked = model_of(request.url.path, body, routes, config.default.name)
         except Refused as exc:
             metrics.requests.labels("", "refused").inc()
             return error(exc.status, str(exc), exc.param)
+        name = routes[asked]
+        if asked != name:  # an alias: its engine serves the model's name
+            body = json.dumps({**json.loads(body), "model": name}).encode()
         opening = asyncio.create_task(open_upstream(name, request.url.path, body))
         gone = asyncio.create_task(disconnected(request))
         await asyncio.wait({opening, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -106,6 +113,13 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
         if isinstance(opened, Response):
             return opened
         m, upstream = opened
+        if upstream.status_code >= 500 and "json" not in upstream.headers.get("content-type", ""):
+            said = (await upstream.aread()).decode(errors="replace")  # every 5xx the front answers is JSON
+            await upstream.aclose()
+            switcher.release(m)
+            metrics.requests.labels(name, "engine_error").inc()
+            return error(upstream.status_code, f"the engine of `{name}` answered {upstream.status_code}: "
+                                               f"{one_line(said or 'nothing', 300)}")
         metrics.requests.labels(name, "served").inc()
         kept = {k: v for k, v in upstream.headers.items() if k.lower() in ("content-type", "cache-control")}
         events = upstream.headers.get("content-type", "").startswith("text/event-stream")
@@ -175,7 +189,7 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
             logger.info("switch: every engine stopped")
             await asyncio.to_thread(leave_keeper, config, keeper_before)
 
-    app = Starlette(lifespan=lifespan, exception_handlers={HTTPException: http_error}, routes=[
+    app = Starlette(lifespan=lifespan, exception_handlers={HTTPException: http_error, Exception: server_error}, routes=[
         Route("/health", health), Route("/metrics", scrape), Route("/v1/models", models),
         Route("/switch/status", status),
         Route("/v1/completions", forward, methods=["POST"]),

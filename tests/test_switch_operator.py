@@ -1,0 +1,149 @@
+"""Issue 53, an operator's front (first part): the engine flags the front sets itself refused in one line that
+names the config key to use, ``aliases`` routed and listed, a checkpoint without a tokenizer refused before anything
+starts (by the switch and by ``hotweights serve``), and every 5xx the front answers is JSON. Real processes (the CLI,
+a front with embedded engines), and for the 5xx an in-process front in front of an engine that answers plain text.
+
+Run: pytest tests/test_switch_operator.py
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+from switch_front import Front, private_keeper, wait_started
+
+from hotweights.observe import free_port
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    from hotweights.demo_model import write_demo_model
+
+    return write_demo_model(tmp_path_factory.mktemp("operator") / "m", "tiny")
+
+
+def table(name: str, checkpoint: Path, args: list[str] = (), aliases: list[str] = ()) -> str:
+    return (f'[[model]]\nname = "{name}"\ncheckpoint = "{checkpoint}"\nargs = {json.dumps(list(args))}\n'
+            + (f"aliases = {json.dumps(list(aliases))}\n" if aliases else ""))
+
+
+def refused(tmp_path: Path, text: str) -> str:
+    """The one line ``hotweights switch --config`` exits with for ``text``, before it binds or starts anything."""
+    config = tmp_path / "switch.toml"
+    config.write_text(text)
+    done = run_cli("switch", "--config", str(config), "--port", str(free_port()), timeout=60)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode in (1, 2) and len(lines) == 1, (done.returncode, done.stderr[-2000:])
+    return lines[0]
+
+
+def test_flags_the_front_sets_itself_are_refused_in_one_line_naming_the_key_to_use(model, tmp_path):
+    """Before: --served-model-name made the model 404 on every request, --port left it starting for 900 s."""
+    for args, said in ((["--served-model-name", "gpt-4o-mini"], "--served-model-name is the front's to set (the "
+                                                                "engine serves the model's name: set name, or aliases"),
+                       (["--port=19091"], "--host/--port/--uds is the front's to set (the front gives each engine a "
+                                          "loopback port of its own; the public address is [switch] host and port)"),
+                       (["--max-model-len", "64", "--api-key", "k"], "[switch] api_key")):
+        line = refused(tmp_path, table("a", model, args))
+        assert "[[model]] #1: args: " in line and said in line, line
+
+
+def test_aliases_must_be_names_and_none_may_be_another_models_name(model, tmp_path):
+    line = refused(tmp_path, table("a", model) + table("b", model, aliases=["c", "a"]))
+    assert "model names and aliases must differ: a is named twice" in line, line
+    line = refused(tmp_path, table("a", model, aliases=["no spaces"]))
+    assert "aliases must be names of letters, digits" in line, line
+
+
+def test_a_checkpoint_without_a_tokenizer_is_refused_before_anything_starts(model, tmp_path):
+    """Before: it passed every check, the front said it was ready, and every request got a plain-text 500."""
+    bare = shutil.copytree(model, tmp_path / "bare")
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json"):
+        (bare / name).unlink(missing_ok=True)
+    line = refused(tmp_path, table("a", bare))
+    assert f"checkpoint: no tokenizer files in {bare} (tokenizer.json" in line, line
+    done = run_cli("serve", str(bare), "--port", str(free_port()), timeout=60)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(lines) == 1 and "no tokenizer files in" in lines[0], done.stderr[-2000:]
+    from hotweights.switch.config import model as model_config
+
+    # vLLM's --tokenizer names another directory: the checkpoint need not hold one
+    made = model_config({"name": "a", "checkpoint": str(bare), "engine": "vllm", "args": ["--tokenizer", str(model)]},
+                        "[[model]] #1")
+    assert made.checkpoint == bare
+
+
+@pytest.mark.slow
+def test_an_alias_is_routed_to_its_model_and_listed_in_v1_models(model, tmp_path):
+    with private_keeper("hwop-") as sock:
+        config = tmp_path / "switch.toml"
+        config.write_text(table("a", model, ["--max-model-len", "64"], aliases=["gpt-4o-mini", "team/small"]))
+        f = wait_started(Front(tmp_path, {}, "--config", str(config), socket_dir=sock))
+        try:
+            for path, body in (("/v1/completions", {"prompt": "The weight cache"}),
+                               ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+                req = urllib.request.Request(f.url + path, data=json.dumps(
+                    {"model": "gpt-4o-mini", "max_tokens": 3, **body}).encode(),
+                    headers={"content-type": "application/json"})
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    got = json.loads(r.read())
+                assert got["model"] == "a" and got["choices"], got  # its engine answers by the model's name
+            with urllib.request.urlopen(f.url + "/v1/models", timeout=10) as r:
+                listed = {m["id"]: m["parent"] for m in json.loads(r.read())["data"]}
+            assert listed == {"a": None, "gpt-4o-mini": "a", "team/small": "a"}, listed
+        finally:
+            f.interrupt()
+
+
+def test_a_plain_text_5xx_from_an_engine_is_answered_as_json(tmp_path):
+    """An engine that fails a request in plain text (an uncaught exception in a server) is relayed as vLLM's JSON
+    error, naming the model and the engine's first words; the front's own 5xx are JSON too."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+    from test_switcher import FakeEngine
+
+    from hotweights.switch.config import ModelConfig, SwitchConfig
+    from hotweights.switch.front import create_app
+
+    async def broken(_request):
+        return PlainTextResponse("Internal Server Error", status_code=500)
+
+    port = free_port()
+    engine_server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/v1/completions", broken,
+                                                                         methods=["POST"])]),
+                                                  host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=engine_server.run, daemon=True)
+    thread.start()
+    while not engine_server.started:
+        time.sleep(0.01)
+
+    def factory(m: ModelConfig) -> FakeEngine:
+        engine = FakeEngine(m, [])
+        engine.url = f"http://127.0.0.1:{port}"
+        return engine
+
+    try:
+        app = create_app(SwitchConfig((ModelConfig("a", tmp_path / "a"),)), tmp_path, engines=factory)
+        with TestClient(app) as client:
+            deadline = time.monotonic() + 10
+            while client.get("/health").status_code != 200:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            got = client.post("/v1/completions", json={"model": "a", "prompt": "x", "max_tokens": 1})
+            assert got.status_code == 500 and got.headers["content-type"].startswith("application/json"), got.text
+            error = got.json()["error"]
+            assert error["message"] == "the engine of `a` answered 500: Internal Server Error", error
+            assert error["code"] == 500
+    finally:
+        engine_server.should_exit = True
+        thread.join(10)
