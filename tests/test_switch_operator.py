@@ -9,6 +9,7 @@ Run: pytest tests/test_switch_operator.py
 from __future__ import annotations
 
 import json
+import signal
 import shutil
 import threading
 import time
@@ -81,7 +82,7 @@ def test_a_checkpoint_without_a_tokenizer_is_refused_before_anything_starts(mode
 
 
 @pytest.mark.slow
-def test_an_alias_is_routed_to_its_model_and_listed_in_v1_models(model, tmp_path):
+def test_an_alias_is_routed_and_listed_and_every_engine_path_is_relayed_or_a_json_404(model, tmp_path):
     with private_keeper("hwop-") as sock:
         config = tmp_path / "switch.toml"
         config.write_text(table("a", model, ["--max-model-len", "64"], aliases=["gpt-4o-mini", "team/small"]))
@@ -98,6 +99,20 @@ def test_an_alias_is_routed_to_its_model_and_listed_in_v1_models(model, tmp_path
             with urllib.request.urlopen(f.url + "/v1/models", timeout=10) as r:
                 listed = {m["id"]: m["parent"] for m in json.loads(r.read())["data"]}
             assert listed == {"a": None, "gpt-4o-mini": "a", "team/small": "a"}, listed
+            with urllib.request.urlopen(f.url + "/v1/models/team/small", timeout=10) as r:
+                assert json.loads(r.read())["parent"] == "a"
+            with urllib.request.urlopen(f.url + "/version", timeout=10) as r:
+                assert json.loads(r.read())["version"]
+            # a path the engine's kind does not serve: a JSON 404 that says so (vLLM serves these: its own test)
+            for path in ("/v1/embeddings", "/tokenize"):
+                req = urllib.request.Request(f.url + path, data=json.dumps({"model": "gpt-4o-mini", "input": "x",
+                                                                            "prompt": "x"}).encode(),
+                                             headers={"content-type": "application/json"})
+                with pytest.raises(urllib.error.HTTPError) as caught:
+                    urllib.request.urlopen(req, timeout=30)
+                said = json.loads(caught.value.read())["error"]
+                assert caught.value.code == 404 and said["message"] == f"the engine of `a` (hotweights) does not " \
+                    f"serve {path}", said
         finally:
             f.interrupt()
 
@@ -147,3 +162,30 @@ def test_a_plain_text_5xx_from_an_engine_is_answered_as_json(tmp_path):
     finally:
         engine_server.should_exit = True
         thread.join(10)
+
+
+@pytest.mark.slow
+def test_sigterm_with_a_stream_in_flight_ends_it_with_an_error_event_and_the_front_stops_within_seconds(model,
+                                                                                                       tmp_path):
+    """Before: SIGTERM said nothing for up to 30 s (uvicorn's graceful shutdown waits for open connections), then
+    printed a CancelledError traceback, and the client's stream was cut without an error event or [DONE]."""
+    with private_keeper("hwop-") as sock:
+        f = wait_started(Front(tmp_path, {"a": model}, socket_dir=sock, engine_args=("--max-model-len", "4096")))
+        body = json.dumps({"model": "a", "prompt": "The weight cache", "max_tokens": 4000, "temperature": 0,
+                           "stream": True}).encode()  # ~19 s of generation here
+        req = urllib.request.Request(f.url + "/v1/completions", data=body, headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as stream:
+            assert stream.readline().startswith(b"data: {")
+            began = time.monotonic()
+            f.proc.send_signal(signal.SIGTERM)
+            rest = stream.read()
+        ended = time.monotonic() - began
+        events = [x for x in rest.split(b"\n") if x.startswith(b"data: ")]
+        assert events[-1] == b"data: [DONE]", events[-3:]
+        assert json.loads(events[-2][6:])["error"]["message"] == "the server is shutting down; retry the request"
+        f.proc.wait(30)
+        stopped = time.monotonic() - began
+        assert ended < 3 and stopped < 6, (ended, stopped)
+        log = f.log.read_text()
+        assert "switch: stopping: 1 stream(s) ended with an error event, 0 waiting request(s) answered 503" in log
+        assert "Traceback" not in log and "CancelledError" not in log, log[-3000:]

@@ -86,6 +86,10 @@ args = ["--max-model-len", "64"]
         rows = status()
         assert rows["v"]["state"] == "stopped" and rows["v"]["pid"] == 0  # no sleep mode: stopped for e
         assert completion(url, "v") == first  # started again, from the standby
+        req = urllib.request.Request(f"{url}/tokenize", data=json.dumps({"model": "v", "prompt": "hi"}).encode(),
+                                     headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:  # every path vLLM serves is relayed (issue 53)
+            assert json.loads(r.read())["tokens"]
         text = log.read_text()
         assert re.search(r"v ready in [\d.]+ s \(cached, [\d.]+ s; started from a warm standby, [\d.]+ s; awake\)",
                          text), text

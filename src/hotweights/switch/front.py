@@ -20,6 +20,8 @@ import tempfile
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -29,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from .. import __version__
 from ..serve.errors import error_response as error
 from ..serve.errors import http_error, server_error, stream_error
 from ..parked.records import take_port
@@ -42,9 +45,10 @@ from .metrics import SwitchMetrics
 from .model import Model
 from .states import ModelState
 from .switcher import Switcher, Unavailable
-from .validate import Refused, model_of
+from .validate import BODIES, RELAYED, Refused, model_of
 
 logger = logging.getLogger("hotweights.switch")
+SHUTDOWN_GRACE_S = 3  # uvicorn's wait for open connections on SIGINT/SIGTERM (its default: forever; ours was 30)
 
 
 def create_app(config: SwitchConfig, log_dir: Path | None = None,
@@ -55,6 +59,7 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
     switcher = Switcher(config, metrics, engines or (lambda m: Engine(m, log_dir, config.socket_dir, config.parking)),
                         {gpu: mem.total_mib for gpu, mem in gpu_memory().items()})
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
+    stopping = Stopping()
     routes = {n: m.name for m in config.models for n in (m.name, *m.aliases)}  # every name a request may ask for
 
     def authorized(request: Request) -> bool:
@@ -76,6 +81,20 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
             {"id": asked, "object": "model", "created": now, "owned_by": "hotweights",
              "root": str(switcher.models[name].config.checkpoint), "parent": None if asked == name else name,
              "permission": []} for asked, name in routes.items()]})
+
+    async def one_model(request: Request) -> Response:
+        if not authorized(request):
+            return error(401, "Unauthorized")
+        asked = request.path_params["name"]
+        if asked not in routes:
+            return error(404, f"The model `{asked}` does not exist. Valid models: {', '.join(routes)}.", "model")
+        name = routes[asked]
+        return JSONResponse({"id": asked, "object": "model", "created": int(time.time()), "owned_by": "hotweights",
+                             "root": str(switcher.models[name].config.checkpoint),
+                             "parent": None if asked == name else name, "permission": []})
+
+    async def version(_request: Request) -> Response:
+        return JSONResponse({"version": __version__})
 
     async def status(request: Request) -> Response:
         if not authorized(request):
@@ -113,11 +132,15 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
         if isinstance(opened, Response):
             return opened
         m, upstream = opened
-        if upstream.status_code >= 500 and "json" not in upstream.headers.get("content-type", ""):
+        path = request.url.path
+        unserved = upstream.status_code in (404, 405) and path not in BODIES  # a path its kind does not serve
+        if unserved or (upstream.status_code >= 500 and "json" not in upstream.headers.get("content-type", "")):
             said = (await upstream.aread()).decode(errors="replace")  # every 5xx the front answers is JSON
             await upstream.aclose()
             switcher.release(m)
             metrics.requests.labels(name, "engine_error").inc()
+            if unserved:
+                return error(404, f"the engine of `{name}` ({m.config.engine}) does not serve {path}")
             return error(upstream.status_code, f"the engine of `{name}` answered {upstream.status_code}: "
                                                f"{one_line(said or 'nothing', 300)}")
         metrics.requests.labels(name, "served").inc()
@@ -156,10 +179,25 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
 
     async def relay(m: Model, upstream: httpx.Response, events: bool) -> AsyncIterator[bytes]:
         """The engine's bytes as they come; an answer that breaks off (the engine died) ends a stream with an
-        error event in vLLM's shape, and one line in the log."""
+        error event in vLLM's shape, and one line in the log; so does the front stopping (``Stopping``)."""
         tail = b"\n\n"
+        chunks = upstream.aiter_raw()
         try:
-            async for chunk in upstream.aiter_raw():
+            while True:
+                step = asyncio.ensure_future(anext(chunks))
+                racing: set[asyncio.Future[Any]] = {step, stopping.halted()}
+                await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():  # the front stops: this answer ends now, not when the engine is done
+                    step.cancel()
+                    stopping.streams += 1
+                    if events:
+                        yield (b"" if tail == b"\n\n" else b"\n\n") + stream_error(
+                            "the server is shutting down; retry the request", 503)
+                    return
+                try:
+                    chunk = step.result()
+                except StopAsyncIteration:
+                    break
                 tail = (tail + chunk)[-2:]
                 yield chunk
         except httpx.TransportError as exc:
@@ -175,12 +213,16 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncGenerator[None, None]:
+        stopping.begin(switcher)
         keeper_before = await asyncio.to_thread(keeper_pid, config.socket_dir)  # 0: this front's preloads start it
         scheduling = asyncio.create_task(switcher.run())
         watching = asyncio.create_task(switcher.watch())
         try:
             yield
         finally:
+            if stopping.streams or stopping.waiting:
+                logger.info("switch: stopping: %d stream(s) ended with an error event, %d waiting request(s) "
+                            "answered 503", stopping.streams, stopping.waiting)
             for task in (scheduling, watching):
                 task.cancel()
             await asyncio.gather(scheduling, watching, return_exceptions=True)
@@ -191,11 +233,43 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
 
     app = Starlette(lifespan=lifespan, exception_handlers={HTTPException: http_error, Exception: server_error}, routes=[
         Route("/health", health), Route("/metrics", scrape), Route("/v1/models", models),
-        Route("/switch/status", status),
-        Route("/v1/completions", forward, methods=["POST"]),
-        Route("/v1/chat/completions", forward, methods=["POST"])])
-    app.state.switcher = switcher
+        Route("/switch/status", status), Route("/v1/models/{name:path}", one_model), Route("/version", version),
+        *(Route(path, forward, methods=["POST"]) for path in RELAYED)])
+    app.state.switcher, app.state.stopping = switcher, stopping
     return app
+
+
+class Stopping:
+    """SIGINT/SIGTERM with requests open: uvicorn waits for every open connection before the front stops its engines,
+    and a stream can last minutes. So the signal ends each stream now with vLLM's error event and ``[DONE]``, and
+    answers each request still waiting for its model 503; then the front stops within seconds."""
+
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.halt: asyncio.Future[None] | None = None
+        self.switcher: Switcher | None = None
+        self.streams = 0  # ended by it
+        self.waiting = 0  # answered 503 by it
+
+    def begin(self, switcher: Switcher) -> None:
+        """In the front's loop, as it starts."""
+        self.loop, self.switcher = asyncio.get_running_loop(), switcher
+        self.halt = self.loop.create_future()
+
+    def halted(self) -> asyncio.Future[None]:
+        assert self.halt is not None, "the front's lifespan begins it"
+        return self.halt
+
+    def signal(self) -> None:
+        """From the signal handler: the rest runs in the front's loop."""
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self._stop)
+
+    def _stop(self) -> None:
+        if self.halt is not None and not self.halt.done():
+            self.halt.set_result(None)
+            if self.switcher is not None:
+                self.waiting = self.switcher.close()
 
 
 def keeper_pid(socket_dir: str) -> int:
@@ -251,7 +325,13 @@ def run(config: SwitchConfig, log_dir: Path | None = None) -> int:
         say_fit(config, lambda m: KINDS[m.engine].gpu_need(m), gpu_memory)  # before any engine: from its config
     except (OSError, ValueError) as exc:  # an estimate: never the reason a front does not start
         logger.info("switch: no estimate of what the models need of the GPU (%s)", exc)
-    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
-                                           timeout_graceful_shutdown=30))
-    server.run(sockets=[sock])
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            app.state.stopping.signal()  # open streams end now: uvicorn waits for them before the lifespan ends
+            super().handle_exit(sig, frame)
+
+    # a backstop: the streams end at the signal, a request waiting for its model gets its 503 at once
+    Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
+                          timeout_graceful_shutdown=SHUTDOWN_GRACE_S)).run(sockets=[sock])
     return 0

@@ -35,6 +35,7 @@ class Operations:
         self._kick = asyncio.Event()  # a request waits, or an engine changed: the scheduler looks again
         self._moved = asyncio.Event()  # set (and replaced) on every change: waiting requests look again
         self._tasks: set[asyncio.Task[None]] = set()
+        self.closing = False  # the front stops: no request waits for a model any more
         self.preloads: Preloads | None = None  # several preloads at once (``begin_preloads``), else each in its start
 
     def begin_preloads(self, jobs: int) -> asyncio.Task[None] | None:

@@ -53,6 +53,8 @@ class Switcher(Operations):
                     m.inflight += 1
                     m.idle.clear()
                     break
+                if self.closing:
+                    raise Unavailable("the server is shutting down; retry the request")
                 if m.attempts_failed != failed:  # the switch this request waited for failed
                     raise Unavailable(m.error or f"the model `{name}` could not be woken")
                 if said := refusal(m):
@@ -77,6 +79,12 @@ class Switcher(Operations):
             if not served and m.reserved:  # it gave up (timeout, client gone): its place in the batch goes
                 m.reserved -= 1
                 self.release(m)
+
+    def close(self) -> int:
+        """The front stops: every request waiting for its model is answered 503 now (how many waited)."""
+        self.closing = True
+        self._changed()
+        return sum(m.waiting - m.reserved for m in self.models.values())
 
     def release(self, m: Model) -> None:
         m.inflight -= 1

@@ -49,13 +49,26 @@ class _Chat(_Common):
     top_logprobs: int | None = Field(default=None, ge=0)
 
 
-BODIES: dict[str, type[_Common]] = {"/v1/completions": _Completion, "/v1/chat/completions": _Chat}
+class _Any(BaseModel):
+    """Any other path an engine may serve (embeddings, responses, tokenize, ...): only its ``model`` is read."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+
+
+BODIES: dict[str, type[BaseModel]] = {"/v1/completions": _Completion, "/v1/chat/completions": _Chat}
+# every POST path the front relays to the engine of the body's model: vLLM's OpenAI-compatible JSON paths, its
+# tokenizer's and its pooling models'. Never an engine's own control paths (/sleep, /wake_up, /pause,
+# /collective_rpc, ...: the engines run with VLLM_SERVER_DEV_MODE=1 so that they park), which stay on loopback.
+RELAYED = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/responses", "/v1/score", "/v1/rerank",
+           "/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank", "/invocations")
 
 
 def model_of(path: str, body: bytes, served: dict[str, Any], default: str) -> str:
     """The served model ``body`` asks for at ``path``; Refused when the front can tell it would be refused."""
     try:
-        request = BODIES[path].model_validate_json(body)
+        request = BODIES.get(path, _Any).model_validate_json(body)
     except ValidationError as exc:
         first: dict[str, Any] = dict(exc.errors()[0]) if exc.errors() else {}
         if str(first.get("type", "")).startswith("json") or first.get("type") == "model_type":
@@ -63,9 +76,9 @@ def model_of(path: str, body: bytes, served: dict[str, Any], default: str) -> st
         param = ".".join(str(p) for p in first.get("loc", ())) or None
         raise Refused(f"invalid request: {param + ': ' if param else ''}{first.get('msg', 'bad value')}",
                       param) from None
-    if request.model is None:
+    model = getattr(request, "model", None)
+    if model is None:
         return default
-    if request.model not in served:
-        raise Refused(f"The model `{request.model}` does not exist. Valid models: {', '.join(served)}.", "model",
-                      status=404)
-    return request.model
+    if model not in served:
+        raise Refused(f"The model `{model}` does not exist. Valid models: {', '.join(served)}.", "model", status=404)
+    return str(model)
