@@ -189,3 +189,27 @@ def test_sigterm_with_a_stream_in_flight_ends_it_with_an_error_event_and_the_fro
         log = f.log.read_text()
         assert "switch: stopping: 1 stream(s) ended with an error event, 0 waiting request(s) answered 503" in log
         assert "Traceback" not in log and "CancelledError" not in log, log[-3000:]
+
+
+@pytest.mark.slow
+def test_engines_die_with_their_front_however_it_dies(model, tmp_path):
+    """Before: after a kill -9 of the front (or SIGHUP of its terminal) every engine kept running without a parent,
+    holding its port and memory."""
+    with private_keeper("hwop-") as sock:
+        f = wait_started(Front(tmp_path, {"a": model, "b": model}, socket_dir=sock))
+        engines = [m["server_pid"] for m in f.status()["models"]]
+        assert all(engines) and len(set(engines)) == 2, f.status()
+        f.proc.send_signal(signal.SIGKILL)
+        f.proc.wait(10)
+        deadline = time.monotonic() + 20
+        while any(running(pid) for pid in engines):
+            assert time.monotonic() < deadline, [pid for pid in engines if running(pid)]
+            time.sleep(0.1)
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie that its new parent has yet to reap does not)."""
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False

@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     if tail:
         args.cmd = list(getattr(args, "cmd", [])) + tail
     args.vllm_args = vllm_args
+    from .unix import die_with_parent
+
+    die_with_parent()  # an engine of `hotweights switch`: gone with its front, however the front goes
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .errors import HotweightsError, missing_extra

@@ -187,6 +187,22 @@ def _ended(pid: int, timeout_s: float, child: _Child | None) -> bool:
     return True
 
 
+DIE_WITH_ENV = "HOTWEIGHTS_DIE_WITH"  # a process that starts us and wants us gone with it: its pid
+
+
+def die_with_parent() -> None:
+    """Where ``$HOTWEIGHTS_DIE_WITH`` names our parent (``hotweights switch`` starts its engines so), SIGTERM us when
+    it dies, however it dies (``PR_SET_PDEATHSIG``; a kill -9 of the front or a closed terminal left every engine
+    running, holding its port and GPU memory). Taken out of the environment: our own children die with us by our own
+    means. Linux only; elsewhere nothing."""
+    wanted = os.environ.pop(DIE_WITH_ENV, "")
+    if not wanted or not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if str(os.getppid()) != wanted:  # it died before the line above: no signal will come
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def set_process_title(title: str) -> None:
     """The process title (``ps``, ``/proc/PID/cmdline``) through setproctitle where installed (vLLM depends on
     it), else only the short name (``PR_SET_NAME``)."""

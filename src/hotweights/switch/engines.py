@@ -14,6 +14,7 @@ from typing import Protocol
 
 from .. import evidence
 from ..errors import HotweightsError
+from ..unix import DIE_WITH_ENV
 from .config import ModelConfig
 from .gpus import gpu_mib_by_pid
 from .keeper import KeeperView
@@ -89,8 +90,9 @@ class Engine:
         return {**env, "HOTWEIGHTS_SOCKET_DIR": socket_dir} if socket_dir else env
 
     def command(self, port: int) -> tuple[list[str], dict[str, str]]:
+        """Its server's command and environment: it dies with this front (``unix.die_with_parent``)."""
         cmd, extra = self.kind.command(self.model, port, self.parks)
-        return cmd, {**self.keeper.env, **extra}
+        return cmd, {**self.keeper.env, **extra, DIE_WITH_ENV: str(os.getpid())}
 
     def preload_command(self) -> list[str]:
         return self.kind.preload_command(self.model, self.parks)
