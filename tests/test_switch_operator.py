@@ -213,3 +213,36 @@ def running(pid: int) -> bool:
         return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return False
+
+
+@pytest.mark.slow
+def test_an_operator_parks_stops_and_starts_a_model_from_the_cli_with_the_configs_port_and_key(model, tmp_path):
+    with private_keeper("hwop-") as sock:
+        config = tmp_path / "switch.toml"
+        models = table("a", model, ["--max-model-len", "64"]) + table("b", model, ["--max-model-len", "64"],
+                                                                       aliases=["bee"])
+        config.write_text('[switch]\napi_key = "sesame"\n' + models)
+        f = Front(tmp_path, {}, "--config", str(config), socket_dir=sock)  # on a port of its own
+        port = f.port
+        config.write_text(f'[switch]\nport = {port}\napi_key = "sesame"\n' + models)  # what the CLI reads
+        deadline = time.monotonic() + 120
+        while any(m["state"] == "starting" for m in f.status("sesame")["models"]):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        try:
+            def cli(*args: str) -> str:
+                done = run_cli("switch", *args, "--config", str(config), timeout=120)
+                assert done.returncode == 0, done.stderr
+                return done.stdout.strip()
+
+            assert cli("start", "bee") == "b: awake"  # by its alias; the port and key from the config
+            assert cli("park", "b") == "b: parked"
+            assert cli("stop", "b") == "b: stopped"
+            states = {m["name"]: m["state"] for m in json.loads(cli("status", "--json"))["models"]}
+            assert states == {"a": "awake", "b": "stopped"}, states
+            done = run_cli("switch", "start", "b", "--port", str(port), "--api-key", "wrong", timeout=60)
+            assert done.returncode == 1 and "Unauthorized" in done.stderr, done.stderr
+            done = run_cli("switch", "start", "c", "--config", str(config), timeout=60)
+            assert done.returncode == 1 and "The model `c` does not exist" in done.stderr, done.stderr
+        finally:
+            f.interrupt()

@@ -503,3 +503,52 @@ def test_room_for_parks_idle_engines_first_then_waits_for_turns_as_a_table():
         c.arrivals, c.waiting = [], 0
         task.cancel()
     asyncio.run(main())
+
+
+def test_an_operator_parks_stops_and_starts_one_model():
+    """Issue 53: park (a busy engine leaves and parks once its requests end), stop (its engine gone), start (awake
+    again, staying awake); a request for a stopped model starts it again."""
+    from hotweights.switch.actions import act
+
+    async def main():
+        s, engines, log = make(["a", "b"], max_awake=0)
+        task = await started(s)
+        a, b = s.models["a"], s.models["b"]
+        assert await act(s, b, "start") == "awake" and states(s) == {"a": "awake", "b": "awake"}
+        busy = asyncio.create_task(request(s, "a", hold_s=0.2))
+        await asyncio.sleep(0.01)
+        assert (await act(s, a, "park")).startswith("leaving: it parks once its 1 request(s)")
+        await busy
+        while states(s)["a"] != "parked":
+            await asyncio.sleep(0.005)
+        assert await act(s, b, "stop") == "stopped" and not engines["b"].running and states(s)["b"] == "stopped"
+        assert await act(s, b, "stop") == "stopped already"
+        log.clear()
+        assert await request(s, "b") == "b" and log == ["start b"]  # a request starts it again
+        assert await act(s, a, "start") == "awake" and states(s) == {"a": "awake", "b": "awake"}
+        task.cancel()
+    asyncio.run(main())
+
+
+def test_idle_timeouts_park_then_stop_a_model():
+    async def main():
+        models = (ModelConfig("a", Path("/m/a")), ModelConfig("b", Path("/m/b"), park_after_s=0.1, stop_after_s=0.4))
+        engines: dict[str, FakeEngine] = {}
+
+        def factory(m: ModelConfig) -> FakeEngine:
+            engines[m.name] = FakeEngine(m, [])
+            return engines[m.name]
+
+        s = Switcher(SwitchConfig(models), SwitchMetrics(), factory)
+        task = await started(s)
+        watching = asyncio.create_task(s.watch(0.02))
+        await request(s, "b")
+        assert states(s)["b"] == "awake"
+        await asyncio.sleep(0.3)
+        assert states(s) == {"a": "awake", "b": "parked"}  # b idle 0.1 s: parked; a has no timeout
+        await asyncio.sleep(0.4)
+        assert states(s) == {"a": "awake", "b": "stopped"} and not engines["b"].running
+        assert await request(s, "b") == "b" and states(s)["b"] == "awake"  # started again by a request
+        watching.cancel()
+        task.cancel()
+    asyncio.run(main())

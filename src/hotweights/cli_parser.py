@@ -153,8 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("switch", help="many models behind one port: a request's model wakes its engine, the others "
                                       "park (--config FILE, or --model NAME=DIR ... [-- ENGINE ARGS])")
-    p.add_argument("action", nargs="?", default="serve", choices=["serve", "status"],
-                   help="serve (default) or status: each model's state, from a running switch")
+    p.add_argument("action", nargs="?", default="serve", choices=["serve", "status", "park", "stop", "start"],
+                   help="serve (default); status: each model's state, from a running switch; park, stop or start "
+                        "NAME: that model's engine, in a running switch")
+    p.add_argument("target", nargs="?", default=None, help="park/stop/start: the model (its name or an alias)")
     p.add_argument("--config", default=None, help="TOML file: [switch] and one [[model]] table per model "
                                                   "(docs/switch.md has a complete example)")
     p.add_argument("--model", dest="models", action="append", default=[], metavar="NAME=DIR",

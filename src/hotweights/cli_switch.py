@@ -1,4 +1,4 @@
-"""``hotweights switch [serve|status]``."""
+"""``hotweights switch [serve|status|park|stop|start NAME]``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ def cmd_switch(args: argparse.Namespace) -> int:
 
     if args.action == "status":
         return _status(args)
+    if args.action in ("park", "stop", "start"):
+        return _action(args)
     options = {"host": args.host, "port": args.port, "max_awake": args.max_awake,
                "request_timeout_s": args.request_timeout_s, "api_key": args.api_key,
                "parking": False if args.no_parking else None, "stop_keeper": True if args.stop_keeper else None,
@@ -45,11 +47,49 @@ def cmd_switch(args: argparse.Namespace) -> int:
     return run(config, log_dir)
 
 
+def _front(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
+    """The running front's URL and the headers its key wants: from the flags, else ``--config``'s [switch], else the
+    defaults (and ``$VLLM_API_KEY``, as the front reads it)."""
+    host, port, key = args.host, args.port, args.api_key
+    if args.config:
+        from .switch import config as switch_config
+
+        try:
+            config = switch_config.load(args.config)
+        except switch_config.ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        host, port, key = host or config.host, port or config.port, key or config.api_key
+    key = key or os.environ.get("VLLM_API_KEY", "")
+    return f"http://{host or '127.0.0.1'}:{port or 8000}", {"authorization": f"Bearer {key}"} if key else {}
+
+
+def _action(args: argparse.Namespace) -> int:
+    """``hotweights switch park|stop|start NAME``: the front's ``POST /switch/models/NAME/ACTION``."""
+    if not args.target:
+        raise ValueError(f"hotweights switch {args.action} NAME: which model")
+    base, headers = _front(args)
+    url = f"{base}/switch/models/{args.target}/{args.action}"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="POST", headers=headers), timeout=900) as r:
+            said = json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            reason = json.loads(exc.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            reason = f"answered {exc.code}"
+        print(f"hotweights switch {args.action}: {reason}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"hotweights switch {args.action}: no switch answers at {base} ({getattr(exc, 'reason', exc)})",
+              file=sys.stderr)
+        return 1
+    print(json.dumps(said) if args.json else f"{said['model']}: {said['did']}")
+    return 0
+
+
 def _status(args: argparse.Namespace) -> int:
-    host = args.host or "127.0.0.1"
-    url = f"http://{host}:{args.port or 8000}/switch/status"
-    key = args.api_key or os.environ.get("VLLM_API_KEY", "")  # as the front reads it
-    headers = {"authorization": f"Bearer {key}"} if key else {}
+    base, headers = _front(args)
+    url = f"{base}/switch/status"
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
             state = json.loads(r.read())

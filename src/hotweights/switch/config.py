@@ -29,6 +29,8 @@
     parked_weights = "gpu"   # "host": a parked engine's weights leave the GPU (deep park; the keeper keeps a
                              # host copy, made once at start-up) and its wake uploads them: many models per GPU
     aliases = ["mini"]       # more names it answers to (its engine is asked for it by its name)
+    park_after_s = 0         # idle this long, its awake engine parks (0: awake while memory allows)
+    stop_after_s = 0         # idle this long, its engine stops, freeing its host memory too (0: never)
     gpus = [0]               # the GPUs it runs on (CUDA_VISIBLE_DEVICES of its preload and engine; as many as
                              # its --tensor-parallel-size); unset: those the front sees. max_awake counts per
                              # GPU: engines on GPUs of their own stay awake beside each other
@@ -82,6 +84,8 @@ class ModelConfig:
     parked_weights: str = "gpu"
     gpus: tuple[int, ...] = ()  # () : every GPU the front sees
     aliases: tuple[str, ...] = ()  # more names requests may ask for it by (routed, listed in /v1/models)
+    park_after_s: float = 0.0  # idle this long, an awake engine parks (0: while memory allows, it stays awake)
+    stop_after_s: float = 0.0  # idle this long, its engine stops: its host memory and GPU residue freed too (0: never)
 
     def cuda_visible_devices(self) -> str:
         """``CUDA_VISIBLE_DEVICES`` for its processes: ``gpus`` are indices among the GPUs the front sees (those of
@@ -138,7 +142,7 @@ GONE_KEYS = {"overlap_after_s": "a wake goes beside a busy engine at once where 
                                 "engine's turn where it does not"}
 _MODEL_KEYS = {"name": str, "checkpoint": str, "engine": str, "args": list, "default": bool, "keep_awake": bool,
                "park_level": int, "deep_park_after_s": (int, float), "parked_weights": str, "gpus": list,
-               "aliases": list}
+               "aliases": list, "park_after_s": (int, float), "stop_after_s": (int, float)}
 
 
 def _typed(table: dict[str, Any], keys: dict[str, Any], where: str) -> dict[str, Any]:
@@ -171,6 +175,9 @@ def model(table: dict[str, Any], where: str) -> ModelConfig:
     for flags, instead in FRONT_FLAGS.items():
         if argv.Option(flags).present(table.get("args", [])):
             raise ConfigError(f"{where}: args: {'/'.join(flags)} is the front's to set ({instead})")
+    for key in ("park_after_s", "stop_after_s"):
+        if table.get(key, 0) < 0:
+            raise ConfigError(f"{where}: {key} must be 0 (never) or more seconds, got {table[key]!r}")
     aliases = table.get("aliases", [])
     if not all(isinstance(a, str) and NAME_RE.match(a) for a in aliases):
         raise ConfigError(f"{where}: aliases must be names of letters, digits and ._:/- (up to 128), got {aliases!r}")
@@ -195,7 +202,7 @@ def model(table: dict[str, Any], where: str) -> ModelConfig:
     made = ModelConfig(table["name"], checkpoint, table.get("engine", "hotweights"), tuple(args),
                        table.get("default", False), table.get("keep_awake", False), table.get("park_level", 1),
                        float(table.get("deep_park_after_s", 0)), table.get("parked_weights", "gpu"), tuple(gpus),
-                       tuple(aliases))
+                       tuple(aliases), float(table.get("park_after_s", 0)), float(table.get("stop_after_s", 0)))
     made.cuda_visible_devices()  # a GPU the front does not see is an error now, not at its first start
     return made
 

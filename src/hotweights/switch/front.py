@@ -1,11 +1,12 @@
 """``hotweights switch``: one OpenAI-compatible port in front of an engine per model (``switcher.py`` decides which
-is awake). ``/v1/completions`` and ``/v1/chat/completions`` (streamed or not) go to the engine of the request's
-``model``, byte for byte; ``/v1/models`` lists every configured model; ``/health`` is 200 once the default
-model serves; ``/metrics`` has the ``hotweights_switch_*`` series; ``/switch/status`` is what ``hotweights
-switch status`` prints. The engines listen on loopback ports of their own; their ``/sleep`` and ``/wake_up``
-are never reachable through the front. Errors are JSON in vLLM's shape. With an API key (``--api-key``, the
-config's ``api_key``, else ``$VLLM_API_KEY``) every ``/v1`` and ``/switch`` path wants ``Authorization: Bearer
-KEY``, as ``vllm serve --api-key`` does.
+is awake). Every JSON path an engine may serve (``validate.RELAYED``: completions, chat, embeddings, responses,
+tokenize, ...; streamed or not) goes to the engine of the request's ``model`` (or alias), byte for byte;
+``/v1/models`` lists every configured model and alias; ``/health`` is 200 once the default model serves;
+``/metrics`` has the ``hotweights_switch_*`` series; ``/switch/status`` is what ``hotweights switch status`` prints;
+``POST /switch/models/NAME/{park,stop,start}`` are an operator's actions (``actions.py``). The engines listen on
+loopback ports of their own; their ``/sleep`` and ``/wake_up`` are never reachable through the front. Errors are
+JSON in vLLM's shape. With an API key (``--api-key``, the config's ``api_key``, else ``$VLLM_API_KEY``) every
+``/v1`` and ``/switch`` path wants ``Authorization: Bearer KEY``, as ``vllm serve --api-key`` does.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from .. import __version__
 from ..serve.errors import error_response as error
 from ..serve.errors import http_error, server_error, stream_error
 from ..parked.records import take_port
+from .actions import ACTIONS, act
+from .actions import Refused as ActionRefused
 from .config import ModelConfig, SwitchConfig
 from .engines import Engine, EngineLike, gpu_mib_by_pid
 from .process import one_line
@@ -92,6 +95,22 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
         return JSONResponse({"id": asked, "object": "model", "created": int(time.time()), "owned_by": "hotweights",
                              "root": str(switcher.models[name].config.checkpoint),
                              "parent": None if asked == name else name, "permission": []})
+
+    async def action(request: Request) -> Response:
+        """``POST /switch/models/NAME/{park,stop,start}``: an operator's action on one model (``actions.py``)."""
+        if not authorized(request):
+            return error(401, "Unauthorized")
+        asked, what = request.path_params["name"], request.path_params["action"]
+        if asked not in routes:
+            return error(404, f"The model `{asked}` does not exist. Valid models: {', '.join(routes)}.", "model")
+        if what not in ACTIONS:
+            return error(404, f"no action {what!r}: one of {', '.join(ACTIONS)}")
+        m = switcher.models[routes[asked]]
+        try:
+            did = await act(switcher, m, what)
+        except ActionRefused as exc:
+            return error(409, str(exc))
+        return JSONResponse({"model": m.name, "action": what, "did": did, "state": m.state.value})
 
     async def version(_request: Request) -> Response:
         return JSONResponse({"version": __version__})
@@ -234,6 +253,7 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
     app = Starlette(lifespan=lifespan, exception_handlers={HTTPException: http_error, Exception: server_error}, routes=[
         Route("/health", health), Route("/metrics", scrape), Route("/v1/models", models),
         Route("/switch/status", status), Route("/v1/models/{name:path}", one_model), Route("/version", version),
+        Route("/switch/models/{name:path}/{action}", action, methods=["POST"]),
         *(Route(path, forward, methods=["POST"]) for path in RELAYED)])
     app.state.switcher, app.state.stopping = switcher, stopping
     return app

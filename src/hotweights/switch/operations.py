@@ -108,6 +108,7 @@ class Operations:
                     self.ready.set()  # it serves while its host copy is made (seconds for an 8B)
                 await self._host_copy_ahead(m)
         else:
+            m.last_used = m.last_used or time.time()  # its idle timeouts count from here
             moved = await self._park(m)
             note = (m.state + moved if m.engine.parks else "stopped: parking is off" if not self.config.parking
                     else "stopped: this engine has no sleep mode")
@@ -157,22 +158,23 @@ class Operations:
         for victim in room.park:
             if victim.state is S.AWAKE and not victim.inflight:  # still idle: nothing went in since the plan
                 began = time.monotonic()
-                await self._park_for(victim, m)
+                await self._park_for(victim, f"for {m.name}")
                 done.append((victim.name, time.monotonic() - began))
         return done
 
-    def _leave(self, victim: Model, keep: Model) -> None:
-        """``victim`` takes no new request and parks once its requests in flight end: ``keep`` wakes after it."""
+    def _leave(self, victim: Model, why: str, waiting: str = "") -> None:
+        """``victim`` takes no new request and parks once its requests in flight end (``why``: ``for B``, where B
+        wakes after it, or as an operator asked)."""
         self.move(victim, S.LEAVING)
-        logger.info("switch: %s leaves for %s: %d request(s) in flight end first, %d wait for %s", victim.name,
-                    keep.name, victim.inflight, keep.waiting, keep.name)
+        logger.info("switch: %s leaves %s: %d request(s) in flight end first%s", victim.name, why, victim.inflight,
+                    waiting)
 
         async def park() -> None:
             if victim.inflight:
                 await victim.idle.wait()
             async with self.busy:
                 if victim.state is S.LEAVING:
-                    await self._park_for(victim, keep, " once its requests ended")
+                    await self._park_for(victim, f"{why} once its requests ended")
 
         task = asyncio.create_task(park())
         self._tasks.add(task)
@@ -219,12 +221,12 @@ class Operations:
         self.move(victim, S.LEAVING)
         if victim.inflight:
             await victim.idle.wait()
-        await self._park_for(victim, keep, " (its wake was refused for memory)")
+        await self._park_for(victim, f"for {keep.name} (its wake was refused for memory)")
         return True
 
-    async def _park_for(self, victim: Model, keep: Model, when: str = "") -> bool:
-        """Park ``victim`` for ``keep`` (logged; it takes no new request meanwhile); one that would not park is stopped
-        (False)."""
+    async def _park_for(self, victim: Model, why: str) -> bool:
+        """Park ``victim`` (logged with ``why``: ``for B``, ...; it takes no new request meanwhile); one that would not
+        park is stopped (False)."""
         if victim.state is S.AWAKE:
             self.move(victim, S.LEAVING)
         try:
@@ -234,7 +236,7 @@ class Operations:
             await asyncio.to_thread(victim.engine.stop)
             self.move(victim, S.STOPPED)
             return False
-        logger.info("switch: %s %s for %s%s%s", victim.name, victim.state, keep.name, when, moved)
+        logger.info("switch: %s %s %s%s", victim.name, victim.state, why, moved)
         return True
 
     async def _park(self, m: Model, level: int = 0) -> str:

@@ -21,6 +21,7 @@ import time
 
 from .. import evidence
 from ..errors import HotweightsError
+from .actions import idle_timeouts
 from .engines import EngineError
 from .model import Model
 from .operations import Operations
@@ -140,7 +141,7 @@ class Switcher(Operations):
             room = self.room(m)
             if i == 0:
                 for victim in room.leave:
-                    self._leave(victim, m)
+                    self._leave(victim, f"for {m.name}", f", {m.waiting} wait for {m.name}")
             if not room.wait and (i == 0 or room.now):
                 return m, room, None
             if room.look_in_s is not None:
@@ -175,7 +176,8 @@ class Switcher(Operations):
 
     async def watch(self, interval_s: float = 0.5) -> None:
         """Engines that died are marked failed (their next request starts them again); parked embedded engines
-        idle past ``deep_park_after_s`` deepen to level 2."""
+        idle past ``deep_park_after_s`` deepen to level 2; a model's idle timeouts park or stop it
+        (``actions.idle_timeouts``)."""
         while True:
             await asyncio.sleep(interval_s)
             for m in self.models.values():
@@ -190,3 +192,8 @@ class Switcher(Operations):
                             await self._park(m, 2)
                         except EngineError as exc:
                             logger.warning("switch: %s", exc)
+                elif m.config.park_after_s or m.config.stop_after_s:
+                    try:
+                        await idle_timeouts(self, m)
+                    except EngineError as exc:
+                        logger.warning("switch: %s", exc)
