@@ -73,11 +73,12 @@ def answer(client, model: str) -> tuple[str, list[float]]:
 
 
 def checkpoint_names(path: Path) -> Path:
-    """A directory the switch's config check takes for a checkpoint (the names it looks for: config.json and a
-    safetensors file), for tests of the configuration that start nothing."""
+    """A directory the switch's config check takes for a checkpoint (the names it looks for: config.json, a
+    safetensors file and a tokenizer), for tests of the configuration that start nothing."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text("{}")
     (path / "model.safetensors").write_bytes(b"")
+    (path / "tokenizer.json").write_text("{}")
     return path
 
 
