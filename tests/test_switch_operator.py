@@ -246,3 +246,30 @@ def test_an_operator_parks_stops_and_starts_a_model_from_the_cli_with_the_config
             assert done.returncode == 1 and "The model `c` does not exist" in done.stderr, done.stderr
         finally:
             f.interrupt()
+
+
+def test_a_start_mode_is_eager_cached_or_lazy_and_the_default_is_eager(model, tmp_path):
+    line = refused(tmp_path, table("a", model) + table("b", model) + 'start = "later"\n')
+    assert "start must be one of eager, cached, lazy, got 'later'" in line, line
+    line = refused(tmp_path, table("a", model) + 'start = "lazy"\n' + table("b", model))
+    assert "the default model (a) starts eagerly, as /health waits for it" in line, line
+
+
+@pytest.mark.slow
+def test_a_lazy_model_starts_for_its_first_request(model, tmp_path):
+    with private_keeper("hwop-") as sock:
+        config = tmp_path / "switch.toml"
+        config.write_text(table("a", model, ["--max-model-len", "64"]) + table("b", model, ["--max-model-len", "64"])
+                          + 'start = "lazy"\n')
+        f = wait_started(Front(tmp_path, {}, "--config", str(config), socket_dir=sock))
+        try:
+            assert {m["name"]: m["state"] for m in f.status()["models"]} == {"a": "awake", "b": "stopped"}
+            assert "switch: b ready in" not in f.log.read_text()  # nothing done for it at start-up
+            req = urllib.request.Request(f.url + "/v1/completions", data=json.dumps(
+                {"model": "b", "prompt": "The weight cache", "max_tokens": 3}).encode(),
+                headers={"content-type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                assert json.loads(r.read())["model"] == "b"
+            assert f.state("b")["state"] == "awake" and "switch: b ready in" in f.log.read_text()
+        finally:
+            f.interrupt()

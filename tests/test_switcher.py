@@ -552,3 +552,32 @@ def test_idle_timeouts_park_then_stop_a_model():
         watching.cancel()
         task.cancel()
     asyncio.run(main())
+
+
+def test_cached_and_lazy_models_start_for_their_first_request():
+    """Issue 53: every engine started at start-up (16 minutes for ten 8B from an empty keeper). A cached model is
+    preloaded then and started by its first request; a lazy one has nothing done until its first request."""
+    async def main():
+        preloaded: list[str] = []
+
+        class Counted(FakeEngine):
+            def preload(self) -> str:
+                preloaded.append(self.name)
+                return "cached"
+
+        models = (ModelConfig("a", Path("/m/a")), ModelConfig("b", Path("/m/b"), start="cached"),
+                  ModelConfig("c", Path("/m/c"), start="lazy"))
+        log: list[str] = []
+        s = Switcher(SwitchConfig(models, max_awake=0, preload_jobs=2), SwitchMetrics(), lambda m: Counted(m, log))
+        task = asyncio.create_task(s.run())
+        await asyncio.wait_for(s.ready.wait(), 5)
+        while len(preloaded) < 2 or s.busy.locked():
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)
+        assert sorted(preloaded) == ["a", "b"] and log == ["start a"], (preloaded, log)
+        assert states(s) == {"a": "awake", "b": "stopped", "c": "stopped"}
+        assert await request(s, "b") == "b" and log == ["start a", "start b"] and sorted(preloaded) == ["a", "b"]
+        assert await request(s, "c") == "c" and log[-1] == "start c" and sorted(preloaded) == ["a", "b", "c"]
+        assert states(s) == {"a": "awake", "b": "awake", "c": "awake"}
+        task.cancel()
+    asyncio.run(main())

@@ -29,6 +29,8 @@
     parked_weights = "gpu"   # "host": a parked engine's weights leave the GPU (deep park; the keeper keeps a
                              # host copy, made once at start-up) and its wake uploads them: many models per GPU
     aliases = ["mini"]       # more names it answers to (its engine is asked for it by its name)
+    start = "eager"          # started at start-up; "cached": preloaded then, started by its first request;
+                             # "lazy": nothing until its first request (the default model is eager)
     park_after_s = 0         # idle this long, its awake engine parks (0: awake while memory allows)
     stop_after_s = 0         # idle this long, its engine stops, freeing its host memory too (0: never)
     gpus = [0]               # the GPUs it runs on (CUDA_VISIBLE_DEVICES of its preload and engine; as many as
@@ -84,6 +86,8 @@ class ModelConfig:
     parked_weights: str = "gpu"
     gpus: tuple[int, ...] = ()  # () : every GPU the front sees
     aliases: tuple[str, ...] = ()  # more names requests may ask for it by (routed, listed in /v1/models)
+    start: str = "eager"  # "eager": started at start-up; "cached": preloaded then, started by its first request;
+    #                       "lazy": nothing until its first request (its preload then, and its start)
     park_after_s: float = 0.0  # idle this long, an awake engine parks (0: while memory allows, it stays awake)
     stop_after_s: float = 0.0  # idle this long, its engine stops: its host memory and GPU residue freed too (0: never)
 
@@ -142,7 +146,8 @@ GONE_KEYS = {"overlap_after_s": "a wake goes beside a busy engine at once where 
                                 "engine's turn where it does not"}
 _MODEL_KEYS = {"name": str, "checkpoint": str, "engine": str, "args": list, "default": bool, "keep_awake": bool,
                "park_level": int, "deep_park_after_s": (int, float), "parked_weights": str, "gpus": list,
-               "aliases": list, "park_after_s": (int, float), "stop_after_s": (int, float)}
+               "aliases": list, "park_after_s": (int, float), "stop_after_s": (int, float), "start": str}
+STARTS = ("eager", "cached", "lazy")
 
 
 def _typed(table: dict[str, Any], keys: dict[str, Any], where: str) -> dict[str, Any]:
@@ -175,6 +180,8 @@ def model(table: dict[str, Any], where: str) -> ModelConfig:
     for flags, instead in FRONT_FLAGS.items():
         if argv.Option(flags).present(table.get("args", [])):
             raise ConfigError(f"{where}: args: {'/'.join(flags)} is the front's to set ({instead})")
+    if table.get("start", "eager") not in STARTS:
+        raise ConfigError(f"{where}: start must be one of {', '.join(STARTS)}, got {table['start']!r}")
     for key in ("park_after_s", "stop_after_s"):
         if table.get(key, 0) < 0:
             raise ConfigError(f"{where}: {key} must be 0 (never) or more seconds, got {table[key]!r}")
@@ -202,7 +209,8 @@ def model(table: dict[str, Any], where: str) -> ModelConfig:
     made = ModelConfig(table["name"], checkpoint, table.get("engine", "hotweights"), tuple(args),
                        table.get("default", False), table.get("keep_awake", False), table.get("park_level", 1),
                        float(table.get("deep_park_after_s", 0)), table.get("parked_weights", "gpu"), tuple(gpus),
-                       tuple(aliases), float(table.get("park_after_s", 0)), float(table.get("stop_after_s", 0)))
+                       tuple(aliases), table.get("start", "eager"), float(table.get("park_after_s", 0)),
+                       float(table.get("stop_after_s", 0)))
     made.cuda_visible_devices()  # a GPU the front does not see is an error now, not at its first start
     return made
 
@@ -217,6 +225,10 @@ def build(switch: dict[str, Any], models: list[ModelConfig], where: str) -> Swit
         raise ConfigError(f"{where}: model names and aliases must differ: {', '.join(twice)} is named twice")
     if sum(m.default for m in models) > 1:
         raise ConfigError(f"{where}: more than one model is the default")
+    default = next((m for m in models if m.default), models[0])
+    if default.start != "eager":
+        raise ConfigError(f"{where}: the default model ({default.name}) starts eagerly, as /health waits for it: "
+                          f"drop its start = {default.start!r}, or make another model the default")
     awake = switch.get("max_awake", "auto")
     if awake == "auto":
         switch = {**switch, "max_awake": 0}

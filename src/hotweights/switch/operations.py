@@ -29,7 +29,8 @@ class Operations:
                  totals: dict[int, int] | None = None) -> None:
         self.config, self.metrics = config, metrics
         self.totals = totals if totals is not None else {}  # each GPU's MiB (nvidia-smi, once): memory bounds wakes
-        self.models = {m.name: Model(m, engines(m)) for m in config.models}
+        self.models = {m.name: Model(m, engines(m), S.STARTING if m.start == "eager" else S.STOPPED)
+                       for m in config.models}  # a cached or lazy model's engine starts for its first request
         self.busy = asyncio.Lock()  # held by the one start, park or wake going on
         self.ready = asyncio.Event()  # start-up reached the default model
         self._kick = asyncio.Event()  # a request waits, or an engine changed: the scheduler looks again
@@ -42,7 +43,8 @@ class Operations:
         """With ``jobs`` > 1, start-up's preloads run ahead of the starts (``preloads.py``): their task."""
         if jobs <= 1:
             return None
-        self.preloads = Preloads(startup_order(self.models.values(), self.models[self.config.default.name]), jobs)
+        order = startup_order(self.models.values(), self.models[self.config.default.name])
+        self.preloads = Preloads([m for m in order if m.config.start != "lazy"], jobs)
         return asyncio.create_task(self.preloads.run())
 
     def move(self, m: Model, to: ModelState) -> None:
@@ -82,10 +84,12 @@ class Operations:
         if m.state is S.FAILED:  # its start failed and its back-off is over: start-up tries it again
             logger.info("switch: %s: starting again (%d failed start(s) before)", m.name, m.start_failures)
             self.move(m, S.STARTING)
+        elif m.state is S.STOPPED:  # a cached or lazy model, for its first request
+            self.move(m, S.STARTING)
         m.started = True
         began = time.monotonic()
         try:
-            if self.preloads is not None:
+            if self.preloads is not None and m in self.preloads.models:
                 cached, preloaded_s = await self.preloads.result(m)
             else:
                 cached = await asyncio.to_thread(m.engine.preload)

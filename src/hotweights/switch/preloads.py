@@ -146,7 +146,7 @@ class Preloads:
         """A model preloaded already has yet to start on these GPUs: its start (seconds) goes first, as a preload
         begun now (minutes) would hold it back, neither running beside the other (on an H200 an 18 s start waited
         100 s behind a preload begun while the model before it parked)."""
-        return any(not x.started and x.name in self.done and self.done[x.name].done()
+        return any(not x.started and x.config.start == "eager" and x.name in self.done and self.done[x.name].done()
                    and set(self.need(x).gpus) & set(need.gpus) for x in self.models)
 
     def _fits(self, m: Model, need: GpuNeed, gpu: int, mem: GpuMemory) -> bool:
@@ -154,7 +154,7 @@ class Preloads:
         next start needs (that start waits for them, not for the weights they leave in the keeper)."""
         held = sum(j.need.preload_mib(mem.total_mib) for j in self.running.values() if gpu in j.need.gpus)
         waiting = [x for x in self.models if x.started and x.state is ModelState.STARTING]
-        nxt = next(iter(waiting or [x for x in self.models if not x.started]), None)
+        nxt = next(iter(waiting or [x for x in self.models if not x.started and x.config.start == "eager"]), None)
         reserve = 0
         if nxt is not None and nxt is not m and nxt.name not in self.running:
             other = self.need(nxt)

@@ -68,8 +68,10 @@ def next_model(models: Iterable[Model], config: SwitchConfig, default: Model) ->
 
 
 def startup_next(models: Sequence[Model], default: Model) -> Model | None:
-    """The next model start-up has not reached, else one whose start failed and may be tried again, else None."""
-    left = [m for m in startup_order(models, default) if not m.started] or retried(list(models))
+    """The next model start-up has not reached (an eager one: a cached or lazy one starts for its first request),
+    else one whose start failed and may be tried again, else None."""
+    left = [m for m in startup_order(models, default) if not m.started and m.config.start == "eager"]
+    left = left or retried(list(models))
     return left[0] if left else None
 
 
