@@ -9,6 +9,7 @@ Run: pytest tests/test_switch_operator.py
 from __future__ import annotations
 
 import json
+import re
 import signal
 import shutil
 import threading
@@ -99,6 +100,15 @@ def test_an_alias_is_routed_and_listed_and_every_engine_path_is_relayed_or_a_jso
             with urllib.request.urlopen(f.url + "/v1/models", timeout=10) as r:
                 listed = {m["id"]: m["parent"] for m in json.loads(r.read())["data"]}
             assert listed == {"a": None, "gpt-4o-mini": "a", "team/small": "a"}, listed
+            log = f.log.read_text()  # a line per request, and the waits and first bytes in /metrics (issue 53)
+            assert re.search(r"switch: request a /v1/completions 200, waited [\d.]+ s, first byte [\d.]+ s, [\d.]+ s "
+                             r"in all, 3 tokens", log), log[-2000:]
+            with urllib.request.urlopen(f.url + "/metrics", timeout=10) as r:
+                scrape = r.read().decode()
+            for series in ('hotweights_switch_wait_seconds_count{model="a"} 2.0',
+                           'hotweights_switch_first_byte_seconds_count{model="a"} 2.0',
+                           'hotweights_switch_requests_total{model="a",outcome="ok"} 2.0'):
+                assert series in scrape, series
             with urllib.request.urlopen(f.url + "/v1/models/team/small", timeout=10) as r:
                 assert json.loads(r.read())["parent"] == "a"
             with urllib.request.urlopen(f.url + "/version", timeout=10) as r:
