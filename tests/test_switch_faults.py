@@ -154,6 +154,8 @@ def test_a_body_that_is_not_an_object_and_an_unknown_model_are_refused_in_vllms_
     for body in (b"[1]", b"not json"):
         code, got = post(front.url + "/v1/completions", body)
         assert code == 400 and "the body must be a JSON object" in got["error"]["message"], got
+    code, got = post(front.url + "/v1/completions", b'{"model": "a",')  # where the parse stopped (issue 53)
+    assert code == 400 and "line 1 column 14" in got["error"]["message"], got
     code, got = post(front.url + "/v1/chat/completions", {"model": "a"})
     assert code == 400 and got["error"]["param"] == "messages", got
     code, got = post(front.url + "/v1/completions", {"model": "nobody", "prompt": "x"})
@@ -230,6 +232,7 @@ def test_a_model_whose_start_failed_is_not_started_again_by_every_request(models
             assert message.startswith("broken: its engine exited with code 1 while starting: Exception: Model "
                                       "missing.") and "(tried again in" in message, message
             assert "\n" not in message and message.count("its engine exited") == 1, message
+            assert "(log: " not in message, message  # its log's path is in the status, not in a client's answer
         assert f.state("a")["state"] == "awake" and f.state("a")["wakes"] == wakes  # never parked for it
         error = f.state("broken")["error"]
         assert "\n" not in error and error.count("its engine exited") == 1 and len(error) < 600, error

@@ -52,6 +52,7 @@ from .switcher import Switcher, Unavailable
 from .validate import BODIES, RELAYED, Refused, model_of
 
 logger = logging.getLogger("hotweights.switch")
+LOG_PATH = re.compile(r" \(log: [^)]*\)")  # an engine's log path in a failure's one line
 SHUTDOWN_GRACE_S = 3  # uvicorn's wait for open connections on SIGINT/SIGTERM (its default: forever; ours was 30)
 
 
@@ -183,7 +184,7 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
                 m = await switcher.acquire(name)
             except Unavailable as exc:
                 metrics.requests.labels(name, "unavailable").inc()
-                return error(503, str(exc))
+                return error(503, LOG_PATH.sub("", str(exc)))  # the server's paths are for its status, not clients
             waited = time.monotonic() - arrived
             sent = False
             try:

@@ -71,7 +71,9 @@ def model_of(path: str, body: bytes, served: dict[str, Any], default: str) -> st
         request = BODIES.get(path, _Any).model_validate_json(body)
     except ValidationError as exc:
         first: dict[str, Any] = dict(exc.errors()[0]) if exc.errors() else {}
-        if str(first.get("type", "")).startswith("json") or first.get("type") == "model_type":
+        if str(first.get("type", "")).startswith("json"):  # where the parse stopped, as a client can act on it
+            raise Refused(f"the body must be a JSON object (the request's fields): {first.get('msg', '')}") from None
+        if first.get("type") == "model_type":
             raise Refused("the body must be a JSON object (the request's fields)") from None
         param = ".".join(str(p) for p in first.get("loc", ())) or None
         raise Refused(f"invalid request: {param + ': ' if param else ''}{first.get('msg', 'bad value')}",
