@@ -235,11 +235,12 @@ def test_an_operator_parks_stops_and_starts_a_model_from_the_cli_with_the_config
         f = Front(tmp_path, {}, "--config", str(config), socket_dir=sock)  # on a port of its own
         port = f.port
         config.write_text(f'[switch]\nport = {port}\napi_key = "sesame"\n' + models)  # what the CLI reads
-        deadline = time.monotonic() + 120
-        while any(m["state"] == "starting" for m in f.status("sesame")["models"]):
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
         try:
+            deadline = time.monotonic() + 120
+            while not f.ready() or any(m["state"] == "starting" for m in f.status("sesame")["models"]):
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+
             def cli(*args: str) -> str:
                 done = run_cli("switch", *args, "--config", str(config), timeout=120)
                 assert done.returncode == 0, done.stderr
