@@ -22,7 +22,7 @@ from .states import ModelState
 
 if TYPE_CHECKING:
     from .model import Model
-    from .switcher import Switcher
+    from .operations import Operations
 
 S = ModelState
 AWAKE = frozenset({S.AWAKE})
@@ -35,7 +35,7 @@ class Refused(Exception):
     """An action that cannot be done now (409), with the reason."""
 
 
-async def act(s: Switcher, m: Model, action: Action) -> str:
+async def act(s: Operations, m: Model, action: Action) -> str:
     """Do ``action`` to ``m``: what was done, in a few words."""
     async with s.busy:
         if action == "park":
@@ -45,7 +45,7 @@ async def act(s: Switcher, m: Model, action: Action) -> str:
         return await _start(s, m)
 
 
-async def _park(s: Switcher, m: Model, why: str) -> str:
+async def _park(s: Operations, m: Model, why: str) -> str:
     if m.state is S.AWAKE and m.inflight:
         s._leave(m, why)
         return f"leaving: it parks once its {m.inflight} request(s) in flight end"
@@ -57,7 +57,7 @@ async def _park(s: Switcher, m: Model, why: str) -> str:
     return f"{m.state} already" if m.state in (S.PARKED, S.DEEP) else f"{m.state}: nothing to park"
 
 
-async def _stop(s: Switcher, m: Model, why: str) -> str:
+async def _stop(s: Operations, m: Model, why: str) -> str:
     if m.state is S.STOPPED or (m.state is S.FAILED and not m.engine.alive()):
         return f"{m.state} already"
     await asyncio.to_thread(m.engine.stop)
@@ -66,7 +66,7 @@ async def _stop(s: Switcher, m: Model, why: str) -> str:
     return "stopped"
 
 
-async def _start(s: Switcher, m: Model) -> str:
+async def _start(s: Operations, m: Model) -> str:
     if m.state in (S.AWAKE, S.LEAVING):
         return f"{m.state} already"
     if not m.started:
@@ -86,7 +86,7 @@ async def _start(s: Switcher, m: Model) -> str:
     return "awake"
 
 
-async def idle_timeouts(s: Switcher, m: Model) -> None:
+async def idle_timeouts(s: Operations, m: Model) -> None:
     """Park ``m`` after ``park_after_s`` idle, stop it after ``stop_after_s`` idle (the watch asks each model)."""
     if m.inflight or m.waiting or not m.last_used:
         return

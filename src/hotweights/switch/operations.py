@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from .. import evidence
 from ..errors import HotweightsError
 from .config import ModelConfig, SwitchConfig
 from .engines import EngineError, EngineLike, WakeRefused
@@ -165,6 +166,31 @@ class Operations:
                 await self._park_for(victim, f"for {m.name}")
                 done.append((victim.name, time.monotonic() - began))
         return done
+
+    async def _switch_to(self, m: Model, room: Room) -> None:
+        """Make ``room`` for ``m`` and wake it (or start it again); a wake that fails is its requests' answer."""
+        began = time.monotonic()
+        waited = m.waited_s(began)
+        parked = await self._make_room(room, m)
+        woke_began = time.monotonic()
+        try:
+            source = await self._wake(m)
+        except EngineError as exc:
+            logger.error("switch: %s", exc)
+            if m.state is S.STARTING:
+                self._start_failed(m, exc)
+            else:
+                m.attempts_failed += 1
+                if not m.engine.alive() and m.state in SERVING:
+                    self._exited(m)
+                m.failure = m.failure or Failure(FailureKind.WAKE, str(exc))
+                self._changed()
+            return
+        m.wakes += 1
+        self._awake(m)
+        seconds = time.monotonic() - began
+        self.metrics.switch(m.name, source, seconds)
+        logger.info(evidence.switch_awake(m.name, seconds, source, parked, time.monotonic() - woke_began, waited))
 
     def _leave(self, victim: Model, why: str, waiting: str = "") -> None:
         """``victim`` takes no new request and parks once its requests in flight end (``why``: ``for B``, where B

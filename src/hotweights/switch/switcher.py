@@ -19,7 +19,6 @@ import asyncio
 import logging
 import time
 
-from .. import evidence
 from ..errors import HotweightsError
 from .actions import idle_timeouts
 from .engines import EngineError
@@ -149,30 +148,6 @@ class Switcher(Operations):
         if order:
             return None, Room(), look
         return startup_next(models, self.models[self.config.default.name]), Room(), None
-
-    async def _switch_to(self, m: Model, room: Room) -> None:
-        began = time.monotonic()
-        waited = m.waited_s(began)
-        parked = await self._make_room(room, m)
-        woke_began = time.monotonic()
-        try:
-            source = await self._wake(m)
-        except EngineError as exc:
-            logger.error("switch: %s", exc)
-            if m.state is S.STARTING:
-                self._start_failed(m, exc)
-            else:
-                m.attempts_failed += 1
-                if not m.engine.alive() and m.state in SERVING:
-                    self._exited(m)
-                m.failure = m.failure or Failure(FailureKind.WAKE, str(exc))
-                self._changed()
-            return
-        m.wakes += 1
-        self._awake(m)
-        seconds = time.monotonic() - began
-        self.metrics.switch(m.name, source, seconds)
-        logger.info(evidence.switch_awake(m.name, seconds, source, parked, time.monotonic() - woke_began, waited))
 
     async def watch(self, interval_s: float = 0.5) -> None:
         """Engines that died are marked failed (their next request starts them again); parked embedded engines
