@@ -284,3 +284,33 @@ def test_a_lazy_model_starts_for_its_first_request(model, tmp_path):
             assert f.state("b")["state"] == "awake" and "switch: b ready in" in f.log.read_text()
         finally:
             f.interrupt()
+
+
+def test_a_runs_log_directory_is_new_and_old_runs_are_cleaned(tmp_path):
+    """Issue 53: every front without --log-dir left a temporary directory of engine logs behind, forever."""
+    import os
+
+    from hotweights.switch.front import LOG_PREFIX, new_log_dir
+
+    week_ago = time.time() - 8 * 86400
+    runs = []
+    for i in range(14):
+        run = tmp_path / f"{LOG_PREFIX}{i:02d}"
+        (run / "m.log").parent.mkdir()
+        (run / "m.log").write_text("x")
+        age = week_ago - i * 60 if i else time.time()  # run 00 is still written to (a front that runs)
+        os.utime(run / "m.log", (age, age))
+        os.utime(run, (age, age))
+        runs.append(run)
+    (tmp_path / "other").mkdir()
+    made = new_log_dir(tmp_path)
+    assert made.is_dir() and made.name.startswith(LOG_PREFIX)
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert kept == sorted([made.name, "other", *(r.name for r in runs[:9])]), kept  # with the new one, ten
+    config = tmp_path / "switch.toml"
+    from hotweights.switch import config as switch_config
+    from hotweights.demo_model import write_demo_model
+
+    model = write_demo_model(tmp_path / "m", "tiny")
+    config.write_text(f'[switch]\nlog_dir = "{tmp_path / "logs"}"\n' + table("a", model))
+    assert switch_config.load(config).log_dir == str(tmp_path / "logs")

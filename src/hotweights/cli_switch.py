@@ -41,7 +41,7 @@ def cmd_switch(args: argparse.Namespace) -> int:
         raise ValueError(str(exc)) from None
     from .switch.front import run
 
-    log_dir = Path(args.log_dir) if args.log_dir else None
+    log_dir = Path(args.log_dir or config.log_dir).expanduser() if args.log_dir or config.log_dir else None
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
     return run(config, log_dir)

@@ -14,6 +14,8 @@
     turn_s = 1               # where memory forces a choice between busy engines: a busy one leaves (takes no new
                              # request, parks once its requests end) once the requests waiting for another model
                              # have waited turn_s seconds in sum per request in flight on it
+    log_dir = ""             # each engine's log goes here ("": a new temporary directory per run, the oldest
+                             # of those removed past the ten newest, once a week has passed over them)
     preload_jobs = 0         # start-up's preloads at once, ahead of the starts, where GPU memory allows (a vLLM
                              # preload is a whole vLLM start); 0: 4 where there are GPUs, else 1 (in each start)
 
@@ -128,6 +130,7 @@ class SwitchConfig:
     starve_after_s: float = 10.0  # fair: a model whose request has waited this long goes next
     turn_s: float = 1.0  # a busy engine's turn, in request-seconds waited per request it has in flight (schedule.py)
     preload_jobs: int = 0  # start-up's preloads at once (preloads.py); 0: auto (jobs())
+    log_dir: str = ""  # each engine's log (and its preload's) go here; "": a new temporary directory per run
 
     def jobs(self) -> int:
         """Start-up's preloads at once: ``preload_jobs``, else 4 where there are GPUs (their memory admits each),
@@ -141,7 +144,7 @@ class SwitchConfig:
 
 SWITCH_KEYS = {"host": str, "port": int, "max_awake": (int, str), "request_timeout_s": (int, float), "api_key": str,
                "socket_dir": str, "parking": bool, "stop_keeper": bool, "schedule": str,
-               "starve_after_s": (int, float), "turn_s": (int, float), "preload_jobs": int}
+               "starve_after_s": (int, float), "turn_s": (int, float), "preload_jobs": int, "log_dir": str}
 GONE_KEYS = {"overlap_after_s": "a wake goes beside a busy engine at once where memory allows; turn_s bounds a busy "
                                 "engine's turn where it does not"}
 _MODEL_KEYS = {"name": str, "checkpoint": str, "engine": str, "args": list, "default": bool, "keep_awake": bool,

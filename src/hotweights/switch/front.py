@@ -17,7 +17,9 @@ import dataclasses
 import hmac
 import json
 import logging
+import os
 import re
+import shutil
 import tempfile
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -369,13 +371,38 @@ async def disconnected(request: Request) -> None:
         pass
 
 
+LOG_PREFIX = "hotweights-switch-"
+KEEP_RUNS, KEEP_S = 10, 7 * 86400.0
+
+
+def new_log_dir(base: Path | None = None) -> Path:
+    """A new temporary directory for this run's engine logs; of the earlier runs' (``LOG_PREFIX`` in ``base``, the
+    system's temporary directory by default, ours), the ten newest stay, and the rest go once nothing in them has
+    changed for a week (a front that still runs writes its engines' logs)."""
+    base = base or Path(tempfile.gettempdir())
+    made = Path(tempfile.mkdtemp(prefix=LOG_PREFIX, dir=base))
+
+    def newest(d: Path) -> float:
+        return max([d.stat().st_mtime, *(f.stat().st_mtime for f in d.iterdir())], default=0.0)
+
+    try:
+        runs = sorted((d for d in base.glob(LOG_PREFIX + "*") if d != made and d.is_dir() and not d.is_symlink()
+                       and d.stat().st_uid == os.getuid()), key=newest, reverse=True)
+        for old in runs[KEEP_RUNS - 1:]:
+            if time.time() - newest(old) > KEEP_S:
+                shutil.rmtree(old, ignore_errors=True)
+    except OSError:  # another front's directory went meanwhile: tidying is never the reason a front does not start
+        pass
+    return made
+
+
 def run(config: SwitchConfig, log_dir: Path | None = None) -> int:
     """Serve until SIGINT/SIGTERM; every engine started is stopped on the way out."""
     import uvicorn
 
     sock = take_port(config.host, config.port, config.socket_dir or None)  # before any engine starts
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per relayed request otherwise
-    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="hotweights-switch-"))
+    log_dir = log_dir or new_log_dir()
     config = dataclasses.replace(config, preload_jobs=config.jobs())  # auto: by the GPUs there are
     app = create_app(config, log_dir)
     names = ", ".join(m.name + (" (default)" if m is config.default else "") for m in config.models)
