@@ -3,7 +3,8 @@ is awake). Every JSON path an engine may serve (``validate.RELAYED``: completion
 tokenize, ...; streamed or not) goes to the engine of the request's ``model`` (or alias), byte for byte;
 ``/v1/models`` lists every configured model and alias; ``/health`` is 200 once the default model serves;
 ``/metrics`` has the ``hotweights_switch_*`` series; ``/switch/status`` is what ``hotweights switch status`` prints;
-``POST /switch/models/NAME/{park,stop,start}`` are an operator's actions (``actions.py``). The engines listen on
+``POST /switch/models/NAME/{park,stop,start}`` are an operator's actions (``actions.py``); ``/ui`` is a status page
+over the last two, in a browser (``page.html``). The engines listen on
 loopback ports of their own; their ``/sleep`` and ``/wake_up`` are never reachable through the front. Errors are
 JSON in vLLM's shape. With an API key (``--api-key``, the config's ``api_key``, else ``$VLLM_API_KEY``) every
 ``/v1`` and ``/switch`` path wants ``Authorization: Bearer KEY``, as ``vllm serve --api-key`` does.
@@ -32,7 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .. import __version__
@@ -56,6 +57,7 @@ from .validate import BODIES, RELAYED, Refused, model_of
 
 logger = logging.getLogger("hotweights.switch")
 LOG_PATH = re.compile(r" \(log: [^)]*\)")  # an engine's log path in a failure's one line
+PAGE = (Path(__file__).parent / "page.html").read_text()  # the status page (``/ui``)
 SHUTDOWN_GRACE_S = 3  # uvicorn's wait for open connections on SIGINT/SIGTERM (its default: forever; ours was 30)
 
 
@@ -125,8 +127,13 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
             return error(401, "Unauthorized")
         gpu = await asyncio.to_thread(gpu_mib_by_pid)
         return JSONResponse({"default": config.default.name, "max_awake": config.max_awake or "auto",
-                             "log_dir": str(log_dir),
-                             "models": [m.row(gpu).to_json() for m in switcher.models.values()]})
+                             "log_dir": str(log_dir), "version": __version__, "keyed": bool(config.api_key),
+                             "models": [m.row(gpu).to_json() for m in switcher.models.values()],
+                             "switches": [dataclasses.asdict(s) for s in reversed(switcher.switched)]})
+
+    async def page(_request: Request) -> Response:
+        """The status page: static, it holds no data; what it shows comes from ``/switch/status`` with the key."""
+        return HTMLResponse(PAGE, headers={"cache-control": "no-store"})
 
     async def scrape(_request: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -246,6 +253,7 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
             switcher.release(m)
             if said.first:
                 metrics.first_byte(said.name, said.first - said.arrived)
+            m.relayed(said.first - said.arrived if said.first else None)
             logger.info(said.line())
 
     @contextlib.asynccontextmanager
@@ -269,7 +277,8 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
             await asyncio.to_thread(leave_keeper, config, keeper_before)
 
     app = Starlette(lifespan=lifespan, exception_handlers={HTTPException: http_error, Exception: server_error}, routes=[
-        Route("/health", health), Route("/metrics", scrape), Route("/v1/models", models),
+        Route("/health", health), Route("/metrics", scrape), Route("/v1/models", models), Route("/ui", page),
+        Route("/", lambda _r: RedirectResponse("/ui")),
         Route("/switch/status", status), Route("/v1/models/{name:path}", one_model), Route("/version", version),
         Route("/switch/models/{name:path}/{action}", action, methods=["POST"]),
         *(Route(path, forward, methods=["POST"]) for path in RELAYED)])

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,20 @@ def gpu_mib_by_pid() -> dict[int, int]:
         return {int(p): int(m) for p, m in _smi("--query-compute-apps=pid,used_memory")}
     except ValueError:
         return {}
+
+
+def host_mib(pids: list[int]) -> int | None:
+    """The resident host memory of these processes (``VmRSS``), None where none can be read."""
+    total, read = 0, False
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                total, read = total + int(line.split()[1]) // 1024, True
+    return total if read else None
 
 
 def gpu_memory(visible: str | None = None) -> dict[int, GpuMemory]:

@@ -4,12 +4,15 @@ status`` show it (``ModelRow``, frozen). Torch-free."""
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .config import ModelConfig
 from .engines import EngineLike
+from .gpus import host_mib
 from .states import Failure, ModelState
 
 
@@ -30,6 +33,18 @@ class Model:
     start_failures: int = 0  # starts that failed in a row: the back-off doubles with each
     failure: Failure | None = None
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    answered: deque[tuple[float, float | None]] = field(default_factory=lambda: deque(maxlen=1024))
+    # (time.time(), its first byte's seconds from arrival or None) of each request relayed: the rate and TTFT shown
+
+    def relayed(self, first_byte_s: float | None) -> None:
+        self.answered.append((time.time(), first_byte_s))
+
+    def pace(self, window_s: float = 60.0) -> tuple[int, float | None]:
+        """Requests relayed in the last ``window_s`` seconds, and the median of their times to first byte."""
+        since = time.time() - window_s
+        recent = [first for at, first in self.answered if at >= since]
+        firsts = [f for f in recent if f is not None]
+        return len(recent), (statistics.median(firsts) if firsts else None)
 
     @property
     def name(self) -> str:
@@ -46,11 +61,26 @@ class Model:
     def row(self, gpu: dict[int, int]) -> ModelRow:
         pids = self.engine.pids()
         held = sum(gpu.get(p, 0) for p in pids) if gpu and pids else None
+        requests, first = self.pace()
         return ModelRow(self.name, self.config.engine, self.state.value, self.engine.pid,
                         self.engine.server or self.engine.pid, held,
                         list(self.config.gpus) or None, self.engine.port, self.inflight, self.waiting,
                         self.last_used or None, self.wakes, self.engine.parks, self.error or None,
-                        str(self.engine.log_path))
+                        str(self.engine.log_path), host_mib(pids) if pids else None, self.config.parked_weights,
+                        self.config.start, list(self.config.aliases), requests, first)
+
+
+@dataclass(frozen=True, slots=True)
+class Switched:
+    """A switch, for ``/switch/status`` and the status page: when (``time.time()``), how long from taking the lock to
+    awake, where its weights came from, how long its first request had waited, which engines parked for it."""
+
+    at: float
+    model: str
+    seconds: float
+    source: str
+    waited_s: float
+    parked: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +100,12 @@ class ModelRow:
     parks: bool
     error: str | None  # one line
     log: str
+    host_mib: int | None = None  # its processes' resident host memory (a deep park's weights and staging included)
+    parked_weights: str = "gpu"  # where its weights stay while it is parked: "gpu" or "host"
+    start: str = "eager"
+    aliases: list[str] | None = None
+    requests_1m: int = 0  # requests relayed to it in the last minute
+    ttft_p50_s: float | None = None  # their median time to first byte, the wait for a switch included
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 
 from .. import evidence
@@ -15,7 +16,7 @@ from ..errors import HotweightsError
 from .config import ModelConfig, SwitchConfig
 from .engines import EngineError, EngineLike, WakeRefused
 from .metrics import SwitchMetrics
-from .model import Model
+from .model import Model, Switched
 from .preloads import Preloads
 from .schedule import Room, pick_victim, room_for, startup_order
 from .states import SERVING, TRANSITIONS, Failure, FailureKind, InvalidTransition, ModelState
@@ -39,6 +40,7 @@ class Operations:
         self._tasks: set[asyncio.Task[None]] = set()
         self.closing = False  # the front stops: no request waits for a model any more
         self.preloads: Preloads | None = None  # several preloads at once (``begin_preloads``), else each in its start
+        self.switched: deque[Switched] = deque(maxlen=20)  # the last switches, for the status page
 
     def begin_preloads(self, jobs: int) -> asyncio.Task[None] | None:
         """With ``jobs`` > 1, start-up's preloads run ahead of the starts (``preloads.py``): their task."""
@@ -190,6 +192,7 @@ class Operations:
         self._awake(m)
         seconds = time.monotonic() - began
         self.metrics.switch(m.name, source, seconds)
+        self.switched.append(Switched(time.time(), m.name, seconds, source, waited, tuple(n for n, _ in parked)))
         logger.info(evidence.switch_awake(m.name, seconds, source, parked, time.monotonic() - woke_began, waited))
 
     def _leave(self, victim: Model, why: str, waiting: str = "") -> None:
