@@ -8,7 +8,9 @@ Run: pytest tests/test_switch_operator.py
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
 import shutil
@@ -215,6 +217,43 @@ def test_engines_die_with_their_front_however_it_dies(model, tmp_path):
         while any(running(pid) for pid in engines):
             assert time.monotonic() < deadline, [pid for pid in engines if running(pid)]
             time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_a_new_front_retires_the_engines_a_dead_front_left_running(model, tmp_path):
+    """An engine that hangs does not act on its dead front's signal (nor did any engine of a front before that fix):
+    it kept its port and memory until someone found it. Here both engines are stopped (SIGSTOP) when the front is
+    killed, so they outlive it; the next front on that keeper retires them, in one line, before it starts its own."""
+    with private_keeper("hwop-") as sock:
+        f = wait_started(Front(tmp_path, {"a": model, "b": model}, socket_dir=sock))
+        engines = {m["name"]: m["server_pid"] for m in f.status()["models"]}
+        deadline = time.monotonic() + 10
+        while len(list(Path(sock).glob("switch/*.json"))) != 1:  # its note, written within a second
+            assert time.monotonic() < deadline, list(Path(sock).iterdir())
+            time.sleep(0.1)
+        for pid in engines.values():
+            os.kill(pid, signal.SIGSTOP)
+        f.proc.send_signal(signal.SIGKILL)
+        f.proc.wait(10)
+        time.sleep(1)
+        g = None
+        try:
+            assert all(running(pid) for pid in engines.values())  # what a dead front left
+            g = wait_started(Front(tmp_path, {"a": model}, socket_dir=sock))
+            assert not any(running(pid) for pid in engines.values())
+            log = g.log.read_text()
+            said = [line for line in log.splitlines() if "retired 2 engine(s)" in line]
+            assert len(said) == 1 and f"a dead front (pid {f.proc.pid}) left running" in said[0], log[-3000:]
+            assert f"a (pid {engines['a']})" in said[0] and f"b (pid {engines['b']})" in said[0], said
+            assert [p.name for p in Path(sock).glob("switch/*.json")] == [f"{g.proc.pid}.json"]  # the dead one's gone
+            g.interrupt()
+        finally:
+            for pid in engines.values():  # whatever failed: nothing stopped stays behind
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            if g is not None and g.proc.poll() is None:
+                g.interrupt()
+        assert not list(Path(sock).glob("switch/*.json"))  # a front that stops takes its note away
 
 
 def running(pid: int) -> bool:

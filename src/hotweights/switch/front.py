@@ -40,6 +40,7 @@ from .. import __version__
 from ..serve.errors import error_response as error
 from ..serve.errors import http_error, server_error, stream_error
 from ..parked.records import take_port
+from ..paths import daemon_paths
 from .actions import ACTIONS, act
 from .actions import Refused as ActionRefused
 from .config import ModelConfig, SwitchConfig
@@ -48,6 +49,7 @@ from .process import one_line
 from .fit import say_fit
 from .gpus import gpu_memory
 from .kinds import KINDS
+from .leftovers import Note, retire_left
 from .metrics import SwitchMetrics
 from .model import Model
 from .states import ModelState
@@ -62,8 +64,9 @@ SHUTDOWN_GRACE_S = 3  # uvicorn's wait for open connections on SIGINT/SIGTERM (i
 
 
 def create_app(config: SwitchConfig, log_dir: Path | None = None,
-               engines: Callable[[ModelConfig], EngineLike] | None = None) -> Starlette:
-    """The front's app; ``engines`` makes a model's engine (default: its real server process, ``Engine``)."""
+               engines: Callable[[ModelConfig], EngineLike] | None = None, note: Note | None = None) -> Starlette:
+    """The front's app; ``engines`` makes a model's engine (default: its real server process, ``Engine``); ``note``
+    keeps a note of their processes for the next front, should this one die (``leftovers.py``)."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="hotweights-switch-"))
     metrics = SwitchMetrics()
     switcher = Switcher(config, metrics, engines or (lambda m: Engine(m, log_dir, config.socket_dir, config.parking)),
@@ -262,17 +265,22 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
         keeper_before = await asyncio.to_thread(keeper_pid, config.socket_dir)  # 0: this front's preloads start it
         scheduling = asyncio.create_task(switcher.run())
         watching = asyncio.create_task(switcher.watch())
+        noting = asyncio.create_task(note.kept(lambda: {m.name: [m.engine.pid, m.engine.server]
+                                                        for m in switcher.models.values()})) if note else None
         try:
             yield
         finally:
             if stopping.streams or stopping.waiting:
                 logger.info("switch: stopping: %d stream(s) ended with an error event, %d waiting request(s) "
                             "answered 503", stopping.streams, stopping.waiting)
-            for task in (scheduling, watching):
+            tasks = [t for t in (scheduling, watching, noting) if t]
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(scheduling, watching, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             await client.aclose()
             await switcher.stop_all()
+            if note:
+                note.close()
             logger.info("switch: every engine stopped")
             await asyncio.to_thread(leave_keeper, config, keeper_before)
 
@@ -290,7 +298,6 @@ def keeper_pid(socket_dir: str) -> int:
     """The pid of the keeper answering in ``socket_dir`` (the default when ""), 0 when none does."""
     from ..client import connect
     from ..errors import HotweightsError
-    from ..paths import daemon_paths
 
     try:
         with connect(daemon_paths(socket_dir or None)) as client:
@@ -303,7 +310,6 @@ def leave_keeper(config: SwitchConfig, before: int) -> None:
     """On the way out: the keeper keeps the weights for the next start (said in one line); with ``stop_keeper`` a
     keeper this front's preloads started is stopped, its entries freed."""
     from ..client import connect
-    from ..paths import daemon_paths
 
     pid = keeper_pid(config.socket_dir)
     if not pid:
@@ -357,7 +363,9 @@ def run(config: SwitchConfig, log_dir: Path | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per relayed request otherwise
     log_dir = log_dir or new_log_dir()
     config = dataclasses.replace(config, preload_jobs=config.jobs())  # auto: by the GPUs there are
-    app = create_app(config, log_dir)
+    daemon_dir = daemon_paths(config.socket_dir or None).directory
+    retire_left(daemon_dir)  # what a dead front left running, before this one starts its own
+    app = create_app(config, log_dir, note=Note(daemon_dir))
     names = ", ".join(m.name + (" (default)" if m is config.default else "") for m in config.models)
     logger.info("switch: http://%s:%d for %s; logs in %s", config.host, config.port, names, log_dir)
     try:
