@@ -5,8 +5,12 @@ Run: pytest tests/test_cli.py
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]  # the clone: hotweights is installed from it (editable)
 
 
 def one_line_error(result, code: int) -> str:
@@ -75,11 +79,11 @@ def test_a_missing_extra_is_one_line_naming_it(models):
     code = ("import sys; sys.modules['starlette'] = None; from hotweights.cli import main; "
             f"sys.exit(main(['serve', {str(models['tiny'])!r}]))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert one_line_error(r, 1) == "hotweights serve: starlette is not installed; pip install 'hotweights[serve]'"
+    assert one_line_error(r, 1) == f"hotweights serve: starlette is not installed; pip install '{ROOT}[serve]'"
     # without torch, serve names its whole extra at once (it brings torch too), not [engine] and then [serve]
     r = subprocess.run([sys.executable, "-c", code.replace("'starlette'", "'torch'")], capture_output=True, text=True,
                        timeout=60)
-    assert one_line_error(r, 1) == "hotweights serve: torch is not installed; pip install 'hotweights[serve]'"
+    assert one_line_error(r, 1) == f"hotweights serve: torch is not installed; pip install '{ROOT}[serve]'"
 
 
 def test_verify_says_what_it_lacks_before_it_starts_anything(models, tmp_path):
@@ -90,7 +94,7 @@ def test_verify_says_what_it_lacks_before_it_starts_anything(models, tmp_path):
             f"sys.exit(main(['verify', '--model', {str(models['tiny'])!r}, '--out', {str(tmp_path / 'v')!r}]))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert one_line_error(r, 1) == ("hotweights verify: --engine hotweights needs starlette, not installed here; "
-                                    "pip install 'hotweights[serve]'")
+                                    f"pip install '{ROOT}[serve]'")  # not on PyPI: this clone
     r = run_cli("verify", "--engine", "vllm", "--model", str(models["tiny"]), "--out", str(tmp_path / "v"),
                 env={"HOTWEIGHTS_VLLM_PYTHON": str(tmp_path / "no-python")})
     assert "runs vLLM with" in one_line_error(r, 1) and "HOTWEIGHTS_VLLM_PYTHON" in r.stderr

@@ -112,7 +112,7 @@ def test_release_takes_a_unique_prefix_and_names_a_key_it_does_not_know(models, 
     assert unknown.returncode == 1
     assert unknown.stdout.strip() == "no entry with key ffffffff (hotweights status lists them)"
     done = run_cli("release", key[:6], "--socket-dir", sock)
-    assert done.returncode == 0 and done.stdout.strip() == f"released 1 entries: {key}"
+    assert done.returncode == 0 and done.stdout.strip() == f"released 1 entry: {key}"
 
 
 def test_second_daemon_is_refused(daemon):

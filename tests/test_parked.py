@@ -110,6 +110,10 @@ def test_ctrl_c_parks_the_same_start_wakes_it_and_another_start_retires_it(model
     assert first.interrupt() == 0 and "Parked the engine at" in first.output()
     (record,) = parked(sock)
     assert record["level"] == 1 and record["pid"] != first.proc.pid  # the server outlived its launcher
+    header, line = run_cli("parked", "--socket-dir", str(sock)).stdout.splitlines()  # the table, as a person reads it
+    assert header.split() == ["PID", "ENGINE", "URL", "STATE", "MODEL"]
+    assert line.startswith(f"{record['pid']:<8}hotweights ") and ", parked at level 1, " not in line
+    assert " parked at level 1, " in line and line.endswith(str(models["small"])), line
     assert complete(first.url) == (503, "the engine is sleeping")  # it keeps the port, parked
     plain = subprocess.run([sys.executable, "-m", "hotweights", "serve", str(models["small"]), "--port", str(port),
                             "--model-loader-extra-config", json.dumps({"socket_dir": str(sock)})],

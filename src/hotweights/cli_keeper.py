@@ -8,6 +8,7 @@ from typing import Any
 import sys
 
 from .console import emit as _emit
+from .console import entries
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
@@ -78,7 +79,7 @@ def _one_key(args: argparse.Namespace, client: Any, empty: dict[str, Any]) -> st
     if len(keys) == 1:
         return keys[0]
     _emit(args, {**empty, "matches": keys}, f"no entry with key {args.key} (hotweights status lists them)" if not keys
-          else f"{args.key} names {len(keys)} entries ({' '.join(keys)}); give more of the key")
+          else f"{args.key} names {entries(len(keys))} ({' '.join(keys)}); give more of the key")
     return None
 
 
@@ -91,7 +92,7 @@ def cmd_release(args: argparse.Namespace) -> int:
         if not args.all and (key := _one_key(args, client, {"released": []})) is None:
             return 1
         released = client.release(key).released
-    _emit(args, {"released": released}, f"released {len(released)} entries: {' '.join(released) or '-'}")
+    _emit(args, {"released": released}, f"released {entries(len(released))}: {' '.join(released) or '-'}")
     return 0
 
 
@@ -179,16 +180,17 @@ def cmd_parked(args: argparse.Namespace) -> int:
     rows = [{"pid": r.pid, "url": r.url, "engine": r.engine, "level": r.level, "log": r.log, "launcher": r.front,
              "parked_s": round(time.time() - r.parked_at) if r.level else 0,
              "model": r.start.get("arg model", "").strip('"')} for r in found]
-    text = "\n".join(_parked_line(r) for r in rows) or "no engines started with --park-on-exit"
+    header = f"{'PID':<8}{'ENGINE':<11}{'URL':<24}{'STATE':<30}MODEL"
+    text = "\n".join([header, *map(_parked_line, rows)]) if rows else "no engines started with --park-on-exit"
     _emit(args, {"parked": rows}, text)
     return 0
 
 
 def _parked_line(r: dict[str, Any]) -> str:
-    state = f"parked (level {r['level']}) {r['parked_s']} s" if r["level"] else "awake"
+    state = f"parked at level {r['level']}, {r['parked_s']} s" if r["level"] else "awake"
     if r["launcher"]:
-        state += f" (launcher {r['launcher']})"
-    return f"{r['pid']:<8}{r['engine']:<11}{r['url']:<24}{state:<28}{r['model']}"
+        state += f", launcher {r['launcher']}"
+    return f"{r['pid']:<8}{r['engine']:<11}{r['url']:<24}{state:<30}{r['model']}"
 
 
 def _int(text: str | None) -> int | None:

