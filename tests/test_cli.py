@@ -222,3 +222,26 @@ def test_hotweights_vllm_preload_answers_with_the_hotweights_command_that_does_i
     assert ("hotweights preload --engine vllm --model /m/Qwen3-8B --tensor-parallel-size 2 "
             "--vllm-arg=--max-model-len=512 --vllm-arg=--enforce-eager\n") in done.stderr
     assert "hotweights vllm serve /m/Qwen3-8B --tensor-parallel-size 2 --load-format hotweights" in done.stderr
+
+
+def test_preload_refuses_a_directory_without_config_json_in_one_line(model_copy, tmp_path):
+    """Before: its weights were published under a model that no engine can serve."""
+    model = model_copy("tiny")
+    (model / "config.json").unlink()
+    r = run_cli("preload", "--model", str(model), "--socket-dir", str(tmp_path / "sock"))
+    assert one_line_error(r, 1) == (f"hotweights preload: no config.json in {model}; a model directory holds it "
+                                    f"beside its weight files")
+    assert not (tmp_path / "sock" / "daemon.sock").exists()  # refused before any keeper started
+
+
+def test_serve_on_a_truncated_safetensors_file_says_so_in_one_line(model_copy, tmp_path):
+    """Before: a 28-line safetensors traceback (the preload said it in one line)."""
+    model = model_copy("tiny")
+    shard = next(model.glob("*.safetensors"))
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size - 1000)
+    r = run_cli("serve", str(model), "--port", "9", env={"HOTWEIGHTS_SOCKET_DIR": str(tmp_path / "none")})
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    last = r.stderr.strip().splitlines()[-1]  # after the cache's fallback warning
+    assert last.startswith(f"hotweights serve: {shard} cannot be read (") and last.endswith(
+        "): the file is damaged or truncated; download it again"), r.stderr

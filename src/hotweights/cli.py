@@ -75,6 +75,10 @@ def _extra_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_preload(args: argparse.Namespace) -> int:
+    from .loading.checkpoint import check_config_dir, open_checkpoint
+
+    open_checkpoint(args.model)  # its weight files first (headers only): what they lack says more
+    check_config_dir(Path(args.model))  # else its weights are published under a model nothing can serve
     if args.engine == "vllm":
         return _preload_vllm(args)
     if args.vllm_arg or args.vllm_python or args.log:

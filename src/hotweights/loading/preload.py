@@ -150,13 +150,19 @@ def publish_from_disk(ckpt: Checkpoint, dtype: str, dev: Device, config: AttachC
 
 def read_disk(ckpt: Checkpoint, dtype: str, dev: Device) -> dict[str, torch.Tensor]:
     """Every tensor of ``ckpt`` on ``dev``, cast to ``dtype``: a plain disk load."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     quantized = ckpt.quantization[0] != "none"
     target = str(dev.torch_device)
     out: dict[str, torch.Tensor] = {}
     for shard in ckpt.shards:
-        for name, t in load_file(shard.path, device=target).items():
+        try:
+            tensors = load_file(shard.path, device=target)
+        except SafetensorError as exc:  # one line, as the preload says it, not safetensors' traceback
+            raise CheckpointError(f"{shard.path} cannot be read ({exc}): the file is damaged or truncated; "
+                                  f"download it again") from None
+        for name, t in tensors.items():
             want = getattr(torch, target_dtype(str(t.dtype).removeprefix("torch."), dtype, quantized))
             out[name] = t if t.dtype == want else t.to(want)
     return out
