@@ -298,6 +298,25 @@ def test_an_operator_parks_stops_and_starts_a_model_from_the_cli_with_the_config
             f.interrupt()
 
 
+@pytest.mark.slow
+def test_without_parking_a_switch_says_it_stopped_one_engine_and_started_the_other(model, tmp_path):
+    """Before: ``switch: b awake ... (weights start; parked a in 0.165 s; woke b in 1.825 s)``, for a stop and a
+    start."""
+    with private_keeper("hwop-") as sock:
+        f = wait_started(Front(tmp_path, {"a": model, "b": model}, "--no-parking", "--max-awake", "1",
+                               socket_dir=sock))
+        try:
+            assert f.client().completions.create(model="b", prompt="hi", max_tokens=2).model == "b"
+        finally:
+            f.interrupt()
+        log = f.log.read_text()
+        assert "switch: b ready in" in log and "stopped: parking is off)" in log, log[-3000:]
+        line = re.search(r"switch: b awake in [\d.]+ s \(weights (\w+); stopped a in [\d.]+ s; started b in [\d.]+ s\)",
+                         log)
+        assert line and line.group(1) == "start", log[-3000:]
+        assert "switch: a stopped for b" in log and "parked a" not in log and "woke b" not in log, log[-3000:]
+
+
 def test_a_start_mode_is_eager_cached_or_lazy_and_the_default_is_eager(model, tmp_path):
     line = refused(tmp_path, table("a", model) + table("b", model) + 'start = "later"\n')
     assert "start must be one of eager, cached, lazy, got 'later'" in line, line

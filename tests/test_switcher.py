@@ -125,6 +125,23 @@ def states(s: Switcher) -> dict[str, str]:
     return {n: m.state.value for n, m in s.models.items()}
 
 
+def test_a_request_that_comes_while_its_model_starts_keeps_the_cap():
+    """Before: start-up made room for b (nothing: it was to park), a request for b came during its start, and b
+    stayed awake beside a with ``max_awake = 1``."""
+    async def main():
+        s, engines, log = make(["a", "b"])
+        engines["b"].delay_s = 0.3
+        task = asyncio.create_task(s.run())
+        while not s.models["b"].started:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.1)  # into its start (0.3 s): past start-up's plan to park it
+        assert await request(s, "b") == "b"
+        assert states(s) == {"a": "parked", "b": "awake"}, (states(s), log)
+        assert log == ["start a", "start b", "park a"], log  # a parked for it before b served
+        task.cancel()
+    asyncio.run(main())
+
+
 def test_start_up_leaves_the_default_awake_and_parks_the_others():
     async def main():
         s, _, log = make(["a", "b", "c"])

@@ -162,11 +162,12 @@ def woke(model: str, seconds: float, source: str | None) -> str:
 SWITCH_AWAKE_RE = re.compile(r"switch: (\S+) awake in ([\d.]+) s \(weights (\w+)(?:; (.*))?\)")
 
 
-def switch_awake(model: str, seconds: float, source: str, parked: list[tuple[str, float]], wake_s: float,
+def switch_awake(model: str, seconds: float, source: str, parked: list[tuple[str, float, bool]], wake_s: float,
                  waited_s: float = 0.0) -> str:
-    """``parked``: ``(model, seconds parking it)`` of each engine parked first; ``waited_s``: how long the model's
-    longest-waiting request had waited before the switch began."""
+    """``parked``: ``(model, seconds, whether it parked)`` of each engine parked first (or stopped: an engine that
+    does not park); ``waited_s``: how long the model's longest-waiting request had waited before the switch began.
+    A model whose weights come from a ``start`` or ``restart`` was started, not woken."""
     said = [f"its requests waited {waited_s:.3f} s"] if waited_s >= 0.001 else []
-    said += [f"parked {name} in {park:.3f} s" for name, park in parked]
-    said += [f"woke {model} in {wake_s:.3f} s"] if said else []
+    said += [f"{'parked' if did else 'stopped'} {name} in {park:.3f} s" for name, park, did in parked]
+    said += [f"{'started' if source in ('start', 'restart') else 'woke'} {model} in {wake_s:.3f} s"] if said else []
     return f"switch: {model} awake in {seconds:.3f} s (weights {source}" + "".join(f"; {x}" for x in said) + ")"

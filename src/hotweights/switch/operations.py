@@ -107,7 +107,12 @@ class Operations:
             return
         m.failure, m.start_failures = None, 0
         how = " from a warm standby" if m.engine.server else ""
-        if m.config is self.config.default or m.waiting or m.config.keep_awake:
+        awake = m.config is self.config.default or m.waiting or m.config.keep_awake
+        if awake and not stays:  # a request came while it started: room for it, as for a wake, or it parks
+            room = self.room(m)
+            awake = not (room.leave or room.wait)  # busy engines' turns first: the scheduler wakes it in turn
+            await self._make_room(Room(park=room.park) if awake else Room(), m)
+        if awake:
             self._awake(m)
             note = "awake" + (f", for {m.waiting} waiting request(s)" if m.waiting else "")
             if m.config.parked_weights == "host" and m.engine.parks:
@@ -159,14 +164,15 @@ class Operations:
         if m.inflight:
             m.idle.clear()
 
-    async def _make_room(self, room: Room, m: Model) -> list[tuple[str, float]]:
-        """Park ``room``'s idle engines for ``m``: each ``(its name, seconds parking it)``."""
-        done: list[tuple[str, float]] = []
+    async def _make_room(self, room: Room, m: Model) -> list[tuple[str, float, bool]]:
+        """Park ``room``'s idle engines for ``m``: each ``(its name, seconds parking it, whether it parked)`` (one
+        that does not park is stopped)."""
+        done: list[tuple[str, float, bool]] = []
         for victim in room.park:
             if victim.state is S.AWAKE and not victim.inflight:  # still idle: nothing went in since the plan
                 began = time.monotonic()
-                await self._park_for(victim, f"for {m.name}")
-                done.append((victim.name, time.monotonic() - began))
+                parked = await self._park_for(victim, f"for {m.name}") and victim.engine.parks
+                done.append((victim.name, time.monotonic() - began, parked))
         return done
 
     async def _switch_to(self, m: Model, room: Room) -> None:
@@ -192,7 +198,7 @@ class Operations:
         self._awake(m)
         seconds = time.monotonic() - began
         self.metrics.switch(m.name, source, seconds)
-        self.switched.append(Switched(time.time(), m.name, seconds, source, waited, tuple(n for n, _ in parked)))
+        self.switched.append(Switched(time.time(), m.name, seconds, source, waited, tuple(n for n, *_ in parked)))
         logger.info(evidence.switch_awake(m.name, seconds, source, parked, time.monotonic() - woke_began, waited))
 
     def _leave(self, victim: Model, why: str, waiting: str = "") -> None:

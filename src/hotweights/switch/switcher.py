@@ -19,13 +19,12 @@ import asyncio
 import logging
 import time
 
-from ..errors import HotweightsError
 from .actions import idle_timeouts
 from .engines import EngineError
 from .model import Model
 from .operations import Operations
 from .schedule import Room, refusal, retried, startup_next, wanted
-from .states import SERVING, Failure, FailureKind, InvalidTransition, ModelState
+from .states import SERVING, Failure, FailureKind, ModelState
 
 S = ModelState
 logger = logging.getLogger("hotweights.switch")
@@ -110,7 +109,7 @@ class Switcher(Operations):
                 if m is not None:
                     try:
                         await (self._start_up(m) if not m.started or m in retried([m]) else self._switch_to(m, room))
-                    except (OSError, HotweightsError, InvalidTransition) as exc:  # never the end of the scheduler
+                    except Exception as exc:  # never the end of the scheduler, a bug included: its requests get 503
                         logger.exception("switch: %s: %s", m.name, exc)
                         m.attempts_failed += 1
                         m.failure = Failure(FailureKind.WAKE, f"the switch to it failed: {exc}")
