@@ -113,6 +113,8 @@ def test_release_takes_a_unique_prefix_and_names_a_key_it_does_not_know(models, 
     assert unknown.stdout.strip() == "no entry with key ffffffff (hotweights status lists them)"
     done = run_cli("release", key[:6], "--socket-dir", sock)
     assert done.returncode == 0 and done.stdout.strip() == f"released 1 entry: {key}"
+    said = [line for line in daemon.log().splitlines() if "released: keys=" in line]  # the daemon names the model
+    assert len(said) == 1 and said[0].endswith(f"models={models['tiny'].name}[{key}]"), daemon.log()[-2000:]
 
 
 def test_second_daemon_is_refused(daemon):

@@ -120,7 +120,9 @@ class Ops:
         released = self.registry.release(None if msg.all else msg.key_short, msg.tier)
         self.store.forget([m for tier, m in released if tier == DEVICE])
         shorts = list(dict.fromkeys(m.key.short for _, m in released))
-        logger.info("released: keys=%s tiers=%s peer_pid=%d", ",".join(shorts) or "-", msg.tier or "all", peer_pid)
+        models = dict.fromkeys(f"{m.key.model}[{m.key.short}]" for _, m in released)
+        logger.info("released: keys=%s tiers=%s peer_pid=%d models=%s", ",".join(shorts) or "-", msg.tier or "all",
+                    peer_pid, ",".join(models) or "-")
         return ReleaseOk(shorts), []
 
     def _describe(self, msg: Describe, _fds: list[int], _peer: int) -> Reply:
@@ -134,8 +136,8 @@ class Ops:
             return Error("bad_message", f"park level must be 0, 1 or 2 and held_bytes >= 0, got {msg.level}, "
                                         f"{msg.held_bytes}"), []
         self.registry.park(msg.key, peer_pid, msg.level, msg.held_bytes)
-        logger.info("%s: key=%s peer_pid=%d level=%d held=%d", "parked" if msg.level else "woke", msg.key.short,
-                    peer_pid, msg.level, msg.held_bytes)
+        logger.info("%s: key=%s peer_pid=%d level=%d held=%d model=%s", "parked" if msg.level else "woke",
+                    msg.key.short, peer_pid, msg.level, msg.held_bytes, msg.key.model)
         return ParkOk(), []
 
     def _stop(self, msg: Stop, _fds: list[int], peer_pid: int) -> Reply:
@@ -153,8 +155,9 @@ class Ops:
         found = self.registry.lookup(msg.key, msg.tier)
         if found is not None:
             manifest, dups = found
-            logger.info("attach served: key=%s peer_pid=%d tensors=%d pools=%d%s", msg.key.short, peer_pid,
-                        len(manifest.tensors), len(manifest.pools), " tier=host" if msg.tier == HOST else "")
+            logger.info("attach served: key=%s peer_pid=%d tensors=%d pools=%d%s model=%s", msg.key.short, peer_pid,
+                        len(manifest.tensors), len(manifest.pools), " tier=host" if msg.tier == HOST else "",
+                        msg.key.model)
             return AttachOk(manifest), dups
         if msg.tier == HOST:
             return AttachMiss(f"the daemon holds no host copy of {msg.key.short}"), []
@@ -164,11 +167,11 @@ class Ops:
         """The miss, or the mismatch with the closest entry, for ``key``."""
         closest = self.registry.closest(key)
         if closest is None:
-            logger.info("%s miss: key=%s peer_pid=%d reason=empty", op, key.short, peer_pid)
+            logger.info("%s miss: key=%s peer_pid=%d reason=empty model=%s", op, key.short, peer_pid, key.model)
             return AttachMiss(f"the daemon holds no entries (requested {key.short})")
         manifest, diffs = closest
-        logger.info("%s mismatch: key=%s peer_pid=%d closest=%s diffs=%d", op, key.short, peer_pid,
-                    manifest.key.short, len(diffs))
+        logger.info("%s mismatch: key=%s peer_pid=%d closest=%s diffs=%d model=%s closest_model=%s", op, key.short,
+                    peer_pid, manifest.key.short, len(diffs), key.model, manifest.key.model)
         lines = [str(d) for d in diffs[:MAX_DIFFS]]
         if len(diffs) > MAX_DIFFS:
             lines.append(f"... and {len(diffs) - MAX_DIFFS} more differences")
@@ -200,7 +203,8 @@ class Ops:
                 return Error(*refusal)
             key = manifest.key
             if tier == HOST:  # the service manager's store keeps device entries only (a restart drops host copies)
-                logger.info("host copy published: key=%s peer_pid=%d bytes=%d", key.short, peer_pid, manifest.nbytes)
+                logger.info("host copy published: key=%s peer_pid=%d bytes=%d model=%s", key.short, peer_pid,
+                            manifest.nbytes, key.model)
                 return PublishOk(key.short)
             if store:
                 self.store.keep(manifest, fds)
