@@ -328,7 +328,7 @@ def test_a_front_says_on_the_way_out_that_the_keeper_keeps_the_weights_or_stops_
         assert run_cli("status", "--socket-dir", str(sock)).returncode == 0  # still there
         g = Front(tmp_path, {"a": models["a"]}, "--stop-keeper", socket_dir=sock)
         assert g.interrupt() in (0, 130)
-        assert "(it ran before this front)" in g.log.read_text()  # not its keeper: left running
+        assert ", which ran before this front)" in g.log.read_text()  # not its keeper: left running
         run_cli("stop", "--socket-dir", str(sock))
         h = Front(tmp_path, {"a": models["a"]}, "--stop-keeper", socket_dir=sock)
         assert h.interrupt() in (0, 130)

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import tempfile
 import shutil
 import threading
 import time
@@ -20,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import DaemonProc, run_cli
 from switch_front import Front, private_keeper, wait_started
 
 from hotweights.observe import free_port
@@ -315,6 +316,25 @@ def test_without_parking_a_switch_says_it_stopped_one_engine_and_started_the_oth
                          log)
         assert line and line.group(1) == "start", log[-3000:]
         assert "switch: a stopped for b" in log and "parked a" not in log and "woke b" not in log, log[-3000:]
+
+
+@pytest.mark.slow
+def test_a_model_over_the_keepers_max_bytes_is_said_to_be_served_from_disk(model, tmp_path):
+    """Before: its preload failed, its engine read the checkpoint, and only the ready line said so."""
+    sock = Path(tempfile.mkdtemp(prefix="hwop-", dir="/tmp"))
+    keeper = DaemonProc(sock, "--max-bytes", "100000")  # the tiny model needs about 400 kB
+    try:
+        f = wait_started(Front(tmp_path, {"a": model}, socket_dir=sock))
+        try:
+            (row,) = f.status()["models"]
+            assert row["cached"].startswith("not cached (") and "daemon budget of 100000 bytes" in row["cached"], row
+            done = run_cli("switch", "status", "--port", str(f.port), timeout=60)
+            assert done.returncode == 0 and done.stdout.strip().splitlines()[-1].startswith(
+                "note: a is served from its checkpoint on disk, not cached ("), done.stdout
+        finally:
+            f.interrupt()
+    finally:
+        keeper.stop()
 
 
 def test_a_start_mode_is_eager_cached_or_lazy_and_the_default_is_eager(model, tmp_path):

@@ -115,4 +115,7 @@ def _status(args: argparse.Namespace) -> int:
         print(f"{name:<20} {m.state:<12} {m.engine:<10} {gpus:<6} {m.pid or '-':>7} {gpu:>8} {m.wakes:>5} "
               f"{m.waiting:>7}  {last}" + (f"  ({m.error})" if m.error else "")
               + ("" if m.parks else "  (no sleep mode: a switch stops and starts it)"))
+    for m in (ModelRow.from_json(row) for row in state["models"]):
+        if (m.cached or "").startswith("not cached"):  # the keeper could not take it: each start reads the disk
+            print(f"note: {m.name} is served from its checkpoint on disk, {m.cached}")
     return 0

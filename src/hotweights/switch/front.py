@@ -319,7 +319,7 @@ def leave_keeper(config: SwitchConfig, before: int) -> None:
             client.stop()
         logger.info("switch: stopped the keeper this front started (pid %d): its weights are freed", pid)
         return
-    ran = " (it ran before this front)" if pid == before else ""
+    ran = ", which ran before this front" if pid == before else ""
     logger.info("switch: the keeper (pid %d%s) keeps the weights, so that the next front starts at once; "
                 "`hotweights stop` frees them%s", pid, ran, "" if ran else " (or run the front with --stop-keeper)")
 

@@ -32,6 +32,7 @@ class Model:
     attempts_failed: int = 0  # switches to it that failed: a request waiting across one is answered 503
     start_failures: int = 0  # starts that failed in a row: the back-off doubles with each
     failure: Failure | None = None
+    cached: str = ""  # what its last preload said: "cached", or "not cached (why)": its engine reads the checkpoint
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     answered: deque[tuple[float, float | None]] = field(default_factory=lambda: deque(maxlen=1024))
     # (time.time(), its first byte's seconds from arrival or None) of each request relayed: the rate and TTFT shown
@@ -67,7 +68,7 @@ class Model:
                         list(self.config.gpus) or None, self.engine.port, self.inflight, self.waiting,
                         self.last_used or None, self.wakes, self.engine.parks, self.error or None,
                         str(self.engine.log_path), host_mib(pids) if pids else None, self.config.parked_weights,
-                        self.config.start, list(self.config.aliases), requests, first)
+                        self.config.start, list(self.config.aliases), requests, first, self.cached or None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +107,7 @@ class ModelRow:
     aliases: list[str] | None = None
     requests_1m: int = 0  # requests relayed to it in the last minute
     ttft_p50_s: float | None = None  # their median time to first byte, the wait for a switch included
+    cached: str | None = None  # its last preload's account: "cached", or "not cached (why)" (served from disk)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -97,6 +97,7 @@ class Operations:
             else:
                 cached = await asyncio.to_thread(m.engine.preload)
                 preloaded_s = time.monotonic() - began
+            m.cached = cached
             stays = m.config is self.config.default or m.waiting > 0 or m.config.keep_awake
             await self._make_room(Room(park=self.room(m, capped=stays).park), m)
             started = await self._start(m)
