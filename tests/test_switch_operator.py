@@ -337,6 +337,30 @@ def test_a_model_over_the_keepers_max_bytes_is_said_to_be_served_from_disk(model
         keeper.stop()
 
 
+@pytest.mark.slow
+def test_a_front_started_again_runs_no_preload_for_what_the_keeper_holds_unless_its_files_changed(model, tmp_path):
+    """Before: every start of the front ran a ``hotweights preload`` process per model (2-4 s each here), the
+    keeper's entries current or not."""
+    own = tmp_path / "m"
+    shutil.copytree(model, own)
+
+    def ready_line(run: str) -> str:
+        f = wait_started(Front(tmp_path / run, {"a": own}, socket_dir=sock))
+        f.interrupt()
+        return next(line for line in f.log.read_text().splitlines() if "switch: a ready in" in line)
+
+    with private_keeper("hwop-") as sock:
+        for run in ("1", "2", "3"):
+            (tmp_path / run).mkdir()
+        assert "(cached, " in ready_line("1")  # its preload ran
+        assert "(cached already; started" in ready_line("2")  # the key checked in the front: no preload
+        shard = next(own.glob("*.safetensors"))
+        data = bytearray(shard.read_bytes())
+        data[-1] ^= 0xFF  # the same size and header, another byte: another key
+        shard.write_bytes(bytes(data))
+        assert "(cached, " in ready_line("3")  # preloaded again, not served from the stale entry
+
+
 def test_a_start_mode_is_eager_cached_or_lazy_and_the_default_is_eager(model, tmp_path):
     line = refused(tmp_path, table("a", model) + table("b", model) + 'start = "later"\n')
     assert "start must be one of eager, cached, lazy, got 'later'" in line, line

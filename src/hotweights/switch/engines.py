@@ -103,12 +103,13 @@ class Engine:
         skip = self.kind.not_preloaded(self.model)
         if skip:
             return skip
-        if self.model.engine == "vllm":
-            try:
-                if self.keeper.layout_cached():
-                    return "cached already"
-            except (OSError, HotweightsError):  # no keeper yet: the preload starts one
-                pass
+        try:
+            if self.model.engine == "vllm" and self.keeper.layout_cached():
+                return "cached already"
+            if self.model.engine != "vllm" and self.keeper.checkpoint_cached(self.kind.preload_dtype(self.model)):
+                return "cached already"  # the key checked: no preload process
+        except (OSError, HotweightsError):  # no keeper yet (the preload starts one), or a checkpoint it reports
+            pass
         try:
             done = subprocess.run([sys.executable, "-m", "hotweights", *self.preload_command()], capture_output=True,
                                   text=True, env=self.keeper.env, timeout=timeout_s)

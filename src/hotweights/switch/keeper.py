@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import dataclass
 
 from ..client import connect
 from ..evidence import size_text
@@ -15,6 +16,14 @@ from ..rows import EntryRow
 from .config import ModelConfig
 from .kinds import EngineKind
 from .process import EngineError
+
+
+@dataclass(frozen=True)
+class _On:
+    """The device of a keeper row, as a key needs it (``pools.devices.Device`` imports torch)."""
+
+    kind: str
+    uuid: str
 
 
 class KeeperView:
@@ -37,6 +46,23 @@ class KeeperView:
         size = self.kind.ranks(self.model)
         have = {r.rank for r in self.own() if r.nbytes}
         return all((rank, size) in have for rank in range(size))
+
+    def checkpoint_cached(self, dtype: str) -> bool:
+        """Whether the keeper holds this checkpoint, as its files are now, under the key its preload would publish:
+        a front started again then runs no preload process (2-4 s each for the embedded engine). The shards' digests
+        come from the digest cache by file identity (a file that changed is read again, as the preload would)."""
+        from ..loading.checkpoint import checkpoint_key, open_checkpoint
+
+        rows = [r for r in self.own() if r.nbytes]
+        if not rows:
+            return False
+        ckpt = open_checkpoint(self.model.checkpoint, validate=False)
+        for row in rows:
+            kind, _, uuid = row.device.partition(":")
+            key = checkpoint_key(ckpt, dtype=dtype, device=_On(kind, uuid) if kind == "cuda" else None)  # type: ignore[arg-type]  # a Device's kind and uuid, torch-free
+            if key.short == row.key:
+                return True
+        return False
 
     def host_copy_ahead(self) -> int:
         """A host copy of each of this (awake) model's entries, their GPU copies kept: its first park with

@@ -62,6 +62,10 @@ class EngineKind:
         picked = {name: argv.Option((name,)).value(m.args) for name in ("--device", "--dtype")}
         return ["preload", "--model", str(m.checkpoint), *[x for name, v in picked.items() if v for x in (name, v)]]
 
+    def preload_dtype(self, m: ModelConfig) -> str:
+        """The dtype its preload publishes (the checkpoint's own by default, as the preload's ``auto``)."""
+        return argv.Option(("--dtype",)).value(m.args) or "auto"
+
     def owns(self, row: EntryRow, m: ModelConfig) -> bool:
         """Whether a keeper entry holds this model's weights as its engine maps them."""
         return row.model == m.checkpoint.name
