@@ -11,7 +11,7 @@
 # Start-up takes the host tier right after the default (switch/schedule.py startup_order), so that their weights
 # leave the GPU before the GPU tier's fill it. The first attempt (2026-12-03, commit d5a79c9) stopped at the
 # GPU-tier starts: the vLLM budget counted other models' parked engines in each start's share (fixed since;
-# archive/results_superseded_2026-12-03c.tar.gz). The second (commit 5146117) ran it all: start-up 963 s, the
+# git show 34b815a^:benchmarks/results/gpu_load/ten_vllm_2026-12-03_failed.json). The second (commit 5146117) ran it all: start-up 963 s, the
 # trace's p99 2.12 s, then park_host (results/gpu_load/ten_vllm_2026-12-03.json).
 #   first call:  bash benchmarks/gpu_models_bg.sh /tmp/hw-models 10 8b     (while the next calls stage vLLM)
 #   then:        W=/tmp/hw-models OUT=DIR BUDGET_S=1500 bash benchmarks/gpu_ten_session.sh
