@@ -193,7 +193,7 @@ def pinned_h2d_gbps() -> float:
     return (1 << 30) / statistics.median(times[1:]) / 1e9
 
 
-def bench_model(size: str, models_dir: Path, repeat: int, log) -> dict:
+def bench_model(size: str, models_dir: Path, repeat: int, log) -> dict:  # noqa: PLR0915
     from hotweights.demo_model import SHAPES, write_demo_model
 
     dtype = SHAPES[size].dtype

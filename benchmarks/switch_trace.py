@@ -144,7 +144,7 @@ async def sse_events(resp: httpx.Response) -> AsyncIterator[dict]:
                 yield json.loads(line[6:])
 
 
-async def send(client: httpx.AsyncClient, url: str, r: Request, began: float) -> dict:
+async def send(client: httpx.AsyncClient, url: str, r: Request, began: float) -> dict:  # noqa: C901
     await asyncio.sleep(max(0.0, began + r.at_s - time.perf_counter()))
     body = {"model": r.model, "prompt": r.prompt, "max_tokens": r.max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, **({"logprobs": 1} if r.probe else {})}
@@ -412,7 +412,7 @@ def ratios(result: dict, rates: list[float]) -> dict:
     return out
 
 
-def main() -> int:
+def main() -> int:  # noqa: PLR0915
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=int, default=3)
     parser.add_argument("--size", default="tiny")

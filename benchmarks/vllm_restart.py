@@ -198,7 +198,7 @@ def summarize_files(files: list[str], args: argparse.Namespace) -> int:
     return 0
 
 
-def main() -> int:
+def main() -> int:  # noqa: C901, PLR0912, PLR0915
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="1g")
     parser.add_argument("--model", type=Path)

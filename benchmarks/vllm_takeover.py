@@ -116,7 +116,7 @@ def changed_start(cmd: list[str], changed: list[str], url: str, out: Path) -> di
             "retired_line": next((x[-300:] for x in text.splitlines() if "Retiring the parked engine" in x), None)}
 
 
-def main() -> int:
+def main() -> int:  # noqa: PLR0915
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--repeat", type=int, default=5)

@@ -281,7 +281,7 @@ class Fuzzer:
 
     # -- run --------------------------------------------------------------------------
 
-    def run(self, frames: int, workers: int, pid: int, samples: list[dict]) -> None:
+    def run(self, frames: int, workers: int, pid: int, samples: list[dict]) -> None:  # noqa: C901
         self.stalled: list[tuple[float, socket.socket]] = []
         next_frame = [0]
         weights = [20, 20, 6, 10, 6, 14, 24]
@@ -367,7 +367,7 @@ def resting(pid: int, baseline: dict[str, int], timeout_s: float) -> dict[str, i
         time.sleep(0.2)
 
 
-def main() -> int:
+def main() -> int:  # noqa: PLR0915
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--frames", type=int, default=100_000)
     parser.add_argument("--workers", type=int, default=8)

@@ -94,7 +94,7 @@ def byte_size(text: str) -> int:
     return int(value * (1 << units[unit]))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915
     parser = argparse.ArgumentParser(prog="hotweights", description="Keep LLM weights resident across restarts.")
     parser.add_argument("--version", action="version", version=f"hotweights {__version__}")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

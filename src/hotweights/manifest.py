@@ -135,7 +135,7 @@ class Manifest:
     aliases: dict[str, str] = field(default_factory=dict)
     load_s: float = 0.0
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # noqa: C901
         errors: list[str] = []
         names: set[str] = set()
         for t in self.tensors:

@@ -76,7 +76,7 @@ def meta_parameters() -> Generator[None, None, None]:
         nn.Module.register_parameter = original  # type: ignore[method-assign]
 
 
-def attach_module(module: nn.Module, tensors: dict[str, torch.Tensor], *, exact: bool = True) -> None:
+def attach_module(module: nn.Module, tensors: dict[str, torch.Tensor], *, exact: bool = True) -> None:  # noqa: C901, PLR0912
     """Make ``tensors`` the parameters and buffers of ``module``, without copies."""
     problems: list[str] = []
     used: set[str] = set()

@@ -162,7 +162,7 @@ def dense_order(t: torch.Tensor) -> list[int] | None:
     return order if t.permute(order).is_contiguous() else None
 
 
-def publish_tensors(tensors: dict[str, torch.Tensor], key: CacheKey, config: AttachConfig, *, device: Device,
+def publish_tensors(tensors: dict[str, torch.Tensor], key: CacheKey, config: AttachConfig, *, device: Device,  # noqa: C901, PLR0912
                     aliases: Mapping[str, str] | None = None,
                     repoint: Callable[[str, torch.Tensor], None] | None = None,
                     pool_bytes: int = DEFAULT_POOL_BYTES) -> Published:

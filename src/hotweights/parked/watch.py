@@ -35,7 +35,7 @@ def _session_of(pid: int) -> int:
         return -1
 
 
-def watch(path: Path, interval_s: float = 1.0) -> str:
+def watch(path: Path, interval_s: float = 1.0) -> str:  # noqa: C901
     """The watcher of one server: stop it when its launcher is gone without parking it; retire it, parked, after
     its idle time or once the keeper holds none of its entries; return (why) when it or its record is gone."""
     from ..client import connect

@@ -150,7 +150,7 @@ class SideImport:
     def _run(self) -> None:
         try:
             self._module = importlib.import_module(self.name)
-        except BaseException as exc:  # noqa: BLE001  (re-raised on the main thread)
+        except BaseException as exc:  # re-raised on the main thread
             self._error = exc
 
     def start(self) -> None:

@@ -44,7 +44,7 @@ from .park import ParkError, Parking
 from .schema import BadRequest, ChatRequest, CompletionRequest, Sampling
 
 
-def create_app(generator: Generator, model_name: str, on_start=None, metrics: ServerMetrics | None = None,
+def create_app(generator: Generator, model_name: str, on_start=None, metrics: ServerMetrics | None = None,  # noqa: C901, PLR0915
                engine: Engine | None = None, parking: Parking | None = None):
     import contextlib
 

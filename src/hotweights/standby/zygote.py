@@ -90,7 +90,7 @@ class Standby:
             self.lock = -1
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915
     parser = argparse.ArgumentParser(prog="python -m hotweights.standby.zygote")
     parser.add_argument("--engine", default="vllm")
     parser.add_argument("--socket-dir", required=True)
@@ -248,7 +248,7 @@ def _fork_server(msg: Start, fds: list[int], conn: socket.socket) -> int:
         runpy.run_module(msg.module, run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         code = exc.code
-    except BaseException:  # noqa: BLE001  (the server's own failure: shown as python would show it)
+    except BaseException:  # the server's own failure: shown as python would show it
         traceback.print_exc()
         code = 1
     finally:

@@ -165,7 +165,7 @@ def _typed(table: dict[str, Any], keys: dict[str, Any], where: str) -> dict[str,
     return table
 
 
-def model(table: dict[str, Any], where: str) -> ModelConfig:
+def model(table: dict[str, Any], where: str) -> ModelConfig:  # noqa: C901, PLR0912
     _typed(table, _MODEL_KEYS, where)
     for key in ("name", "checkpoint"):
         if key not in table:
@@ -218,7 +218,7 @@ def model(table: dict[str, Any], where: str) -> ModelConfig:
     return made
 
 
-def build(switch: dict[str, Any], models: list[ModelConfig], where: str) -> SwitchConfig:
+def build(switch: dict[str, Any], models: list[ModelConfig], where: str) -> SwitchConfig:  # noqa: C901
     _typed(switch, SWITCH_KEYS, f"{where} [switch]")
     if not models:
         raise ConfigError(f"{where}: no model ([[model]] tables, or --model NAME=DIR)")

@@ -63,7 +63,7 @@ PAGE = (Path(__file__).parent / "page.html").read_text()  # the status page (``/
 SHUTDOWN_GRACE_S = 3  # uvicorn's wait for open connections on SIGINT/SIGTERM (its default: forever; ours was 30)
 
 
-def create_app(config: SwitchConfig, log_dir: Path | None = None,
+def create_app(config: SwitchConfig, log_dir: Path | None = None,  # noqa: C901, PLR0915
                engines: Callable[[ModelConfig], EngineLike] | None = None, note: Note | None = None) -> Starlette:
     """The front's app; ``engines`` makes a model's engine (default: its real server process, ``Engine``); ``note``
     keeps a note of their processes for the next front, should this one die (``leftovers.py``)."""

@@ -86,19 +86,7 @@ def retire_left(daemon_dir: Path) -> list[str]:
             continue  # that front runs: its engines are its own
         left = [(key.rsplit(" ", 1)[0], pid) for key, (pid, began) in engines.items()
                 if began is not None and started_at(pid) == began]
-        for _name, pid in left:
-            for sig in (signal.SIGTERM, signal.SIGCONT):  # SIGCONT: a stopped engine acts on the first now
-                if not signal_group(pid, sig):  # not a group's leader (a standby's child): the process alone
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, sig)
-        for _name, pid in left:
-            stop_group(pid, RETIRE_GRACE_S)
-            deadline = time.monotonic() + RETIRE_GRACE_S
-            while started_at(pid) is not None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            with contextlib.suppress(OSError):
-                if started_at(pid) is not None:
-                    os.kill(pid, signal.SIGKILL)
+        end([pid for _, pid in left])
         if left:
             said = [f"{name} (pid {pid})" for name, pid in left]
             logger.warning("switch: retired %d engine(s) that a dead front (pid %d) left running: %s", len(left),
@@ -106,3 +94,21 @@ def retire_left(daemon_dir: Path) -> list[str]:
             retired += said
         path.unlink(missing_ok=True)
     return retired
+
+
+def end(pids: list[int]) -> None:
+    """SIGTERM (and SIGCONT: a stopped process acts on it now) to each process's group, or to the process alone where
+    it leads none (a standby's child); SIGKILL to what is left after ``RETIRE_GRACE_S``."""
+    for pid in pids:
+        for sig in (signal.SIGTERM, signal.SIGCONT):
+            if not signal_group(pid, sig):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, sig)
+    for pid in pids:
+        stop_group(pid, RETIRE_GRACE_S)
+        deadline = time.monotonic() + RETIRE_GRACE_S
+        while started_at(pid) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with contextlib.suppress(OSError):
+            if started_at(pid) is not None:
+                os.kill(pid, signal.SIGKILL)

@@ -167,7 +167,7 @@ class Preloads:
         logger.info("switch: %s: preloading%s", m.name, f" beside {beside} other preload(s)" if beside else "")
         try:
             said = await asyncio.to_thread(m.engine.preload)
-        except Exception as exc:  # noqa: BLE001 - a preload that broke is a start without a cache, not a dead front
+        except Exception as exc:  # a preload that broke is a start without a cache, not a dead front
             said = f"{NOT_CACHED} ({type(exc).__name__}: {exc})"
         finally:
             del self.running[m.name]

@@ -95,7 +95,7 @@ class HotweightsModelLoader(BaseModelLoader):
             logger.warning("cannot size the cached weights: %s; assuming none are external", exc)
             return 0
 
-    def load_model(self, vllm_config, model_config, prefix: str = ""):
+    def load_model(self, vllm_config, model_config, prefix: str = ""):  # noqa: C901
         keys = keys_for(vllm_config, self.config)
         candidates, skipped = self.candidates(vllm_config)
 
