@@ -63,3 +63,19 @@ def test_no_module_imports_itself_through_others():
 
 def test_the_check_finds_a_circle():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_keeper_the_standbys_zygote_and_the_switchs_front_load_no_torch_and_no_vllm():
+    """The processes that must start in milliseconds and stay small (DESIGN: a torch-free keeper daemon; a zygote
+    that imports the engine only when asked; a front that holds no CUDA context) import neither, in a fresh
+    interpreter (imports inside functions are not run by an import, so they do not count here)."""
+    import subprocess
+    import sys
+
+    heavy = ("torch", "vllm", "transformers", "safetensors", "triton")
+    code = ("import sys; import hotweights.keeper.main, hotweights.keeper.init, hotweights.standby.zygote, "
+            "hotweights.switch.front, hotweights.cli_switch, hotweights.parked.watch; "
+            f"print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r})))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [], done.stdout
