@@ -4,11 +4,15 @@ is, and torch-free: they start fast."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 import sys
 
+from .cli_parser import byte_size, socket_dir_option
 from .console import emit as _emit
 from .console import entries
+
+if TYPE_CHECKING:
+    from .cli_parser import Subparsers
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
@@ -195,3 +199,60 @@ def _parked_line(r: dict[str, Any]) -> str:
 
 def _int(text: str | None) -> int | None:
     return int(text) if text and text.isdigit() else None
+
+
+def register(sub: Subparsers) -> None:
+    """The keeper's subcommands."""
+    p = sub.add_parser("daemon", help="run the keeper daemon in the foreground")
+    socket_dir_option(p)
+    p.add_argument("--max-bytes", type=byte_size, default=None,
+                   help="refuse publishes beyond this size: bytes, or with K, M, G, T (binary: 8G = 8 GiB); 0: no cap "
+                        "(default: 0; with --replace: the running daemon's)")
+    p.add_argument("--detach", action="store_true",
+                   help="double-fork into the background (no longer a descendant of the caller, so an engine "
+                        "that kills its process tree on exit does not take the daemon with it)")
+    p.add_argument("--init", action="store_true",
+                   help="a container's PID 1: run the daemon as a child and stay while a daemon holds its lock, so "
+                        "`kubectl exec POD -- hotweights daemon --replace --detach` upgrades it in place")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics on this port (GET /metrics); 0: none "
+                        "(default: 0; with --replace: the running daemon's)")
+    p.add_argument("--metrics-host", default=None,
+                   help="address of the metrics endpoint (default: 127.0.0.1; with --replace: the running daemon's)")
+    p.add_argument("--replace", action="store_true",
+                   help="take every entry (its pool fds), the settings not given here and then the place of the "
+                        "running daemon, which exits: an upgrade or a restart without losing the cache; attaches go "
+                        "on meanwhile. Under systemd: the unit restarts with its fd store instead")
+    p.set_defaults(run=cmd_daemon)
+
+    p = sub.add_parser("status", help="what the daemon holds")
+    p.add_argument("--json", action="store_true")
+    socket_dir_option(p)
+    p.set_defaults(run=cmd_status)
+
+    p = sub.add_parser("release", help="drop an entry (engines that attached keep their mapping)")
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("key", nargs="?", help="short key from `hotweights status`")
+    group.add_argument("--all", action="store_true")
+    p.add_argument("--json", action="store_true")
+    socket_dir_option(p)
+    p.set_defaults(run=cmd_release)
+
+    p = sub.add_parser("parked", help="the parked engines of this user (--park-on-exit): list, wake, retire")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--wake", type=int, metavar="PID", help="wake it where it is (it serves on, in the background)")
+    group.add_argument("--retire", metavar="PID|all", help="stop it (or all of them) and free what it holds")
+    p.add_argument("--json", action="store_true")
+    socket_dir_option(p)
+    p.set_defaults(run=cmd_parked)
+
+    p = sub.add_parser("demote", help="move an entry to host memory (a host copy; deep-parked engines wake from it)")
+    p.add_argument("key", help="short key (or a unique prefix) from `hotweights status`")
+    p.add_argument("--keep", action="store_true", help="keep the device copy too (make the host copy only)")
+    p.add_argument("--json", action="store_true")
+    socket_dir_option(p)
+    p.set_defaults(run=cmd_demote)
+
+    p = sub.add_parser("stop", help="stop the daemon (engines that attached keep their weights)")
+    socket_dir_option(p)
+    p.set_defaults(run=cmd_stop)

@@ -10,6 +10,12 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .cli_parser import awake_count
+
+if TYPE_CHECKING:
+    from .cli_parser import Subparsers
 
 
 def cmd_switch(args: argparse.Namespace) -> int:
@@ -119,3 +125,45 @@ def _status(args: argparse.Namespace) -> int:
         if (m.cached or "").startswith("not cached"):  # the keeper could not take it: each start reads the disk
             print(f"note: {m.name} is served from its checkpoint on disk, {m.cached}")
     return 0
+
+
+def register(sub: Subparsers) -> None:
+    """``hotweights switch``."""
+    p = sub.add_parser("switch", help="many models behind one port: a request's model wakes its engine, the others "
+                                      "park (--config FILE, or --model NAME=DIR ... [-- ENGINE ARGS])")
+    p.add_argument("action", nargs="?", default="serve", choices=["serve", "status", "park", "stop", "start"],
+                   help="serve (default); status: each model's state, from a running switch; park, stop or start "
+                        "NAME: that model's engine, in a running switch")
+    p.add_argument("target", nargs="?", default=None, help="park/stop/start: the model (its name or an alias)")
+    p.add_argument("--config", default=None, help="TOML file: [switch] and one [[model]] table per model "
+                                                  "(docs/switch.md has a complete example)")
+    p.add_argument("--model", dest="models", action="append", default=[], metavar="NAME=DIR",
+                   help="the quick form: a model and its checkpoint (repeat; the first is the default)")
+    p.add_argument("--engine", default="hotweights", choices=["hotweights", "vllm"], help="the quick form's engine")
+    p.add_argument("--host", default=None, help="address of the front (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="port of the front (default 8000)")
+    p.add_argument("--max-awake", type=awake_count, default=None,
+                   help="engines awake at once per GPU: auto (default: as many as GPU memory holds) or a cap")
+    p.add_argument("--request-timeout-s", type=float, default=None,
+                   help="how long a request waits for its model before a 503 (default 300)")
+    p.add_argument("--api-key", default=None, help="Bearer key the front asks for on /v1 (default: $VLLM_API_KEY; "
+                                                   "status sends it)")
+    p.add_argument("--log-dir", default=None, help="where each engine's log goes (default: a new temporary directory)")
+    p.add_argument("--no-parking", action="store_true",
+                   help="a switch stops the engine and starts the next one instead of parking it (for comparison)")
+    p.add_argument("--parked-weights", choices=["gpu", "host"], default=None,
+                   help="the quick form: where a parked engine's weights stay (host: off the GPU, so more models fit; "
+                        "a wake uploads them)")
+    p.add_argument("--stop-keeper", action="store_true",
+                   help="on the way out, stop the keeper if this front started it (else it keeps the weights for the "
+                        "next start)")
+    p.add_argument("--schedule", choices=["fair", "fifo"], default=None,
+                   help="which waiting model a switch serves next: fair (default: the most requests waiting; one "
+                        "waiting over starve_after_s first) or fifo (first come)")
+    p.add_argument("--turn-s", type=float, default=None,
+                   help="where memory forces a choice between busy engines, a busy one leaves once another model's "
+                        "waiting requests have waited this long in sum per request in flight on it (default 1)")
+    p.add_argument("--preload-jobs", type=int, default=None,
+                   help="start-up's preloads at once, where GPU memory allows (default 0: 4 with GPUs, else 1)")
+    p.add_argument("--json", action="store_true", help="status: one JSON object")
+    p.set_defaults(run=cmd_switch)
