@@ -1,4 +1,5 @@
-"""The HTTP side of ``hotweights serve``: Starlette routes of the OpenAI-compatible API.
+"""The HTTP side of ``hotweights serve``: Starlette routes of the OpenAI-compatible API, module-level handlers over
+``ServerState`` (``app.state.server``), as vLLM's API server keeps its engine client.
 
 Imported on a side thread while the model loads (``app.run``). Starlette (the ASGI toolkit
 FastAPI is built on) with the pydantic bodies of ``schema``: about half FastAPI's import
@@ -18,6 +19,7 @@ answers themselves are made in ``answers.py``.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -44,157 +46,32 @@ from .park import ParkError, Parking
 from .schema import BadRequest, ChatRequest, CompletionRequest, Sampling
 
 
-def create_app(generator: Generator, model_name: str, on_start=None, metrics: ServerMetrics | None = None,  # noqa: C901, PLR0915
+@dataclass
+class ServerState:
+    """What the routes share (``app.state.server``): the model's generator and name, the engine thread that
+    generates, the metrics, and the parking where the server may be parked (None elsewhere)."""
+
+    generator: Generator
+    model_name: str
+    metrics: ServerMetrics
+    engine: Engine
+    parking: Parking | None
+
+
+def server(request: Request) -> ServerState:
+    state: ServerState = request.app.state.server
+    return state
+
+
+def create_app(generator: Generator, model_name: str, on_start=None, metrics: ServerMetrics | None = None,
                engine: Engine | None = None, parking: Parking | None = None):
     import contextlib
-
-    metrics = metrics or ServerMetrics()
-    engine = engine or Engine(generator)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         if on_start is not None:
             on_start()  # the app starts serving right after this
         yield
-
-    error = error_response
-
-    def post(body: type[BaseModel], handle: Callable[[Any], Any]):
-        """A POST route: the JSON body validated as ``body``, ``handle`` run on a worker thread (it generates)."""
-        async def route(request: Request) -> Response:
-            response = await answer(request)
-            metrics.requests.labels(request.url.path, str(response.status_code)).inc()
-            return response
-
-        async def answer(request: Request) -> Response:
-            try:
-                req = body.model_validate_json(await request.body())
-            except ValidationError as exc:
-                first = exc.errors()[0] if exc.errors() else {}
-                param = ".".join(str(p) for p in first.get("loc", ())) or None
-                if first.get("type") == "extra_forbidden":
-                    return error(400, f"{param} is not a field this server reads (refused rather than ignored)",
-                                 param)
-                return error(400, f"invalid request: {param + ': ' if param else ''}{first.get('msg', 'bad value')}",
-                             param)
-            try:
-                plan = await run_in_threadpool(handle, req)
-            except BadRequest as exc:
-                return error(exc.status, str(exc), exc.param)
-            if parking is not None and parking.is_sleeping:
-                return error(503, f"the engine is sleeping; POST /wake_up first ({model_name})")
-            return await generate(request, plan)
-        return route
-
-    async def generate(request: Request, plan: Plan) -> Response:
-        metrics.prompt_tokens.inc(plan.prompt_tokens)
-        clock = Clock(metrics)
-        jobs = [engine.submit(ids, params) for _, ids, _, params in plan.jobs]
-        decode = generator.tokenizer.decode
-        if plan.stream:
-            return JobStream(jobs, sse(plan, jobs, model_name, clock, decode), media_type="text/event-stream")
-        results = await collect(request, jobs, clock.chunk)
-        if results is None:  # the client went away: its jobs are cancelled, nobody reads an answer
-            return Response(status_code=499)
-        choices, completion_tokens = [], 0
-        for (index, _, echo, params), chunks in zip(plan.jobs, results):
-            if not chunks or chunks[-1].finish_reason is None:  # ended unfinished: the server is stopping
-                return error(503, "the server is shutting down; retry on another replica")
-            text = echo + "".join(c.text for c in chunks)
-            completion_tokens += chunks[-1].num_tokens
-            finish = chunks[-1].finish_reason
-            logprobs = None if params.logprobs is None else logprobs_of(plan.kind, chunks, decode, len(echo))
-            choices.append({"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                            "finish_reason": finish} if plan.kind == "chatcmpl" else
-                           {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish})
-        clock.done(completion_tokens)
-        return JSONResponse({"id": plan.rid, "object": "chat.completion" if plan.kind == "chatcmpl" else
-                             "text_completion", "created": plan.created, "model": model_name, "choices": choices,
-                             "usage": usage(plan.prompt_tokens, completion_tokens)})
-
-    async def health(_request: Request) -> JSONResponse:
-        problem = engine.health() or (f"the engine is sleeping (level {parking.level}); POST /wake_up"
-                                      if parking is not None and parking.is_sleeping else None)
-        if problem is not None:
-            return JSONResponse({"status": "unavailable", "reason": problem}, status_code=503)
-        return JSONResponse({"status": "ok"})
-
-    async def scrape(_request: Request) -> Response:
-        from prometheus_client import CONTENT_TYPE_LATEST
-
-        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
-
-    async def version(_request: Request) -> JSONResponse:
-        return JSONResponse({"version": __version__, "server": "hotweights"})
-
-    async def models(_request: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [{
-            "id": model_name, "object": "model", "created": int(time.time()), "owned_by": "hotweights",
-            "max_model_len": generator.max_model_len}]})
-
-    def prepare(req: Sampling, prompt_ids: list[int], choice: int) -> SamplingParams:
-        room = generator.max_model_len - len(prompt_ids)
-        if room < 1:
-            raise BadRequest(f"prompt of {len(prompt_ids)} tokens leaves no room in max_model_len "
-                             f"{generator.max_model_len}", "prompt")
-        max_tokens = req.max_completion_tokens or req.max_tokens or room
-        if max_tokens > room:
-            raise BadRequest(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds max_model_len "
-                             f"{generator.max_model_len}", "max_tokens")
-        stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-        seed = None if req.seed is None else req.seed + choice  # n samples, each reproducible
-        return SamplingParams(max_tokens, 1.0 if req.temperature is None else req.temperature,
-                              1.0 if req.top_p is None else req.top_p, stop, seed, max(0, req.top_k or 0),
-                              req.presence_penalty or 0.0, req.frequency_penalty or 0.0,
-                              tuple(req.bias(generator.vocab_size).items()), req.top_logprobs_wanted())
-
-    def respond(req: Sampling, prompts: list[tuple[list[int], str]], kind: str) -> Plan:
-        """``prompts``: each prompt's ids and the text an echo shows; ``req.n`` choices of each."""
-        if req.model not in (None, model_name):
-            raise BadRequest(f"The model `{req.model}` does not exist. Valid aliases: {model_name}.", "model",
-                             status=404)
-        req.refuse_unserved()
-        jobs = [(i * req.n + j, ids, echo, prepare(req, ids, j))
-                for i, (ids, echo) in enumerate(prompts) for j in range(req.n)]
-        return Plan(jobs, kind, req.stream, bool(req.stream and req.stream_options and
-                                                  req.stream_options.include_usage),
-                    sum(len(ids) for ids, _ in prompts), f"{kind}-{uuid.uuid4().hex[:24]}", int(time.time()))
-
-    def completions(req: CompletionRequest):
-        prompts = []
-        for p in req.prompts(generator.vocab_size):
-            ids = generator.encode(p) if isinstance(p, str) else p
-            text = (p if isinstance(p, str) else generator.tokenizer.decode(p)) if req.echo else ""
-            prompts.append((ids, text))
-        return respond(req, prompts, "cmpl")
-
-    def chat(req: ChatRequest):
-        messages = req.dialog()
-        if generator.tokenizer.chat_template:
-            prompt = generator.tokenizer.apply_chat_template(messages)
-        else:
-            prompt = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
-        return respond(req, [(generator.encode(prompt), "")], "chatcmpl")
-
-    async def sleep(request: Request) -> Response:
-        try:
-            level = int(request.query_params.get("level", "1"))
-            await run_in_threadpool(parking.sleep, level)
-        except ValueError:
-            return error(400, "level must be 1 or 2", "level")
-        except ParkError as exc:
-            return error(exc.status, str(exc))
-        return Response(status_code=200)
-
-    async def wake_up(_request: Request) -> Response:
-        try:
-            await run_in_threadpool(parking.wake)
-        except ParkError as exc:
-            return error(exc.status, str(exc))
-        return Response(status_code=200)
-
-    async def is_sleeping(_request: Request) -> JSONResponse:
-        return JSONResponse({"is_sleeping": parking.is_sleeping})
 
     parked = [Route("/sleep", sleep, methods=["POST"]), Route("/wake_up", wake_up, methods=["POST"]),
               Route("/is_sleeping", is_sleeping)] if parking is not None else []
@@ -203,4 +80,166 @@ def create_app(generator: Generator, model_name: str, on_start=None, metrics: Se
         Route("/health", health), Route("/version", version), Route("/metrics", scrape), Route("/v1/models", models),
         Route("/v1/completions", post(CompletionRequest, completions), methods=["POST"]),
         Route("/v1/chat/completions", post(ChatRequest, chat), methods=["POST"])])
+    app.state.server = ServerState(generator, model_name, metrics or ServerMetrics(), engine or Engine(generator),
+                                   parking)
     return app
+
+
+error = error_response
+
+
+def post(body: type[BaseModel], handle: Callable[[ServerState, Any], Plan]):
+    """A POST route: the JSON body validated as ``body``, ``handle`` run on a worker thread (it tokenizes)."""
+    async def route(request: Request) -> Response:
+        response = await answer(request)
+        server(request).metrics.requests.labels(request.url.path, str(response.status_code)).inc()
+        return response
+
+    async def answer(request: Request) -> Response:
+        s = server(request)
+        try:
+            req = body.model_validate_json(await request.body())
+        except ValidationError as exc:
+            first = exc.errors()[0] if exc.errors() else {}
+            param = ".".join(str(p) for p in first.get("loc", ())) or None
+            if first.get("type") == "extra_forbidden":
+                return error(400, f"{param} is not a field this server reads (refused rather than ignored)",
+                             param)
+            return error(400, f"invalid request: {param + ': ' if param else ''}{first.get('msg', 'bad value')}",
+                         param)
+        try:
+            plan = await run_in_threadpool(handle, s, req)
+        except BadRequest as exc:
+            return error(exc.status, str(exc), exc.param)
+        if s.parking is not None and s.parking.is_sleeping:
+            return error(503, f"the engine is sleeping; POST /wake_up first ({s.model_name})")
+        return await generate(s, request, plan)
+    return route
+
+
+async def generate(s: ServerState, request: Request, plan: Plan) -> Response:
+    s.metrics.prompt_tokens.inc(plan.prompt_tokens)
+    clock = Clock(s.metrics)
+    jobs = [s.engine.submit(ids, params) for _, ids, _, params in plan.jobs]
+    decode = s.generator.tokenizer.decode
+    if plan.stream:
+        return JobStream(jobs, sse(plan, jobs, s.model_name, clock, decode), media_type="text/event-stream")
+    results = await collect(request, jobs, clock.chunk)
+    if results is None:  # the client went away: its jobs are cancelled, nobody reads an answer
+        return Response(status_code=499)
+    choices, completion_tokens = [], 0
+    for (index, _, echo, params), chunks in zip(plan.jobs, results):
+        if not chunks or chunks[-1].finish_reason is None:  # ended unfinished: the server is stopping
+            return error(503, "the server is shutting down; retry on another replica")
+        text = echo + "".join(c.text for c in chunks)
+        completion_tokens += chunks[-1].num_tokens
+        finish = chunks[-1].finish_reason
+        logprobs = None if params.logprobs is None else logprobs_of(plan.kind, chunks, decode, len(echo))
+        choices.append({"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                        "finish_reason": finish} if plan.kind == "chatcmpl" else
+                       {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish})
+    clock.done(completion_tokens)
+    return JSONResponse({"id": plan.rid, "object": "chat.completion" if plan.kind == "chatcmpl" else
+                         "text_completion", "created": plan.created, "model": s.model_name, "choices": choices,
+                         "usage": usage(plan.prompt_tokens, completion_tokens)})
+
+
+async def health(request: Request) -> JSONResponse:
+    s = server(request)
+    problem = s.engine.health() or (f"the s.engine is sleeping (level {s.parking.level}); POST /wake_up"
+                                  if s.parking is not None and s.parking.is_sleeping else None)
+    if problem is not None:
+        return JSONResponse({"status": "unavailable", "reason": problem}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+async def scrape(request: Request) -> Response:
+    s = server(request)
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    return Response(s.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def version(request: Request) -> JSONResponse:
+    return JSONResponse({"version": __version__, "server": "hotweights"})
+
+
+async def models(request: Request) -> JSONResponse:
+    s = server(request)
+    return JSONResponse({"object": "list", "data": [{
+        "id": s.model_name, "object": "model", "created": int(time.time()), "owned_by": "hotweights",
+        "max_model_len": s.generator.max_model_len}]})
+
+
+def prepare(s: ServerState, req: Sampling, prompt_ids: list[int], choice: int) -> SamplingParams:
+    room = s.generator.max_model_len - len(prompt_ids)
+    if room < 1:
+        raise BadRequest(f"prompt of {len(prompt_ids)} tokens leaves no room in max_model_len "
+                         f"{s.generator.max_model_len}", "prompt")
+    max_tokens = req.max_completion_tokens or req.max_tokens or room
+    if max_tokens > room:
+        raise BadRequest(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds max_model_len "
+                         f"{s.generator.max_model_len}", "max_tokens")
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    seed = None if req.seed is None else req.seed + choice  # n samples, each reproducible
+    return SamplingParams(max_tokens, 1.0 if req.temperature is None else req.temperature,
+                          1.0 if req.top_p is None else req.top_p, stop, seed, max(0, req.top_k or 0),
+                          req.presence_penalty or 0.0, req.frequency_penalty or 0.0,
+                          tuple(req.bias(s.generator.vocab_size).items()), req.top_logprobs_wanted())
+
+
+def respond(s: ServerState, req: Sampling, prompts: list[tuple[list[int], str]], kind: str) -> Plan:
+    """``prompts``: each prompt's ids and the text an echo shows; ``req.n`` choices of each."""
+    if req.model not in (None, s.model_name):
+        raise BadRequest(f"The model `{req.model}` does not exist. Valid aliases: {s.model_name}.", "model",
+                         status=404)
+    req.refuse_unserved()
+    jobs = [(i * req.n + j, ids, echo, prepare(s, req, ids, j))
+            for i, (ids, echo) in enumerate(prompts) for j in range(req.n)]
+    return Plan(jobs, kind, req.stream, bool(req.stream and req.stream_options and
+                                              req.stream_options.include_usage),
+                sum(len(ids) for ids, _ in prompts), f"{kind}-{uuid.uuid4().hex[:24]}", int(time.time()))
+
+
+def completions(s: ServerState, req: CompletionRequest) -> Plan:
+    prompts = []
+    for p in req.prompts(s.generator.vocab_size):
+        ids = s.generator.encode(p) if isinstance(p, str) else p
+        text = (p if isinstance(p, str) else s.generator.tokenizer.decode(p)) if req.echo else ""
+        prompts.append((ids, text))
+    return respond(s, req, prompts, "cmpl")
+
+
+def chat(s: ServerState, req: ChatRequest) -> Plan:
+    messages = req.dialog()
+    if s.generator.tokenizer.chat_template:
+        prompt = s.generator.tokenizer.apply_chat_template(messages)
+    else:
+        prompt = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+    return respond(s, req, [(s.generator.encode(prompt), "")], "chatcmpl")
+
+
+async def sleep(request: Request) -> Response:
+    s = server(request)
+    try:
+        level = int(request.query_params.get("level", "1"))
+        await run_in_threadpool(s.parking.sleep, level)
+    except ValueError:
+        return error(400, "level must be 1 or 2", "level")
+    except ParkError as exc:
+        return error(exc.status, str(exc))
+    return Response(status_code=200)
+
+
+async def wake_up(request: Request) -> Response:
+    s = server(request)
+    try:
+        await run_in_threadpool(s.parking.wake)
+    except ParkError as exc:
+        return error(exc.status, str(exc))
+    return Response(status_code=200)
+
+
+async def is_sleeping(request: Request) -> JSONResponse:
+    s = server(request)
+    return JSONResponse({"is_sleeping": s.parking.is_sleeping})
