@@ -505,19 +505,19 @@ def test_room_for_parks_idle_engines_first_then_waits_for_turns_as_a_table():
         await request(s, "b")  # a and b awake, idle; b used last
         now = time.monotonic()
         assert room_for(c, models, s.totals, s.config, now).park == (a,)  # the least recently used idle one
-        b.inflight, a.inflight = 1, 1  # both busy: c waits for a turn to end
-        c.arrivals, c.waiting = [now - 0.4], 1
+        b.ledger.inflight, a.ledger.inflight = 1, 1  # both busy: c waits for a turn to end
+        c.ledger.arrivals = [now - 0.4]
         room = room_for(c, models, s.totals, s.config, now)
         assert room.wait and not room.park and not room.leave and abs(room.look_in_s - 0.6) < 0.01, room
-        c.arrivals, c.waiting = [now - 0.7, now - 0.4], 2  # 1.1 request-seconds waited: a turn of one request ends
+        c.ledger.arrivals = [now - 0.7, now - 0.4]  # 1.1 request-seconds waited: a turn of one request ends
         room = room_for(c, models, s.totals, s.config, now)
         assert room.wait and len(room.leave) == 1 and not room.park, room
-        b.inflight = 3  # b owes more: a leaves
+        b.ledger.inflight = 3  # b owes more: a leaves
         assert room_for(c, models, s.totals, s.config, now).leave == (a,)
-        c.arrivals = [now - 20]  # starving: whatever is in flight
+        c.ledger.arrivals = [now - 20]  # starving: whatever is in flight
         assert room_for(c, models, s.totals, s.config, now).leave == (a,)
-        a.inflight = b.inflight = 0
-        c.arrivals, c.waiting = [], 0
+        a.ledger.inflight = b.ledger.inflight = 0
+        c.ledger.arrivals = []
         task.cancel()
     asyncio.run(main())
 
@@ -597,4 +597,28 @@ def test_cached_and_lazy_models_start_for_their_first_request():
         assert await request(s, "c") == "c" and log[-1] == "start c" and sorted(preloaded) == ["a", "b", "c"]
         assert states(s) == {"a": "awake", "b": "awake", "c": "awake"}
         task.cancel()
+    asyncio.run(main())
+
+
+def test_the_ledger_keeps_a_batch_place_for_each_request_let_in_and_only_for_those():
+    """A switch lets in the requests waiting (counted in flight at once); one of them that gives up gives its place
+    back; one that came after the switch has no place to give back (before: any request that gave up while places
+    were kept took one away, and an in-flight count with it)."""
+    from hotweights.switch.model import Ledger
+
+    async def main():
+        ledger = Ledger()
+        assert ledger.idle.is_set() and not ledger.inflight
+        a, b = ledger.arrive(), ledger.arrive()
+        assert ledger.let_in() == 2 and (ledger.reserved, ledger.inflight) == (2, 2) and not ledger.idle.is_set()
+        late = ledger.arrive()  # after the switch: it waits for a place of its own
+        assert not ledger.gone(late, served=False)  # it gave up: no place was kept for it
+        assert (ledger.waiting, ledger.reserved, ledger.inflight) == (2, 2, 2)
+        assert ledger.enter(awake=False) and not ledger.gone(a, served=True)  # a takes its place
+        assert not ledger.gone(b, served=False)  # b gave up: its place goes back, one in flight (a) is left
+        assert (ledger.waiting, ledger.reserved, ledger.inflight) == (0, 0, 1)
+        c = ledger.arrive()
+        assert not ledger.enter(awake=False)  # no place kept, the engine not awake: it waits on
+        assert ledger.enter(awake=True) and not ledger.gone(c, served=True)
+        assert not ledger.leave() and ledger.leave() and ledger.idle.is_set()  # the second end leaves it idle
     asyncio.run(main())

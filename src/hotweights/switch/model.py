@@ -8,12 +8,95 @@ import statistics
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from .config import ModelConfig
 from .engines import EngineLike
 from .gpus import host_mib
 from .states import Failure, ModelState
+
+T = TypeVar("T")
+
+
+def _set_event() -> asyncio.Event:
+    event = asyncio.Event()
+    event.set()
+    return event
+
+
+@dataclass
+class Ledger:
+    """The requests of one model, kept by the switcher's request side and its switches only through these methods:
+    waiting for it (each one's ``time.monotonic()`` of arrival), let in by a switch and not yet taken up
+    (``reserved``: counted in flight already, so that the next switch cannot take the engine from under them), in
+    flight on its engine. Its invariants hold after each method: ``0 <= reserved <= waiting``, ``reserved <=
+    inflight``, and ``idle`` is set exactly when nothing is in flight."""
+
+    arrivals: list[float] = field(default_factory=list)
+    reserved: int = 0
+    inflight: int = 0
+    last_used: float = 0.0  # time.time() of the last request let in or done
+    idle: asyncio.Event = field(default_factory=_set_event)
+
+    @property
+    def waiting(self) -> int:
+        return len(self.arrivals)
+
+    def arrive(self) -> float:
+        """A request comes for the model: its arrival."""
+        at = time.monotonic()
+        self.arrivals.append(at)
+        return at
+
+    def let_in(self) -> int:
+        """A switch woke the model: every request waiting that no switch let in yet is counted in flight now. The
+        batch."""
+        batch = self.waiting - self.reserved
+        self.reserved += batch
+        self._busy(batch)
+        self.last_used = time.time()
+        return self._checked(batch)
+
+    def enter(self, awake: bool) -> bool:
+        """A waiting request takes the engine: its place in a let-in batch, else a place of its own where the engine
+        is ``awake``; False when it must wait on."""
+        if self.reserved:
+            self.reserved -= 1
+        elif awake:
+            self._busy(1)
+        else:
+            return False
+        return self._checked(True)
+
+    def gone(self, arrived: float, served: bool) -> bool:
+        """The request that arrived at ``arrived`` waits no more: ``served`` (it entered), or it gave up (a timeout,
+        its client gone, a failed switch), when a place a switch kept for it is given back. Whether the engine is idle
+        now."""
+        self.arrivals.remove(arrived)
+        if served:
+            self.last_used = time.time()
+        elif self.reserved > self.waiting:  # the batch had a place for it: given back, as if it had been served
+            self.reserved -= 1
+            return self.leave()
+        return self._checked(not self.inflight)
+
+    def leave(self) -> bool:
+        """A request in flight ends. Whether the engine is idle now."""
+        self.inflight -= 1
+        self.last_used = time.time()
+        if not self.inflight:
+            self.idle.set()
+        return self._checked(not self.inflight)
+
+    def _busy(self, n: int) -> None:
+        self.inflight += n
+        if self.inflight:
+            self.idle.clear()
+
+    def _checked(self, result: T) -> T:
+        assert 0 <= self.reserved <= self.waiting and self.reserved <= self.inflight, self
+        assert self.idle.is_set() == (not self.inflight), self
+        return result
 
 
 @dataclass
@@ -22,18 +105,13 @@ class Model:
     engine: EngineLike
     state: ModelState = ModelState.STARTING
     started: bool = False  # start-up reached it (or a request did): its engine was started once
-    inflight: int = 0
-    waiting: int = 0
-    arrivals: list[float] = field(default_factory=list)  # time.monotonic() of each request waiting for it
-    reserved: int = 0  # waiting requests a switch already counted in flight
-    last_used: float = 0.0
+    ledger: Ledger = field(default_factory=Ledger)  # its requests: waiting, let in, in flight
     parked_at: float = 0.0
     wakes: int = 0
     attempts_failed: int = 0  # switches to it that failed: a request waiting across one is answered 503
     start_failures: int = 0  # starts that failed in a row: the back-off doubles with each
     failure: Failure | None = None
     cached: str = ""  # what its last preload said: "cached", or "not cached (why)": its engine reads the checkpoint
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
     answered: deque[tuple[float, float | None]] = field(default_factory=lambda: deque(maxlen=1024))
     # (time.time(), its first byte's seconds from arrival or None) of each request relayed: the rate and TTFT shown
 
@@ -50,6 +128,35 @@ class Model:
     @property
     def name(self) -> str:
         return self.config.name
+
+    # the ledger's counts, read where the switch decides (writes go through ``ledger``)
+    @property
+    def waiting(self) -> int:
+        return self.ledger.waiting
+
+    @property
+    def inflight(self) -> int:
+        return self.ledger.inflight
+
+    @property
+    def reserved(self) -> int:
+        return self.ledger.reserved
+
+    @property
+    def arrivals(self) -> list[float]:
+        return self.ledger.arrivals
+
+    @property
+    def idle(self) -> asyncio.Event:
+        return self.ledger.idle
+
+    @property
+    def last_used(self) -> float:
+        return self.ledger.last_used
+
+    @last_used.setter
+    def last_used(self, at: float) -> None:  # an operator's start, or start-up's first count of idle time
+        self.ledger.last_used = at
 
     @property
     def error(self) -> str:

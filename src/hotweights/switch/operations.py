@@ -155,15 +155,7 @@ class Operations:
         park it again before they ran."""
         m.failure, m.start_failures = None, 0
         self.move(m, S.AWAKE)
-        self._let_in(m)
-
-    def _let_in(self, m: Model) -> None:
-        m.last_used = time.time()
-        batch = max(0, m.waiting - m.reserved)
-        m.reserved += batch
-        m.inflight += batch
-        if m.inflight:
-            m.idle.clear()
+        m.ledger.let_in()  # every request waiting goes through at once
 
     async def _make_room(self, room: Room, m: Model) -> list[tuple[str, float, bool]]:
         """Park ``room``'s idle engines for ``m``: each ``(its name, seconds parking it, whether it parked)`` (one

@@ -38,20 +38,11 @@ class Switcher(Operations):
     async def acquire(self, name: str) -> Model:
         """The awake engine of ``name`` with this request counted in flight; Unavailable when it cannot be."""
         m = self.models[name]
-        arrived = time.monotonic()
-        m.waiting += 1
-        m.arrivals.append(arrived)
+        arrived = m.ledger.arrive()
         self.metrics.waiting(name, m.waiting)
         failed, served = m.attempts_failed, False
         try:
-            while True:
-                if m.reserved:  # the switch that woke it counted this batch in flight already
-                    m.reserved -= 1
-                    break
-                if m.state is S.AWAKE:
-                    m.inflight += 1
-                    m.idle.clear()
-                    break
+            while not m.ledger.enter(awake=m.state is S.AWAKE):  # its place in a switch's batch, or a place of its own
                 if self.closing:
                     raise Unavailable("the server is shutting down; retry the request")
                 if m.attempts_failed != failed:  # the switch this request waited for failed
@@ -69,15 +60,11 @@ class Switcher(Operations):
                 except TimeoutError:
                     pass  # the loop says it timed out
             served = True
-            m.last_used = time.time()
             return m
         finally:
-            m.waiting -= 1
-            m.arrivals.remove(arrived)
+            if m.ledger.gone(arrived, served) and not served:  # it gave its batch's place back: the engine is idle
+                self._kick.set()
             self.metrics.waiting(name, m.waiting)
-            if not served and m.reserved:  # it gave up (timeout, client gone): its place in the batch goes
-                m.reserved -= 1
-                self.release(m)
 
     def close(self) -> int:
         """The front stops: every request waiting for its model is answered 503 now (how many waited)."""
@@ -86,10 +73,7 @@ class Switcher(Operations):
         return sum(m.waiting - m.reserved for m in self.models.values())
 
     def release(self, m: Model) -> None:
-        m.inflight -= 1
-        m.last_used = time.time()
-        if m.inflight == 0:
-            m.idle.set()
+        if m.ledger.leave():
             self._kick.set()  # an idle engine may make room for a model that waits
 
     async def run(self) -> None:
