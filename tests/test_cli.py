@@ -245,3 +245,23 @@ def test_serve_on_a_truncated_safetensors_file_says_so_in_one_line(model_copy, t
     last = r.stderr.strip().splitlines()[-1]  # after the cache's fallback warning
     assert last.startswith(f"hotweights serve: {shard} cannot be read (") and last.endswith(
         "): the file is damaged or truncated; download it again"), r.stderr
+
+
+@pytest.mark.skipif(__import__("importlib.util").util.find_spec("vllm") is not None,
+                    reason="needs an interpreter without vLLM (the project's .venv has none)")
+def test_a_vllm_preload_run_again_keeps_the_last_runs_log(models, tmp_path):
+    """Issue 55: a preload that failed beside others ran again alone and its log took the first one's place, so the
+    first failure's reason was lost. Here vLLM cannot even start (an interpreter without it), twice."""
+    import sys
+
+    sock = tmp_path / "sock"
+    try:
+        for _ in range(2):
+            r = run_cli("preload", "--engine", "vllm", "--model", str(models["tiny"]), "--socket-dir", str(sock),
+                        "--vllm-python", sys.executable, env={"HOTWEIGHTS_VLLM_STANDBY": "off"}, timeout=120)
+            assert r.returncode == 1 and "No module named 'vllm'" in r.stderr, r.stderr
+        log = sock / f"vllm-preload-{models['tiny'].name}.log"
+        kept = log.with_name(log.name + ".1")
+        assert "No module named 'vllm'" in log.read_text() and "No module named 'vllm'" in kept.read_text()
+    finally:
+        run_cli("stop", "--socket-dir", str(sock))

@@ -18,7 +18,8 @@ that the first ``hotweights vllm serve`` after the preload is a standby start th
 Its KV cache is the least vLLM starts with (``kvpin.py``: one ``--max-model-len`` sequence, given as
 ``--kv-cache-memory-bytes``), not profiled: preloads of several models run beside each other (``hotweights switch``),
 and vLLM's profile counts what the others allocate as its own. Where vLLM refuses that size for its KV cache, the
-preload runs once more without it. Its log is ``vllm-preload-<model dir>.log`` beside the daemon's.
+preload runs once more without it. Its log is ``vllm-preload-<model dir>.log`` beside the daemon's (the run
+before's as ``.log.1``).
 
 Which Python runs vLLM: ``--vllm-python``, else ``$HOTWEIGHTS_VLLM_PYTHON``, else this one.
 The worker's log is kept (``--log``) and its tail shown on failure.
@@ -39,7 +40,7 @@ from ...client import connect, ensure_daemon
 from ...errors import HotweightsError
 from ...evidence import GIB, WRITE_THROUGH_FAILED
 from ...observe import Observed, free_port
-from ...paths import DaemonPaths, daemon_paths
+from ...paths import DaemonPaths, daemon_paths, rotate_log
 from ...rows import EntryRow
 from .kvpin import kv_pin
 from .options import engine_rows
@@ -94,6 +95,8 @@ def _preload(model: str, dtype: str, tp_size: int, paths: DaemonPaths, python: s
     # temporary directory left behind), unless named
     log_dir = log_path.parent if log_path else paths.directory
     label = log_path.stem if log_path else f"vllm-preload-{Path(model).name}"
+    rotate_log(log_dir / f"{label}.log", keep_bytes=0)  # the last run's log stays, as LABEL.log.1: a preload tried
+    # again (alone, after it failed beside others) keeps the first failure's reason
     start = time.monotonic()
     before = {row.key: row.num_attaches for row in _engine_rows(paths, Path(model).name, tp_size)}
     obs = Observed(label, cmd, out_dir=log_dir, health_url=f"http://127.0.0.1:{port}/health")
