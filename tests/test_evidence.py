@@ -52,3 +52,19 @@ def test_the_startup_line_round_trips_through_its_parser():
     parsed = evidence.parse_startup(f"noise\nINFO {line}\nmore")
     assert parsed == {"phases": {**phases, "weights": 0.012}, "engine": "native", "source": "cache", "ready_s": 3.1}
     assert evidence.parse_startup("no such line") is None
+
+
+def test_a_wake_refusal_is_read_once_for_the_switch_and_for_parked_engines():
+    """One reader of an engine's ``hotweights: cannot wake ...`` line (the switch's wake and ``hotweights parked
+    --wake`` read it apart before): its reason, and whether it was for memory (another engine may park for it)."""
+    from hotweights.evidence import wake_refusal
+
+    log = ("INFO vLLM: sleeping\n"
+           "ERROR hotweights: cannot wake m: its weights are not in the keeper any more\n"
+           "INFO something else\n")
+    refusal = wake_refusal(log)
+    assert refusal is not None and not refusal.for_memory
+    assert refusal.reason == "cannot wake m: its weights are not in the keeper any more"
+    log += "ERROR x hotweights: cannot wake m: it needs 15.30 GiB back on its GPU but 3.10 GiB is free\n"
+    assert wake_refusal(log).for_memory  # the last one counts
+    assert wake_refusal("INFO vLLM: woke\n") is None

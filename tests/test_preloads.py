@@ -19,6 +19,7 @@ from hotweights.switch.gpus import GpuMemory, gpu_memory
 from hotweights.switch.kinds import KINDS, GpuNeed
 from hotweights.switch.metrics import SwitchMetrics
 from hotweights.switch.preloads import Preloads
+from hotweights.switch.states import PreloadOutcome
 from hotweights.switch.switcher import Switcher
 
 PRELOAD_S = 0.2
@@ -41,13 +42,13 @@ class SlowPreload(FakeEngine):
         self.spans.append((f"start {self.name}", began, time.monotonic()))
         return took
 
-    def preload(self) -> str:
+    def preload(self) -> PreloadOutcome:
         began = time.monotonic()
         running = [s for s in self.spans if s[2] == 0.0]
         self.spans.append((self.name, began, 0.0))
         time.sleep(PRELOAD_S)
         self.spans[self.spans.index((self.name, began, 0.0))] = (self.name, began, time.monotonic())
-        return "not cached (out of memory)" if self.beside_fails and running else "cached"
+        return PreloadOutcome("failed", "out of memory") if self.beside_fails and running else PreloadOutcome("cached")
 
 
 def switcher(names: list[str], jobs: int, **engine) -> tuple[Switcher, dict[str, SlowPreload], list[str], list]:

@@ -337,7 +337,7 @@ def test_a_vllm_model_with_its_own_load_format_in_either_spelling_is_started_wit
         engine = Engine(switch_config.ModelConfig("a", tmp_path / "m", engine="vllm", args=args), tmp_path)
         cmd, _ = engine.command(0)
         assert "hotweights" not in cmd[cmd.index("serve") + 1:] and all(a in cmd for a in args), cmd
-        assert engine.preload().startswith("not preloaded (--load-format auto"), args
+        assert str(engine.preload()).startswith("not preloaded (--load-format auto"), args
     engine = Engine(switch_config.ModelConfig("a", tmp_path / "m", engine="vllm"), tmp_path)
     cmd, _ = engine.command(0)
     assert cmd[cmd.index("--load-format") + 1] == "hotweights"  # the default: the engine layout, zero-copy

@@ -17,7 +17,7 @@ from hotweights.switch.config import ModelConfig, SwitchConfig
 from hotweights.switch.engines import EngineError, WakeRefused
 from hotweights.switch.memory import GpuNeed
 from hotweights.switch.metrics import SwitchMetrics
-from hotweights.switch.states import InvalidTransition, ModelState
+from hotweights.switch.states import InvalidTransition, ModelState, PreloadOutcome
 from hotweights.switch.switcher import Switcher, Unavailable
 
 
@@ -44,8 +44,8 @@ class FakeEngine:
     def alive(self) -> bool:
         return self.running
 
-    def preload(self) -> str:
-        return "cached"
+    def preload(self) -> PreloadOutcome:
+        return PreloadOutcome("cached")
 
     def start(self) -> float:
         time.sleep(self.delay_s)
@@ -578,9 +578,9 @@ def test_cached_and_lazy_models_start_for_their_first_request():
         preloaded: list[str] = []
 
         class Counted(FakeEngine):
-            def preload(self) -> str:
+            def preload(self) -> PreloadOutcome:
                 preloaded.append(self.name)
-                return "cached"
+                return PreloadOutcome("cached")
 
         models = (ModelConfig("a", Path("/m/a")), ModelConfig("b", Path("/m/b"), start="cached"),
                   ModelConfig("c", Path("/m/c"), start="lazy"))

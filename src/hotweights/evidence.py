@@ -14,6 +14,7 @@ each is a line someone greps, so it lives beside the others. vLLM's own lines ar
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 GIB = 1 << 30
@@ -131,6 +132,25 @@ WOKE_RE = re.compile(r"Woke (\S+) in ([\d.]+) s \(weights (kept mapped|from \w+)
 # weights cannot be found again; the switch and the parked front tell them apart by these
 CANNOT_WAKE_MARK = "cannot wake"
 NO_ROOM_RE = re.compile(r"cannot wake (\S+): it needs ([\d.]+) GiB back on its GPU but ([\d.]+) GiB is free")
+
+
+@dataclass(frozen=True, slots=True)
+class WakeRefusal:
+    """An engine's own line saying why it would not wake (``hotweights: cannot wake ...``), and whether that was for
+    memory (its GPU lacks room: parking another engine may let it wake)."""
+
+    reason: str
+    for_memory: bool
+
+
+def wake_refusal(text: str) -> WakeRefusal | None:
+    """The last wake refusal in an engine's log ``text``, None where it wrote none (vLLM's server answers a failed
+    wake with a bare 500: the reason is only in its log)."""
+    lines = [x for x in text.splitlines() if f"hotweights: {CANNOT_WAKE_MARK}" in x]
+    if not lines:
+        return None
+    line = lines[-1]
+    return WakeRefusal(line[line.index("hotweights: ") + len("hotweights: "):].strip(), bool(NO_ROOM_RE.search(line)))
 
 
 def cannot_wake_no_room(name: str, need_bytes: int, free_bytes: int) -> str:

@@ -178,11 +178,11 @@ def wake_refusal(record: Record, exc: Exception) -> str:
     """Why a wake failed, for a person: the engine's own refusal line from its log when it wrote one (vLLM's
     server answers a failed wake with a bare 500), else the error; and whether it is still parked."""
     try:
-        lines = Path(record.log).read_text(errors="replace").splitlines()[-400:]
+        text = "\n".join(Path(record.log).read_text(errors="replace").splitlines()[-400:])
     except OSError:
-        lines = []
-    mark = f"hotweights: {evidence.CANNOT_WAKE_MARK}"
-    said = next((x[x.index("hotweights: "):] for x in reversed(lines) if mark in x), str(exc))
+        text = ""
+    refusal = evidence.wake_refusal(text)
+    said = f"hotweights: {refusal.reason}" if refusal else str(exc)
     still = _is_sleeping(record.url)
     return said + ("" if still is None else " (it is still parked)" if still else " (it is awake)")
 

@@ -47,7 +47,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from .. import argv
 from ..engines.vllm.options import LOAD_FORMAT
@@ -75,6 +75,11 @@ class ConfigError(ValueError):
     """What is wrong with the configuration, and where."""
 
 
+Schedule = Literal["fair", "fifo"]
+ParkedWeights = Literal["gpu", "host"]
+Start = Literal["eager", "cached", "lazy"]
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     name: str
@@ -85,10 +90,10 @@ class ModelConfig:
     keep_awake: bool = False
     park_level: int = 1
     deep_park_after_s: float = 0.0
-    parked_weights: str = "gpu"
+    parked_weights: ParkedWeights = "gpu"
     gpus: tuple[int, ...] = ()  # () : every GPU the front sees
     aliases: tuple[str, ...] = ()  # more names requests may ask for it by (routed, listed in /v1/models)
-    start: str = "eager"  # "eager": started at start-up; "cached": preloaded then, started by its first request;
+    start: Start = "eager"  # "eager": started at start-up; "cached": preloaded then, started by its first request;
     #                       "lazy": nothing until its first request (its preload then, and its start)
     park_after_s: float = 0.0  # idle this long, an awake engine parks (0: while memory allows, it stays awake)
     stop_after_s: float = 0.0  # idle this long, its engine stops: its host memory and GPU residue freed too (0: never)
@@ -126,7 +131,7 @@ class SwitchConfig:
     socket_dir: str = ""
     parking: bool = True
     stop_keeper: bool = False  # on the way out, stop the keeper if this front's preloads started it
-    schedule: str = "fair"  # or "fifo": which waiting model a switch serves next (switcher.py)
+    schedule: Schedule = "fair"  # or "fifo": which waiting model a switch serves next (switcher.py)
     starve_after_s: float = 10.0  # fair: a model whose request has waited this long goes next
     turn_s: float = 1.0  # a busy engine's turn, in request-seconds waited per request it has in flight (schedule.py)
     preload_jobs: int = 0  # start-up's preloads at once (preloads.py); 0: auto (jobs())
@@ -150,7 +155,7 @@ GONE_KEYS = {"overlap_after_s": "a wake goes beside a busy engine at once where 
 _MODEL_KEYS = {"name": str, "checkpoint": str, "engine": str, "args": list, "default": bool, "keep_awake": bool,
                "park_level": int, "deep_park_after_s": (int, float), "parked_weights": str, "gpus": list,
                "aliases": list, "park_after_s": (int, float), "stop_after_s": (int, float), "start": str}
-STARTS = ("eager", "cached", "lazy")
+STARTS = get_args(Start)
 
 
 def _typed(table: dict[str, Any], keys: dict[str, Any], where: str) -> dict[str, Any]:
@@ -273,7 +278,7 @@ def load(path: str | Path) -> SwitchConfig:
 
 
 def quick(pairs: list[str], engine: str, args: list[str], switch: dict[str, Any],
-          parked_weights: str = "gpu") -> SwitchConfig:
+          parked_weights: ParkedWeights = "gpu") -> SwitchConfig:
     """``--model NAME=DIR ...`` with one engine, its arguments and ``parked_weights`` for all; the first is the
     default."""
     models = []

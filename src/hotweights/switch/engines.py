@@ -21,13 +21,13 @@ from .keeper import KeeperView
 from .kinds import KINDS
 from .memory import GpuNeed
 from .process import EngineError, EngineProcess, WakeRefused, one_line
+from .states import PreloadOutcome, WakeSource
 
 # a wake takes 0.05-1 s on an H200 (from the GPU or host memory); one that does not answer within this is an engine
 # that cannot (a dead server's orphan holding its port waited out 300 s before)
 WAKE_TIMEOUT_S = 60.0
-NOT_CACHED = "not cached"  # how a preload that failed begins its account (the engine then reads its checkpoint)
 
-__all__ = ["NOT_CACHED", "Engine", "EngineError", "EngineLike", "WakeRefused", "gpu_mib_by_pid"]
+__all__ = ["Engine", "EngineError", "EngineLike", "WakeRefused", "gpu_mib_by_pid"]
 
 
 class EngineLike(Protocol):
@@ -48,10 +48,10 @@ class EngineLike(Protocol):
     def exit_code(self) -> int | None: ...
     def pids(self) -> list[int]: ...
     def alive(self) -> bool: ...
-    def preload(self) -> str: ...
+    def preload(self) -> PreloadOutcome: ...
     def start(self) -> float: ...
     def park(self, level: int) -> None: ...
-    def wake(self) -> str: ...
+    def wake(self) -> WakeSource: ...
     def weights_to_host(self) -> str: ...
     def host_copy_ahead(self) -> int: ...
     def stop(self) -> None: ...
@@ -97,27 +97,26 @@ class Engine:
     def preload_command(self) -> list[str]:
         return self.kind.preload_command(self.model, self.parks)
 
-    def preload(self, timeout_s: float = 1800.0) -> str:
-        """The model's weights into the keeper (``hotweights preload`` starts a keeper when none runs), once:
-        what happened, in a few words."""
+    def preload(self, timeout_s: float = 1800.0) -> PreloadOutcome:
+        """The model's weights into the keeper (``hotweights preload`` starts a keeper when none runs), once."""
         skip = self.kind.not_preloaded(self.model)
         if skip:
-            return skip
+            return PreloadOutcome("skipped", skip)
         try:
             if self.model.engine == "vllm" and self.keeper.layout_cached():
-                return "cached already"
+                return PreloadOutcome("already")
             if self.model.engine != "vllm" and self.keeper.checkpoint_cached(self.kind.preload_dtype(self.model)):
-                return "cached already"  # the key checked: no preload process
+                return PreloadOutcome("already")  # the key checked: no preload process
         except (OSError, HotweightsError):  # no keeper yet (the preload starts one), or a checkpoint it reports
             pass
         try:
             done = subprocess.run([sys.executable, "-m", "hotweights", *self.preload_command()], capture_output=True,
                                   text=True, env=self.keeper.env, timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            return f"{NOT_CACHED} (the preload took over {timeout_s:.0f} s)"
+            return PreloadOutcome("failed", f"the preload took over {timeout_s:.0f} s")
         if done.returncode == 0:
-            return "cached"
-        return f"{NOT_CACHED} ({one_line((done.stderr.strip().splitlines() or ['no output'])[-1], 200)})"
+            return PreloadOutcome("cached")
+        return PreloadOutcome("failed", one_line((done.stderr.strip().splitlines() or ["no output"])[-1], 200))
 
     def start(self, timeout_s: float = 900.0) -> float:
         return self.process.start(self.command, timeout_s)
@@ -132,22 +131,21 @@ class Engine:
         except OSError as exc:
             raise EngineError(f"{self.model.name}: would not park: {one_line(str(exc))}") from None
 
-    def wake(self) -> str:
+    def wake(self) -> WakeSource:
         """Awake again: where its weights came from (``kept``: mapped all along, ``gpu``, ``host``, ``disk``;
         ``start`` where it could not park and starts again). WakeRefused when the engine refused for memory."""
         if not self.alive():
             self.start()
-            return "start"
+            return WakeSource.START
         since = self.process.log_size()
         try:
             self.process.ask("/wake_up", timeout_s=WAKE_TIMEOUT_S)
         except OSError as exc:
-            said = self.process.output(since)
-            refusal = [x for x in said.splitlines() if evidence.CANNOT_WAKE_MARK in x]
-            reason = one_line(refusal[-1].split("hotweights: ", 1)[-1] if refusal else str(exc))
-            kind = WakeRefused if any(evidence.NO_ROOM_RE.search(x) for x in refusal) else EngineError
+            refusal = evidence.wake_refusal(self.process.output(since))
+            reason = one_line(refusal.reason if refusal else str(exc))
+            kind = WakeRefused if refusal and refusal.for_memory else EngineError
             raise kind(f"{self.model.name}: would not wake: {reason}") from None
-        return evidence.woke_source(self.process.output(since)) or "kept"
+        return WakeSource(evidence.woke_source(self.process.output(since)) or WakeSource.KEPT)
 
     def weights_to_host(self) -> str:
         return self.keeper.weights_to_host(set(self.pids()))

@@ -96,7 +96,7 @@ class VllmKind(EngineKind):
 
     def not_preloaded(self, m: ModelConfig) -> str:
         chosen = VllmStart.parse(list(m.args)).load_format or LOAD_FORMAT
-        return "" if chosen == LOAD_FORMAT else f"not preloaded (--load-format {chosen}: vLLM reads the checkpoint)"
+        return "" if chosen == LOAD_FORMAT else f"--load-format {chosen}: vLLM reads the checkpoint"
 
     def preload_command(self, m: ModelConfig, parks: bool) -> list[str]:
         """With the engine's own flags (the load format's aside), so that what the preload's vLLM compiles is

@@ -19,7 +19,7 @@ from .metrics import SwitchMetrics
 from .model import Model, Switched
 from .preloads import Preloads
 from .schedule import Room, pick_victim, room_for, startup_order
-from .states import SERVING, TRANSITIONS, Failure, FailureKind, InvalidTransition, ModelState
+from .states import SERVING, TRANSITIONS, Failure, FailureKind, InvalidTransition, ModelState, WakeSource
 
 S = ModelState
 logger = logging.getLogger("hotweights.switch")
@@ -93,11 +93,11 @@ class Operations:
         began = time.monotonic()
         try:
             if self.preloads is not None and m in self.preloads.models:
-                cached, preloaded_s = await self.preloads.result(m)
+                outcome, preloaded_s = await self.preloads.result(m)
             else:
-                cached = await asyncio.to_thread(m.engine.preload)
+                outcome = await asyncio.to_thread(m.engine.preload)
                 preloaded_s = time.monotonic() - began
-            m.cached = cached
+            m.cached = cached = str(outcome)
             stays = m.config is self.config.default or m.waiting > 0 or m.config.keep_awake
             await self._make_room(Room(park=self.room(m, capped=stays).park), m)
             started = await self._start(m)
@@ -212,7 +212,7 @@ class Operations:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _wake(self, m: Model) -> str:
+    async def _wake(self, m: Model) -> WakeSource:
         """Wake ``m`` (or start it again, also when it dies as it is asked); a wake refused for memory parks one
         more engine and tries again."""
         while True:
@@ -220,7 +220,7 @@ class Operations:
                 was = m.state
                 self.move(m, S.STARTING)
                 await self._start(m)  # EngineError: the start failed
-                return "restart" if was is S.FAILED else "start"
+                return WakeSource.RESTART if was is S.FAILED else WakeSource.START
             try:
                 return await asyncio.to_thread(m.engine.wake)
             except WakeRefused:

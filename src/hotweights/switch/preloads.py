@@ -28,11 +28,10 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 
-from .engines import NOT_CACHED
 from .gpus import GpuMemory, gpu_memory
 from .memory import GpuNeed
 from .model import Model
-from .states import ModelState
+from .states import ModelState, PreloadOutcome
 
 logger = logging.getLogger("hotweights.switch")
 LOOK_AGAIN_S = 1.0  # free memory changes as engines start and park: admission looks again this often
@@ -57,7 +56,7 @@ class Preloads:
         self.models, self.jobs = models, jobs
         self.memory, self._need = memory or gpu_memory, need or kind_need
         self._needs: dict[str, GpuNeed] = {}
-        self.done: dict[str, asyncio.Future[tuple[str, float]]] = {}
+        self.done: dict[str, asyncio.Future[tuple[PreloadOutcome, float]]] = {}
         self.running: dict[str, Job] = {}
         self.failed_beside: set[str] = set()  # failed beside others: tried again with none running
         self.wanted: list[str] = []  # a start waits for these
@@ -70,7 +69,7 @@ class Preloads:
             self._needs[m.name] = self._need(m)
         return self._needs[m.name]
 
-    async def result(self, m: Model) -> tuple[str, float]:
+    async def result(self, m: Model) -> tuple[PreloadOutcome, float]:
         """``m``'s preload (what happened, its seconds), once done; a start that waits for it moves it first."""
         future = self.done.setdefault(m.name, asyncio.get_running_loop().create_future())
         if not future.done() and m.name not in self.running:
@@ -168,12 +167,12 @@ class Preloads:
         try:
             said = await asyncio.to_thread(m.engine.preload)
         except Exception as exc:  # a preload that broke is a start without a cache, not a dead front
-            said = f"{NOT_CACHED} ({type(exc).__name__}: {exc})"
+            said = PreloadOutcome("failed", f"{type(exc).__name__}: {exc}")
         finally:
             del self.running[m.name]
             self._look.set()
         seconds = time.monotonic() - job.began
-        if said.startswith(NOT_CACHED) and job.beside and m.name not in self.failed_beside:
+        if said.failed and job.beside and m.name not in self.failed_beside:
             logger.warning("switch: %s: its preload failed beside others (%s); trying again alone", m.name, said)
             self.failed_beside.add(m.name)
             return

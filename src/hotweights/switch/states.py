@@ -49,6 +49,39 @@ class InvalidTransition(RuntimeError):
     """A move the table does not allow: the switch's own bug, named with the model and both states."""
 
 
+class WakeSource(enum.StrEnum):
+    """Where a woken engine's weights came from (the ``source`` label of ``hotweights_switch_switches_total``)."""
+
+    KEPT = "kept"  # mapped all along (a level-1 park)
+    GPU = "gpu"  # a deep park's, mapped again from the keeper's GPU entry
+    HOST = "host"  # a deep park's, uploaded from the keeper's host copy
+    DISK = "disk"  # read from the checkpoint (nothing cached)
+    START = "start"  # it could not park (or was stopped): started
+    RESTART = "restart"  # its engine had died: started again
+
+
+@dataclass(frozen=True, slots=True)
+class PreloadOutcome:
+    """What a model's preload did: ``cached`` (it ran; the keeper holds the weights), ``already`` (the keeper held
+    them: no preload process ran), ``skipped`` (its engine reads its checkpoint itself), ``failed`` (its engine reads
+    its checkpoint; ``note`` says why). ``str()`` is its account in the model's ready line."""
+
+    kind: str  # one of KINDS
+    note: str = ""
+    KINDS = ("cached", "already", "skipped", "failed")
+
+    def __post_init__(self) -> None:
+        assert self.kind in self.KINDS, self.kind
+
+    @property
+    def failed(self) -> bool:
+        return self.kind == "failed"
+
+    def __str__(self) -> str:
+        return {"cached": "cached", "already": "cached already", "skipped": f"not preloaded ({self.note})",
+                "failed": f"not cached ({self.note})"}[self.kind]
+
+
 class FailureKind(enum.StrEnum):
     START = "start"  # its start failed: retried after a back-off, or sooner when its checkpoint's files changed
     DIED = "died"  # it exited while serving: started again at once
