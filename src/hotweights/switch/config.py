@@ -50,13 +50,11 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from .. import argv
-from ..engines.vllm.options import LOAD_FORMAT
-from ..engines.vllm.start import VllmStart
 from ..errors import CheckpointError
 from ..loading.checkpoint import check_config_dir, check_model_dir, check_tokenizer_dir
 from .gpus import gpu_memory
+from .kinds import KINDS
 
-ENGINES = ("hotweights", "vllm")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 # the engine flags the front sets itself (a model's own would make its engine unreachable, or its name unknown), and
 # the config key that does what a user wanted of it
@@ -177,8 +175,9 @@ def model(table: dict[str, Any], where: str) -> ModelConfig:  # noqa: C901, PLR0
             raise ConfigError(f"{where}: {key} is required")
     if not NAME_RE.match(table["name"]):
         raise ConfigError(f"{where}: name {table['name']!r} must be letters, digits and ._:/- (up to 128)")
-    if table.get("engine", "hotweights") not in ENGINES:
-        raise ConfigError(f"{where}: engine must be one of {', '.join(ENGINES)}, got {table['engine']!r}")
+    if table.get("engine", "hotweights") not in KINDS:
+        raise ConfigError(f"{where}: engine must be one of {', '.join(KINDS)}, got {table['engine']!r}")
+    kind = KINDS[table.get("engine", "hotweights")]
     if table.get("park_level", 1) not in (1, 2):
         raise ConfigError(f"{where}: park_level must be 1 or 2, got {table['park_level']!r}")
     if table.get("parked_weights", "gpu") not in ("gpu", "host"):
@@ -201,13 +200,13 @@ def model(table: dict[str, Any], where: str) -> ModelConfig:  # noqa: C901, PLR0
         raise ConfigError(f"{where}: gpus must be distinct GPU indices (0, 1, ...), got {gpus!r}")
     args = list(table.get("args", []))
     try:
-        tp = VllmStart.parse(args).tensor_parallel_size if table.get("engine") == "vllm" else 1
+        tp = kind.ranks_of(args)
     except ValueError as exc:
         raise ConfigError(f"{where}: args: {exc}") from None
     if gpus and len(gpus) < tp:
         raise ConfigError(f"{where}: gpus lists {len(gpus)} GPU(s) but --tensor-parallel-size {tp} needs {tp}")
     checkpoint = Path(table["checkpoint"]).expanduser()
-    own_format = table.get("engine") == "vllm" and VllmStart.parse(args).load_format not in (None, LOAD_FORMAT)
+    own_format = kind.reads_checkpoint_itself(args)
     try:  # vLLM reading the checkpoint itself may read other formats than safetensors
         check_model_dir(checkpoint) if not own_format else check_config_dir(checkpoint)
         if not TOKENIZER.present(args):  # vLLM's --tokenizer: another directory's

@@ -103,10 +103,8 @@ class Engine:
         if skip:
             return PreloadOutcome("skipped", skip)
         try:
-            if self.model.engine == "vllm" and self.keeper.layout_cached():
-                return PreloadOutcome("already")
-            if self.model.engine != "vllm" and self.keeper.checkpoint_cached(self.kind.preload_dtype(self.model)):
-                return PreloadOutcome("already")  # the key checked: no preload process
+            if self.keeper.cached():
+                return PreloadOutcome("already")  # no preload process
         except (OSError, HotweightsError):  # no keeper yet (the preload starts one), or a checkpoint it reports
             pass
         try:

@@ -40,6 +40,13 @@ class KeeperView:
         """The entries of this model, as its engine maps them."""
         return [r for r in self.rows() if self.kind.owns(r, self.model)]
 
+    def cached(self) -> bool:
+        """Whether what this model's preload would publish is in the keeper already (a front started again then
+        runs no preload process): for an engine layout an entry of every rank; else the checkpoint's key."""
+        if self.kind.engine_layout:
+            return self.layout_cached()
+        return self.checkpoint_cached(self.kind.preload_dtype(self.model))
+
     def layout_cached(self) -> bool:
         """Whether an entry of every rank is on its device already: a front started again skips the preload (for
         vLLM a whole start per model; the engine's attach checks the key)."""

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 from .. import argv
 from ..engines.vllm.kvpin import kv_given, kv_pin
@@ -22,7 +25,6 @@ from ..loading.checkpoint import open_checkpoint
 from ..engines.vllm.options import LOAD_FORMAT
 from ..engines.vllm.start import EXTRA_CONFIG, LOAD_FORMAT_OPTION, TENSOR_PARALLEL, VllmStart, is_cpu_build
 from ..rows import EntryRow
-from .config import ModelConfig
 from .memory import CONTEXT_MIB, GpuNeed
 
 SLEEP_MODE = argv.Option(("--enable-sleep-mode",), "none")
@@ -40,40 +42,67 @@ def weights_mib(checkpoint: os.PathLike[str] | str) -> int:
         return 0
 
 
+class Spec(Protocol):
+    """What a kind reads of a model (``config.ModelConfig`` is one; the config checks a model with its kind, so the
+    kinds cannot import it)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def checkpoint(self) -> Path: ...
+    @property
+    def args(self) -> tuple[str, ...]: ...
+    @property
+    def gpus(self) -> tuple[int, ...]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class EngineKind:
+    """An engine kind: everything the switch knows of it, so that another kind is one more row of ``KINDS``."""
+
     name: str
     parked_mib: int  # what a parked engine keeps on its GPU, read on an H200 (8B, CUDA graphs; KINDS below)
+    deepens_when_idle: bool = True  # a parked engine idle past deep_park_after_s parks deeper (level 2)
+    engine_layout: bool = False  # its preload publishes the engine's layout (per rank), not the checkpoint's
+
+    def ranks_of(self, args: Sequence[str]) -> int:
+        """The tensor parallelism its ``args`` ask for (ValueError where they are malformed)."""
+        return 1
+
+    def reads_checkpoint_itself(self, args: Sequence[str]) -> bool:
+        """Whether its ``args`` make the engine read the checkpoint itself (then it may be of other formats than
+        safetensors, and nothing is preloaded)."""
+        return False
 
     def parks(self, parking: bool) -> bool:
         """Whether its engines park (else a park stops them and a wake starts them again)."""
         return parking
 
-    def command(self, m: ModelConfig, port: int, parks: bool) -> tuple[list[str], dict[str, str]]:
+    def command(self, m: Spec, port: int, parks: bool) -> tuple[list[str], dict[str, str]]:
         """Its server's command on ``127.0.0.1:port``, and what it adds to the environment."""
         return [sys.executable, "-m", "hotweights", "serve", *_common(m, port), *m.args], {}
 
-    def not_preloaded(self, m: ModelConfig) -> str:
+    def not_preloaded(self, m: Spec) -> str:
         """Why this model has nothing to preload ("" when it has)."""
         return ""
 
-    def preload_command(self, m: ModelConfig, parks: bool) -> list[str]:
+    def preload_command(self, m: Spec, parks: bool) -> list[str]:
         """``hotweights preload ...`` for it (the CLI's arguments)."""
         picked = {name: argv.Option((name,)).value(m.args) for name in ("--device", "--dtype")}
         return ["preload", "--model", str(m.checkpoint), *[x for name, v in picked.items() if v for x in (name, v)]]
 
-    def preload_dtype(self, m: ModelConfig) -> str:
+    def preload_dtype(self, m: Spec) -> str:
         """The dtype its preload publishes (the checkpoint's own by default, as the preload's ``auto``)."""
         return argv.Option(("--dtype",)).value(m.args) or "auto"
 
-    def owns(self, row: EntryRow, m: ModelConfig) -> bool:
+    def owns(self, row: EntryRow, m: Spec) -> bool:
         """Whether a keeper entry holds this model's weights as its engine maps them."""
         return row.model == m.checkpoint.name
 
-    def ranks(self, m: ModelConfig) -> int:
+    def ranks(self, m: Spec) -> int:
         return 1
 
-    def gpu_need(self, m: ModelConfig) -> GpuNeed:
+    def gpu_need(self, m: Spec) -> GpuNeed:
         """What its preload and start take on the GPUs (none for an engine on the CPU)."""
         device = DEVICE.value(m.args) or "cpu"
         if not device.startswith("cuda"):
@@ -85,20 +114,26 @@ class EngineKind:
 
 @dataclass(frozen=True, slots=True)
 class VllmKind(EngineKind):
+    def ranks_of(self, args: Sequence[str]) -> int:
+        return VllmStart.parse(list(args)).tensor_parallel_size
+
+    def reads_checkpoint_itself(self, args: Sequence[str]) -> bool:
+        return VllmStart.parse(list(args)).load_format not in (None, LOAD_FORMAT)
+
     def parks(self, parking: bool) -> bool:
         return parking and not is_cpu_build()
 
-    def command(self, m: ModelConfig, port: int, parks: bool) -> tuple[list[str], dict[str, str]]:
+    def command(self, m: Spec, port: int, parks: bool) -> tuple[list[str], dict[str, str]]:
         cmd = [sys.executable, "-m", "hotweights", "vllm", "serve", *_common(m, port), *m.args]
         if VllmStart.parse(list(m.args)).load_format is None:  # the engine layout the preload made, zero-copy
             cmd += ["--load-format", LOAD_FORMAT]
         return cmd + _sleep_mode(m, parks), {"VLLM_SERVER_DEV_MODE": "1"} if parks else {}
 
-    def not_preloaded(self, m: ModelConfig) -> str:
+    def not_preloaded(self, m: Spec) -> str:
         chosen = VllmStart.parse(list(m.args)).load_format or LOAD_FORMAT
         return "" if chosen == LOAD_FORMAT else f"--load-format {chosen}: vLLM reads the checkpoint"
 
-    def preload_command(self, m: ModelConfig, parks: bool) -> list[str]:
+    def preload_command(self, m: Spec, parks: bool) -> list[str]:
         """With the engine's own flags (the load format's aside), so that what the preload's vLLM compiles is
         what the first start finds cached; ``--enable-sleep-mode`` with them, as it is in vLLM's compile-cache
         key (without it each parking engine's first start compiled again: 23-31 s on an H200). The tensor
@@ -107,13 +142,13 @@ class VllmKind(EngineKind):
         return ["preload", "--engine", "vllm", "--model", str(m.checkpoint), "--tensor-parallel-size",
                 str(self.ranks(m)), *[f"--vllm-arg={a}" for a in own + _sleep_mode(m, parks)]]
 
-    def owns(self, row: EntryRow, m: ModelConfig) -> bool:
+    def owns(self, row: EntryRow, m: Spec) -> bool:
         return row.model == m.checkpoint.name and row.layout.startswith("vllm/")
 
-    def ranks(self, m: ModelConfig) -> int:
-        return VllmStart.parse(list(m.args)).tensor_parallel_size  # the config checked it
+    def ranks(self, m: Spec) -> int:
+        return self.ranks_of(m.args)  # the config checked them
 
-    def gpu_need(self, m: ModelConfig) -> GpuNeed:
+    def gpu_need(self, m: Spec) -> GpuNeed:
         if is_cpu_build():
             return GpuNeed(())
         ranks = self.ranks(m)
@@ -127,13 +162,14 @@ class VllmKind(EngineKind):
                        kv_mib=pinned >> 20, parked_mib=self.parked_mib, engine_kv_mib=given >> 20)
 
 
-def _common(m: ModelConfig, port: int) -> list[str]:
+def _common(m: Spec, port: int) -> list[str]:
     return [str(m.checkpoint), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", m.name]
 
 
-def _sleep_mode(m: ModelConfig, parks: bool) -> list[str]:
+def _sleep_mode(m: Spec, parks: bool) -> list[str]:
     return ["--enable-sleep-mode"] if parks and not SLEEP_MODE.present(m.args) else []
 
 
 # parked: vLLM 1,898-1,912 MiB (context 0.6 GiB, graphs 1.0), the embedded engine 712-892 MiB
-KINDS: dict[str, EngineKind] = {"hotweights": EngineKind("hotweights", 900), "vllm": VllmKind("vllm", 1950)}
+KINDS: dict[str, EngineKind] = {"hotweights": EngineKind("hotweights", 900),
+                                "vllm": VllmKind("vllm", 1950, deepens_when_idle=False, engine_layout=True)}

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from .config import ModelConfig
 from .engines import EngineLike
 from .gpus import host_mib
+from .kinds import KINDS, EngineKind
 from .states import Failure, ModelState
 
 T = TypeVar("T")
@@ -128,6 +129,10 @@ class Model:
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def kind(self) -> EngineKind:
+        return KINDS[self.config.engine]
 
     # the ledger's counts, read where the switch decides (writes go through ``ledger``)
     @property

@@ -143,7 +143,7 @@ class Switcher(Operations):
                     break
                 if m.state in SERVING and not m.engine.alive():
                     self._exited(m)
-                elif (m.state is S.PARKED and m.config.deep_park_after_s and m.config.engine == "hotweights"
+                elif (m.state is S.PARKED and m.config.deep_park_after_s and m.kind.deepens_when_idle
                       and time.monotonic() - m.parked_at > m.config.deep_park_after_s):
                     async with self.busy:
                         try:
