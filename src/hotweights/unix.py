@@ -132,6 +132,30 @@ def is_locked(path: Path) -> bool:
     return lock_holder(path) is not None
 
 
+def proc_stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command's name (which may hold spaces): ``[state, ppid, pgrp,
+    session, ...]``, the start time (clock ticks since boot) at index 19; None where there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """Bytes of VmRSS, RssAnon, RssFile and RssShmem of ``pid`` (``/proc/PID/status``; {} for a process that is
+    gone)."""
+    out: dict[str, int] = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                out[key] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
 def pid_alive(pid: int, *, others: bool = True) -> bool:
     """Whether process ``pid`` exists; ``others``: what to say of another user's process (it exists, but is not
     ours to signal)."""

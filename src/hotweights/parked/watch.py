@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..unix import proc_stat
 from .records import alive, read_record, retire
 
 
@@ -28,11 +29,8 @@ def parked_keys(daemon_dir: Path, session: int) -> list[str]:
 
 
 def _session_of(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[3])  # state ppid pgrp session
-    except (OSError, ValueError, IndexError):
-        return -1
+    fields = proc_stat(pid)
+    return int(fields[3]) if fields else -1  # state ppid pgrp session
 
 
 def watch(path: Path, interval_s: float = 1.0) -> str:  # noqa: C901

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from .. import evidence
 from ..parked.records import take_port
+from ..unix import proc_stat
 from .config import ServeConfig
 from .generate import Generator
 from .tokenizer import read_json
@@ -38,8 +39,9 @@ SHUTDOWN_GRACE_S = 3.0  # after a signal, how long open connections may take to 
 
 def process_age_s() -> float:
     """Seconds since this process started (the kernel's start time, so interpreter start-up counts)."""
-    with open("/proc/self/stat") as f:
-        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    fields = proc_stat("self")
+    assert fields is not None, "/proc/self/stat: this process exists"
+    start_ticks = int(fields[19])
     with open("/proc/uptime") as f:
         uptime = float(f.read().split()[0])
     return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))

@@ -8,7 +8,8 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
+
+from ..unix import proc_status
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,16 +40,8 @@ def gpu_mib_by_pid() -> dict[int, int]:
 
 def host_mib(pids: list[int]) -> int | None:
     """The resident host memory of these processes (``VmRSS``), None where none can be read."""
-    total, read = 0, False
-    for pid in pids:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            continue
-        for line in status.splitlines():
-            if line.startswith("VmRSS:"):
-                total, read = total + int(line.split()[1]) // 1024, True
-    return total if read else None
+    read = [rss for pid in pids if (rss := proc_status(pid).get("VmRSS")) is not None]
+    return sum(read) >> 20 if read else None
 
 
 def gpu_memory(visible: str | None = None) -> dict[int, GpuMemory]:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..paths import ensure_socket_dir
-from ..unix import signal_group, stop_group
+from ..unix import proc_stat, signal_group, stop_group
 
 logger = logging.getLogger("hotweights.switch")
 RETIRE_GRACE_S = 10.0
@@ -27,12 +27,8 @@ RETIRE_GRACE_S = 10.0
 def started_at(pid: int) -> int | None:
     """When process ``pid`` started (clock ticks since boot, ``/proc/PID/stat``), None where there is none (or it
     is a zombie: it runs no more)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()  # after the command's name, which may hold spaces
-    return None if fields[0] == "Z" else int(fields[19])
+    fields = proc_stat(pid)
+    return None if fields is None or fields[0] == "Z" else int(fields[19])
 
 
 def notes_dir(daemon_dir: Path) -> Path:

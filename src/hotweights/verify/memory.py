@@ -17,20 +17,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..unix import proc_status
 from .environment import nvidia_smi
 
-
-def proc_status(pid: int) -> dict[str, int]:
-    """Bytes of VmRSS, RssAnon, RssFile and RssShmem of ``pid`` ({} for a process that is gone)."""
-    out: dict[str, int] = {}
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
-                out[key] = int(value.split()[0]) * 1024
-    except (FileNotFoundError, ProcessLookupError):
-        pass
-    return out
+__all__ = ["proc_status"]  # read here by benchmarks/switch_trace.py too
 
 
 def sample(device: str, *, socket_dir: Path, engine_pids: list[int] | None = None) -> dict:
