@@ -16,7 +16,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import xxhash
 
@@ -24,9 +24,6 @@ from ..errors import CheckpointError
 from ..key import CacheKey, ShardId
 from ..manifest import DTYPE_ITEMSIZE
 from .digest import DigestCache
-
-if TYPE_CHECKING:  # torch-free at run time
-    from ..pools.devices import Device
 
 INDEX_NAME = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100 << 20
@@ -259,7 +256,16 @@ def _bad_tensor(path: Path, name: str, info: Any, data_start: int, file_size: in
                            f"{file_size} bytes; the file is truncated or corrupt")
 
 
-def checkpoint_key(ckpt: Checkpoint, *, dtype: str, device: Device | None = None,
+class DeviceIdentity(Protocol):
+    """What a key takes of a device: a ``pools.devices.Device`` (which imports torch), or a keeper row's device."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def uuid(self) -> str: ...
+
+
+def checkpoint_key(ckpt: Checkpoint, *, dtype: str, device: DeviceIdentity | None = None,
                    digests: dict[str, str] | None = None, cache: DigestCache | None = None,
                    tp_size: int = 1, tp_rank: int = 0, pp_size: int = 1, pp_rank: int = 0,
                    layout: str = "checkpoint", rehash: bool = False) -> CacheKey:

@@ -66,7 +66,7 @@ class KeeperView:
         ckpt = open_checkpoint(self.model.checkpoint, validate=False)
         for row in rows:
             kind, _, uuid = row.device.partition(":")
-            key = checkpoint_key(ckpt, dtype=dtype, device=_On(kind, uuid) if kind == "cuda" else None)  # type: ignore[arg-type]  # a Device's kind and uuid, torch-free
+            key = checkpoint_key(ckpt, dtype=dtype, device=_On(kind, uuid) if kind == "cuda" else None)
             if key.short == row.key:
                 return True
         return False

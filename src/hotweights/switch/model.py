@@ -71,15 +71,15 @@ class Ledger:
 
     def gone(self, arrived: float, served: bool) -> bool:
         """The request that arrived at ``arrived`` waits no more: ``served`` (it entered), or it gave up (a timeout,
-        its client gone, a failed switch), when a place a switch kept for it is given back. Whether the engine is idle
-        now."""
+        its client gone, a failed switch), when a place a switch kept for it is given back. Whether giving it back
+        left the engine idle."""
         self.arrivals.remove(arrived)
         if served:
             self.last_used = time.time()
         elif self.reserved > self.waiting:  # the batch had a place for it: given back, as if it had been served
             self.reserved -= 1
             return self.leave()
-        return self._checked(not self.inflight)
+        return self._checked(False)
 
     def leave(self) -> bool:
         """A request in flight ends. Whether the engine is idle now."""

@@ -18,6 +18,7 @@ a start that failed for a reason that will not change is not paid again by every
 from __future__ import annotations
 
 import enum
+from typing import Literal
 from dataclasses import dataclass
 
 
@@ -66,12 +67,8 @@ class PreloadOutcome:
     them: no preload process ran), ``skipped`` (its engine reads its checkpoint itself), ``failed`` (its engine reads
     its checkpoint; ``note`` says why). ``str()`` is its account in the model's ready line."""
 
-    kind: str  # one of KINDS
+    kind: Literal["cached", "already", "skipped", "failed"]
     note: str = ""
-    KINDS = ("cached", "already", "skipped", "failed")
-
-    def __post_init__(self) -> None:
-        assert self.kind in self.KINDS, self.kind
 
     @property
     def failed(self) -> bool:

@@ -62,7 +62,7 @@ class Switcher(Operations):
             served = True
             return m
         finally:
-            if m.ledger.gone(arrived, served) and not served:  # it gave its batch's place back: the engine is idle
+            if m.ledger.gone(arrived, served):  # it gave its batch's place back, and the engine is idle
                 self._kick.set()
             self.metrics.waiting(name, m.waiting)
 
