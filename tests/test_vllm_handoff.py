@@ -78,6 +78,18 @@ def launch(socket_dir: Path, work: Path, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+def until_waiting(launcher: subprocess.Popen) -> str:
+    """The launcher's output until its server says ``waiting``: the launcher's line and the server's come from two
+    processes on one pipe, and may come in either order, even one inside the other (``argvstarted 15045``, seen
+    under load on 2026-12-04)."""
+    said = ""
+    while "waiting" not in said:
+        line = launcher.stdout.readline()
+        assert line, f"the launcher's output ended before its server waited: {said!r}"
+        said += line
+    return said
+
+
 def test_no_standby_a_killed_one_and_an_untrusted_directory_are_plain_starts(socket_dir, tmp_path):
     with pytest.raises(handoff.StandbyUnusable, match="no standby ready"):
         handoff.hand_over(SPEC, socket_dir, "probe_server", [], {})
@@ -179,15 +191,13 @@ def test_the_processes_of_a_start_include_the_server_the_standby_forked(socket_d
 def test_sigterm_to_the_launcher_reaches_the_server_and_a_killed_launcher_takes_it_down(socket_dir, work):
     start_standby(socket_dir)
     launcher = launch(socket_dir, work, "--wait")
-    assert launcher.stdout.readline().startswith("started ") and "waiting" in launcher.stdout.readline() + \
-        launcher.stdout.readline()
+    assert "started " in until_waiting(launcher)
     launcher.send_signal(signal.SIGTERM)
     assert launcher.wait(30) == 0 and (work / "stopped").read_text() == str(int(signal.SIGTERM))
     (work / "stopped").unlink()
     start_standby(socket_dir)
     launcher = launch(socket_dir, work, "--wait")
-    assert launcher.stdout.readline().startswith("started ")
-    assert "waiting" in launcher.stdout.readline() + launcher.stdout.readline()  # its SIGTERM handler is set
+    assert "started " in until_waiting(launcher)  # and its SIGTERM handler is set
     launcher.kill()
     launcher.wait(10)
     deadline = time.monotonic() + 30
