@@ -79,13 +79,13 @@ def launch(socket_dir: Path, work: Path, *args: str) -> subprocess.Popen:
 
 
 def until_waiting(launcher: subprocess.Popen) -> str:
-    """The launcher's output until its server says ``waiting``: the launcher's line and the server's come from two
+    """The launcher's output until it has said ``started`` and its server ``waiting``: the two come from two
     processes on one pipe, and may come in either order, even one inside the other (``argvstarted 15045``, seen
     under load on 2026-12-04)."""
     said = ""
-    while "waiting" not in said:
+    while "waiting" not in said or "started " not in said:  # the server may wait before the launcher says started
         line = launcher.stdout.readline()
-        assert line, f"the launcher's output ended before its server waited: {said!r}"
+        assert line, f"the launcher's output ended before it started its server and the server waited: {said!r}"
         said += line
     return said
 
