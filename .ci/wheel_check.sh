@@ -7,7 +7,9 @@ PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0+cpu}
 TORCH_INDEX=${TORCH_INDEX-https://download.pytorch.org/whl/cpu}
 work=$(mktemp -d "${TMPDIR:-/tmp}/hw-wheel-XXXXXX")
-trap '"$work/venv/bin/hotweights" stop --socket-dir "$work/sock" >/dev/null 2>&1 || true; kill "${serve_pid:-0}" 2>/dev/null || true; rm -rf "$work"' EXIT
+# (no `kill 0` where serve never started: that would signal this whole process group, make included)
+trap '"$work/venv/bin/hotweights" stop --socket-dir "$work/sock" >/dev/null 2>&1 || true
+      if [ -n "${serve_pid:-}" ]; then kill "$serve_pid" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
 step() { printf '\n== %s\n' "$*"; }
 
 step "build the wheel"
@@ -27,9 +29,9 @@ $hw --version
 $hw daemon --detach --socket-dir "$work/sock"
 $hw status --json --socket-dir "$work/sock"
 $hw demo-model "$work/tiny" --size tiny 2>&1 | tee "$work/missing.txt" && { echo "demo-model ran without [engine]"; exit 1; }
-grep -q "hotweights\[engine\]" "$work/missing.txt"  # the missing extra is named
+grep -q "PATH\[engine\]' (PATH: hotweights' wheel" "$work/missing.txt"  # the missing extra is named, and where
 if $hw verify --model "$work/tiny" --out "$work/v" > "$work/verify.txt" 2>&1; then echo "verify ran bare"; exit 1; fi
-cat "$work/verify.txt"; grep -q "hotweights\[serve\]" "$work/verify.txt"; ! grep -q Traceback "$work/verify.txt"
+cat "$work/verify.txt"; grep -q "\[serve\]'" "$work/verify.txt"; ! grep -q Traceback "$work/verify.txt"
 
 step "[engine]: torch (the CPU build: install it first, or pip picks a CUDA build), preload"
 $pip install -q "$TORCH_SPEC" ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX" --retries 1}
