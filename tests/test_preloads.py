@@ -263,7 +263,7 @@ def test_the_front_says_whether_its_models_fit_each_gpu_at_the_worst_moment():
     assert fine.fit_awake == 1 and fine.line().endswith("1 of 10 fit awake at once")
     (two,) = fits(config(0.17, max_awake=2), need, h200)  # a cap of two, but memory holds one host-tier one awake
     assert two.awake == 1 and two.awake_mib == fine.awake_mib
-    (three,) = fits(config(0.25, host_from=0, max_awake=0), need, {0: GpuMemory(143_771, 143_000)})
+    (three,) = fits(config(0.25, host_from=0, max_awake="auto"), need, {0: GpuMemory(143_771, 143_000)})
     assert three.fit_awake == 3  # ten 8B at 0.25, every parked one in host memory: three awake at once
     few = SwitchConfig(config(0.25).models[:3])  # issue 52: three 8B at 0.25 fit an H200 awake together
     (static,) = fits(few, need, h200)

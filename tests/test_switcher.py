@@ -406,7 +406,7 @@ def test_under_steady_load_every_engine_that_fits_stays_awake_as_static_partitio
     """Issue 52's ping-pong: three 8B engines that fit an H200 awake took turns, one awake at a time, each turn
     costing a 2 s wait behind a busy engine. With memory bounding the awake set, each wakes once and stays."""
     async def main():
-        s, engines, log = make(["a", "b", "c"], H200, max_awake=0)
+        s, engines, log = make(["a", "b", "c"], H200, max_awake="auto")
         on_gpu(engines)
         task = await started(s)
         log.clear()
@@ -420,7 +420,7 @@ def test_under_steady_load_every_engine_that_fits_stays_awake_as_static_partitio
 
 def test_a_wake_that_needs_memory_parks_the_least_recently_used_idle_engine_first():
     async def main():
-        s, engines, log = make(["a", "b", "c"], {0: 100 * GIB}, max_awake=0)  # two awake and one parked fit, not three
+        s, engines, log = make(["a", "b", "c"], {0: 100 * GIB}, max_awake="auto")  # two awake, one parked fit
         on_gpu(engines)
         task = await started(s)
         await request(s, "b")
@@ -440,7 +440,7 @@ def test_a_wake_that_needs_memory_parks_the_least_recently_used_idle_engine_firs
 
 def test_where_memory_forces_a_choice_between_busy_engines_each_gets_a_bounded_turn_and_none_starves():
     async def main():
-        s, engines, log = make(["a", "b"], {0: 60 * GIB}, max_awake=0, turn_s=0.1)  # one awake at a time
+        s, engines, log = make(["a", "b"], {0: 60 * GIB}, max_awake="auto", turn_s=0.1)  # one awake at a time
         on_gpu(engines)
         task = await started(s)
         stop = time.monotonic() + 1.5
@@ -497,7 +497,7 @@ def test_room_for_parks_idle_engines_first_then_waits_for_turns_as_a_table():
     from hotweights.switch.schedule import room_for
 
     async def main():
-        s, engines, _ = make(["a", "b", "c", "d"], {0: 112 * GIB}, max_awake=0, turn_s=1.0)  # room for two awake
+        s, engines, _ = make(["a", "b", "c", "d"], {0: 112 * GIB}, max_awake="auto", turn_s=1.0)  # room for two awake
         on_gpu(engines)
         task = await started(s)
         models = list(s.models.values())
@@ -528,7 +528,7 @@ def test_an_operator_parks_stops_and_starts_one_model():
     from hotweights.switch.actions import act
 
     async def main():
-        s, engines, log = make(["a", "b"], max_awake=0)
+        s, engines, log = make(["a", "b"], max_awake="auto")
         task = await started(s)
         a, b = s.models["a"], s.models["b"]
         assert await act(s, b, "start") == "awake" and states(s) == {"a": "awake", "b": "awake"}
@@ -585,7 +585,7 @@ def test_cached_and_lazy_models_start_for_their_first_request():
         models = (ModelConfig("a", Path("/m/a")), ModelConfig("b", Path("/m/b"), start="cached"),
                   ModelConfig("c", Path("/m/c"), start="lazy"))
         log: list[str] = []
-        s = Switcher(SwitchConfig(models, max_awake=0, preload_jobs=2), SwitchMetrics(), lambda m: Counted(m, log))
+        s = Switcher(SwitchConfig(models, max_awake="auto", preload_jobs=2), SwitchMetrics(), lambda m: Counted(m, log))
         task = asyncio.create_task(s.run())
         await asyncio.wait_for(s.ready.wait(), 5)
         while len(preloaded) < 2 or s.busy.locked():

@@ -25,29 +25,21 @@ def cmd_switch(args: argparse.Namespace) -> int:
         return _status(args)
     if args.action in ("park", "stop", "start"):
         return _action(args)
-    options = {"host": args.host, "port": args.port, "max_awake": args.max_awake,
-               "request_timeout_s": args.request_timeout_s, "api_key": args.api_key,
-               "parking": False if args.no_parking else None, "stop_keeper": True if args.stop_keeper else None,
-               "schedule": args.schedule, "turn_s": args.turn_s, "preload_jobs": args.preload_jobs}
+    given = {key: getattr(args, key, None) for key in switch_config.SWITCH_KEYS}  # the flags are the keys
     engine_args = list(getattr(args, "cmd", []) or [])
     if args.config and (args.models or engine_args or args.parked_weights):
         raise ValueError("--config names every model; --model NAME=DIR, --parked-weights and -- ENGINE ARGS are the "
                          "quick form (in the file: parked_weights per [[model]])")
     try:
         if args.config:
-            config = switch_config.load(args.config)
-            given = {k: getattr(config, k) for k in switch_config.SWITCH_KEYS}
-            given["max_awake"] = given["max_awake"] or "auto"
-            config = switch_config.build({**given,
-                                          **{k: v for k, v in options.items() if v is not None}},
-                                         list(config.models), args.config)
+            config = switch_config.overlay(switch_config.load(args.config), given, "the command line")
         else:
-            config = switch_config.quick(args.models, args.engine, engine_args, options, args.parked_weights or "gpu")
+            config = switch_config.quick(args.models, args.engine, engine_args, given, args.parked_weights or "gpu")
     except switch_config.ConfigError as exc:
         raise ValueError(str(exc)) from None
     from .switch.front import run
 
-    log_dir = Path(args.log_dir or config.log_dir).expanduser() if args.log_dir or config.log_dir else None
+    log_dir = Path(config.log_dir).expanduser() if config.log_dir else None
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
     return run(config, log_dir)
@@ -149,12 +141,12 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--api-key", default=None, help="Bearer key the front asks for on /v1 (default: $VLLM_API_KEY; "
                                                    "status sends it)")
     p.add_argument("--log-dir", default=None, help="where each engine's log goes (default: a new temporary directory)")
-    p.add_argument("--no-parking", action="store_true",
+    p.add_argument("--no-parking", dest="parking", action="store_const", const=False, default=None,
                    help="a switch stops the engine and starts the next one instead of parking it (for comparison)")
     p.add_argument("--parked-weights", choices=["gpu", "host"], default=None,
                    help="the quick form: where a parked engine's weights stay (host: off the GPU, so more models fit; "
                         "a wake uploads them)")
-    p.add_argument("--stop-keeper", action="store_true",
+    p.add_argument("--stop-keeper", action="store_const", const=True, default=None,
                    help="on the way out, stop the keeper if this front started it (else it keeps the weights for the "
                         "next start)")
     p.add_argument("--schedule", choices=["fair", "fifo"], default=None,

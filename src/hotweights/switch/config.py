@@ -42,12 +42,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tomllib
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
+from pydantic.dataclasses import dataclass
 
 from .. import argv
 from ..errors import CheckpointError
@@ -55,7 +59,8 @@ from ..loading.checkpoint import check_config_dir, check_model_dir, check_tokeni
 from .gpus import gpu_memory
 from .kinds import KINDS
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+NAME = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
+NAME_RE = re.compile(NAME)
 # the engine flags the front sets itself (a model's own would make its engine unreachable, or its name unknown), and
 # the config key that does what a user wanted of it
 FRONT_FLAGS = {
@@ -66,6 +71,8 @@ FRONT_FLAGS = {
     ("--ssl-keyfile", "--ssl-certfile"): "the front talks plain HTTP to its engines on loopback; put TLS in front of "
                                          "the front",
 }
+GONE_KEYS = {"overlap_after_s": "a wake goes beside a busy engine at once where memory allows; turn_s bounds a busy "
+                                "engine's turn where it does not"}
 TOKENIZER = argv.Option(("--tokenizer",))
 
 
@@ -73,28 +80,78 @@ class ConfigError(ValueError):
     """What is wrong with the configuration, and where."""
 
 
+# One schema: each key's type and bounds are its field's, and ``description`` is what an error says it must be.
+# Strict (a TOML string is not a number, nor true a port), except where TOML's list stands for a tuple.
+_SCHEMA = ConfigDict(extra="forbid", strict=True)
+_LIST = Strict(False)
 Schedule = Literal["fair", "fifo"]
 ParkedWeights = Literal["gpu", "host"]
 Start = Literal["eager", "cached", "lazy"]
+Seconds = Annotated[float, Field(ge=0, description="0 (never) or more seconds")]
+Name = Annotated[str, Field(pattern=NAME, description="letters, digits and ._:/- (up to 128)")]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_SCHEMA)
 class ModelConfig:
-    name: str
-    checkpoint: Path
+    """A ``[[model]]`` table."""
+
+    name: Name
+    checkpoint: Annotated[Path, Strict(False)]
     engine: str = "hotweights"
-    args: tuple[str, ...] = ()
+    args: Annotated[tuple[str, ...], _LIST, Field(description="a list of strings")] = ()
     default: bool = False
     keep_awake: bool = False
-    park_level: int = 1
-    deep_park_after_s: float = 0.0
+    park_level: Literal[1, 2] = 1
+    deep_park_after_s: Seconds = 0.0
     parked_weights: ParkedWeights = "gpu"
-    gpus: tuple[int, ...] = ()  # () : every GPU the front sees
-    aliases: tuple[str, ...] = ()  # more names requests may ask for it by (routed, listed in /v1/models)
+    gpus: Annotated[tuple[Annotated[int, Field(ge=0)], ...], _LIST,
+                    Field(description="distinct GPU indices (0, 1, ...)")] = ()  # () : every GPU the front sees
+    # more names requests may ask for it by (routed, listed in /v1/models)
+    aliases: Annotated[tuple[str, ...], _LIST,
+                       Field(description="names of letters, digits and ._:/- (up to 128)")] = ()
     start: Start = "eager"  # "eager": started at start-up; "cached": preloaded then, started by its first request;
     #                       "lazy": nothing until its first request (its preload then, and its start)
-    park_after_s: float = 0.0  # idle this long, an awake engine parks (0: while memory allows, it stays awake)
-    stop_after_s: float = 0.0  # idle this long, its engine stops: its host memory and GPU residue freed too (0: never)
+    park_after_s: Seconds = 0.0  # idle this long, an awake engine parks (0: while memory allows, it stays awake)
+    stop_after_s: Seconds = 0.0  # idle this long, its engine stops: its host memory and GPU residue freed too
+
+    @field_validator("engine")
+    @classmethod
+    def _known(cls, engine: str) -> str:
+        if engine not in KINDS:
+            raise ValueError(f"engine must be one of {', '.join(KINDS)}, got {engine!r}")
+        return engine
+
+    @field_validator("args")
+    @classmethod
+    def _not_the_fronts(cls, args: tuple[str, ...]) -> tuple[str, ...]:
+        for flags, instead in FRONT_FLAGS.items():
+            if argv.Option(flags).present(args):
+                raise ValueError(f"args: {'/'.join(flags)} is the front's to set ({instead})")
+        return args
+
+    @field_validator("gpus")
+    @classmethod
+    def _distinct(cls, gpus: tuple[int, ...]) -> tuple[int, ...]:
+        if len(set(gpus)) < len(gpus):
+            raise ValueError(f"gpus must be distinct GPU indices (0, 1, ...), got {list(gpus)}")
+        return gpus
+
+    @field_validator("aliases")
+    @classmethod
+    def _names(cls, aliases: tuple[str, ...]) -> tuple[str, ...]:
+        if not all(NAME_RE.match(a) for a in aliases):
+            raise ValueError(f"aliases must be names of letters, digits and ._:/- (up to 128), got {list(aliases)}")
+        return aliases
+
+    @model_validator(mode="after")
+    def _enough_gpus(self) -> ModelConfig:
+        try:
+            tp = KINDS[self.engine].ranks_of(self.args)
+        except ValueError as exc:
+            raise ValueError(f"args: {exc}") from None
+        if self.gpus and len(self.gpus) < tp:
+            raise ValueError(f"gpus lists {len(self.gpus)} GPU(s) but --tensor-parallel-size {tp} needs {tp}")
+        return self
 
     def cuda_visible_devices(self) -> str:
         """``CUDA_VISIBLE_DEVICES`` for its processes: ``gpus`` are indices among the GPUs the front sees (those of
@@ -118,22 +175,53 @@ class ModelConfig:
         return 2 if self.parked_weights == "host" else self.park_level
 
 
-@dataclass(frozen=True)
+def _api_key() -> str:
+    return os.environ.get("VLLM_API_KEY", "")
+
+
+@dataclass(frozen=True, config=_SCHEMA)
 class SwitchConfig:
+    """The ``[switch]`` table and the models."""
+
     models: tuple[ModelConfig, ...]
     host: str = "127.0.0.1"
-    port: int = 8000
-    max_awake: int = 0  # 0: auto (GPU memory bounds the awake set); N: at most N awake per GPU
-    request_timeout_s: float = 300.0
-    api_key: str = ""
+    port: Annotated[int, Field(ge=1, le=65535, description="1-65535")] = 8000
+    # "auto": GPU memory bounds the awake set; N: at most N awake per GPU
+    max_awake: Annotated[Annotated[int, Field(ge=1)] | Literal["auto"],
+                         Field(description='"auto" or at least 1')] = "auto"
+    request_timeout_s: Annotated[float, Field(gt=0, description="positive (seconds a request may wait for its "
+                                                                 "model)")] = 300.0
+    api_key: str = dataclasses.field(default_factory=_api_key)
     socket_dir: str = ""
     parking: bool = True
     stop_keeper: bool = False  # on the way out, stop the keeper if this front's preloads started it
-    schedule: Schedule = "fair"  # or "fifo": which waiting model a switch serves next (switcher.py)
-    starve_after_s: float = 10.0  # fair: a model whose request has waited this long goes next
-    turn_s: float = 1.0  # a busy engine's turn, in request-seconds waited per request it has in flight (schedule.py)
-    preload_jobs: int = 0  # start-up's preloads at once (preloads.py); 0: auto (jobs())
+    schedule: Schedule = "fair"  # or "fifo": which waiting model a switch serves next (schedule.py)
+    starve_after_s: Seconds = 10.0  # fair: a model whose request has waited this long goes next
+    # a busy engine's turn, in request-seconds waited per request it has in flight (schedule.py)
+    turn_s: Annotated[float, Field(ge=0, description="0 or more")] = 1.0
+    # start-up's preloads at once (preloads.py); 0: auto (jobs())
+    preload_jobs: Annotated[int, Field(ge=0, description="0 (auto) or more")] = 0
     log_dir: str = ""  # each engine's log (and its preload's) go here; "": a new temporary directory per run
+
+    @model_validator(mode="after")
+    def _one_default_named_once(self) -> SwitchConfig:
+        if not self.models:
+            raise ValueError("no model ([[model]] tables, or --model NAME=DIR)")
+        names = [n for m in self.models for n in (m.name, *m.aliases)]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"model names and aliases must differ: {', '.join(twice)} is named twice")
+        if sum(m.default for m in self.models) > 1:
+            raise ValueError("more than one model is the default")
+        if self.default.start != "eager":
+            raise ValueError(f"the default model ({self.default.name}) starts eagerly, as /health waits for it: "
+                             f"drop its start = {self.default.start!r}, or make another model the default")
+        return self
+
+    @property
+    def awake_cap(self) -> int:
+        """``max_awake`` as a number: 0 where it is "auto" (no cap but memory)."""
+        return 0 if self.max_awake == "auto" else self.max_awake
 
     def jobs(self) -> int:
         """Start-up's preloads at once: ``preload_jobs``, else 4 where there are GPUs (their memory admits each),
@@ -145,116 +233,76 @@ class SwitchConfig:
         return next((m for m in self.models if m.default), self.models[0])
 
 
-SWITCH_KEYS = {"host": str, "port": int, "max_awake": (int, str), "request_timeout_s": (int, float), "api_key": str,
-               "socket_dir": str, "parking": bool, "stop_keeper": bool, "schedule": str,
-               "starve_after_s": (int, float), "turn_s": (int, float), "preload_jobs": int, "log_dir": str}
-GONE_KEYS = {"overlap_after_s": "a wake goes beside a busy engine at once where memory allows; turn_s bounds a busy "
-                                "engine's turn where it does not"}
-_MODEL_KEYS = {"name": str, "checkpoint": str, "engine": str, "args": list, "default": bool, "keep_awake": bool,
-               "park_level": int, "deep_park_after_s": (int, float), "parked_weights": str, "gpus": list,
-               "aliases": list, "park_after_s": (int, float), "stop_after_s": (int, float), "start": str}
-STARTS = get_args(Start)
+SWITCH_KEYS = tuple(f.name for f in dataclasses.fields(SwitchConfig) if f.name != "models")
+_TYPES = {"int_type": "a whole number", "float_type": "a number", "bool_type": "true or false",
+          "string_type": "a string", "tuple_type": "a list", "path_type": "a path"}
+T = TypeVar("T")
 
 
-def _typed(table: dict[str, Any], keys: dict[str, Any], where: str) -> dict[str, Any]:
-    for key, value in table.items():
-        if key in GONE_KEYS:
-            raise ConfigError(f"{where}: {key} is gone ({GONE_KEYS[key]})")
-        if key not in keys:
-            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(keys)})")
-        if not isinstance(value, keys[key]) or (isinstance(value, bool) and keys[key] is not bool):
-            raise ConfigError(f"{where}: {key} must be {getattr(keys[key], '__name__', 'a number')}, "
-                              f"got {value!r}")
-    return table
-
-
-def model(table: dict[str, Any], where: str) -> ModelConfig:  # noqa: C901, PLR0912
-    _typed(table, _MODEL_KEYS, where)
-    for key in ("name", "checkpoint"):
-        if key not in table:
-            raise ConfigError(f"{where}: {key} is required")
-    if not NAME_RE.match(table["name"]):
-        raise ConfigError(f"{where}: name {table['name']!r} must be letters, digits and ._:/- (up to 128)")
-    if table.get("engine", "hotweights") not in KINDS:
-        raise ConfigError(f"{where}: engine must be one of {', '.join(KINDS)}, got {table['engine']!r}")
-    kind = KINDS[table.get("engine", "hotweights")]
-    if table.get("park_level", 1) not in (1, 2):
-        raise ConfigError(f"{where}: park_level must be 1 or 2, got {table['park_level']!r}")
-    if table.get("parked_weights", "gpu") not in ("gpu", "host"):
-        raise ConfigError(f"{where}: parked_weights must be gpu or host, got {table['parked_weights']!r}")
-    if not all(isinstance(a, str) for a in table.get("args", [])):
-        raise ConfigError(f"{where}: args must be a list of strings")
-    for flags, instead in FRONT_FLAGS.items():
-        if argv.Option(flags).present(table.get("args", [])):
-            raise ConfigError(f"{where}: args: {'/'.join(flags)} is the front's to set ({instead})")
-    if table.get("start", "eager") not in STARTS:
-        raise ConfigError(f"{where}: start must be one of {', '.join(STARTS)}, got {table['start']!r}")
-    for key in ("park_after_s", "stop_after_s"):
-        if table.get(key, 0) < 0:
-            raise ConfigError(f"{where}: {key} must be 0 (never) or more seconds, got {table[key]!r}")
-    aliases = table.get("aliases", [])
-    if not all(isinstance(a, str) and NAME_RE.match(a) for a in aliases):
-        raise ConfigError(f"{where}: aliases must be names of letters, digits and ._:/- (up to 128), got {aliases!r}")
-    gpus = table.get("gpus", [])
-    if not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus) or len(set(gpus)) < len(gpus):
-        raise ConfigError(f"{where}: gpus must be distinct GPU indices (0, 1, ...), got {gpus!r}")
-    args = list(table.get("args", []))
+def _checked(make: Callable[[], T], where: str, fields: tuple[str, ...]) -> T:
+    """What ``make`` builds, or ConfigError: its first error in one line, naming the key."""
     try:
-        tp = kind.ranks_of(args)
-    except ValueError as exc:
-        raise ConfigError(f"{where}: args: {exc}") from None
-    if gpus and len(gpus) < tp:
-        raise ConfigError(f"{where}: gpus lists {len(gpus)} GPU(s) but --tensor-parallel-size {tp} needs {tp}")
-    checkpoint = Path(table["checkpoint"]).expanduser()
-    own_format = kind.reads_checkpoint_itself(args)
+        return make()
+    except ValidationError as exc:
+        raise ConfigError(f"{where}: {_said(exc.errors()[0], fields)}") from None
+
+
+def _said(error: Any, fields: tuple[str, ...]) -> str:
+    """One of pydantic's errors as this file's one line: the key, what it must be, what it got."""
+    loc = [part for part in error["loc"] if isinstance(part, str)]
+    key = loc[0] if loc else ""
+    if error["type"] in ("value_error", "assertion_error"):
+        return str(error["ctx"]["error"])
+    if error["type"] == "unexpected_keyword_argument":
+        if key in GONE_KEYS:
+            return f"{key} is gone ({GONE_KEYS[key]})"
+        return f"unknown key {key!r} (known: {', '.join(fields)})"
+    if error["type"] == "missing":
+        return f"{key} is required"
+    if error["type"] == "literal_error":  # 'a', 'b' or 'c'
+        values = error["ctx"]["expected"].replace("'", "").replace(" or ", ", ").split(", ")
+        one = " or ".join(values) if len(values) < 3 else "one of " + ", ".join(values)
+        return f"{key} must be {one}, got {error['input']!r}"
+    must = _DESCRIBED.get(key) or _TYPES.get(error["type"], error["msg"].removeprefix("Input should be ").lower())
+    return f"{key} must be {must}, got {error['input']!r}"
+
+
+def _described(*schemas: Any) -> dict[str, str]:
+    return {name: f.description for schema in schemas for name, f in schema.__pydantic_fields__.items()
+            if f.description}
+
+
+_DESCRIBED = _described(ModelConfig, SwitchConfig)
+
+
+def model(table: dict[str, Any], where: str) -> ModelConfig:
+    """A ``[[model]]`` table checked, its checkpoint included (its files, its tokenizer), and its GPUs against those
+    the front sees; ConfigError naming the key that is wrong."""
+    made = _checked(lambda: ModelConfig(**table), where, _MODEL_KEYS)
+    own_format = KINDS[made.engine].reads_checkpoint_itself(made.args)
+    made = dataclasses.replace(made, checkpoint=made.checkpoint.expanduser())
     try:  # vLLM reading the checkpoint itself may read other formats than safetensors
-        check_model_dir(checkpoint) if not own_format else check_config_dir(checkpoint)
-        if not TOKENIZER.present(args):  # vLLM's --tokenizer: another directory's
-            check_tokenizer_dir(checkpoint)
+        check_model_dir(made.checkpoint) if not own_format else check_config_dir(made.checkpoint)
+        if not TOKENIZER.present(made.args):  # vLLM's --tokenizer: another directory's
+            check_tokenizer_dir(made.checkpoint)
     except CheckpointError as exc:
         raise ConfigError(f"{where}: checkpoint: {exc}") from None
-    made = ModelConfig(table["name"], checkpoint, table.get("engine", "hotweights"), tuple(args),
-                       table.get("default", False), table.get("keep_awake", False), table.get("park_level", 1),
-                       float(table.get("deep_park_after_s", 0)), table.get("parked_weights", "gpu"), tuple(gpus),
-                       tuple(aliases), table.get("start", "eager"), float(table.get("park_after_s", 0)),
-                       float(table.get("stop_after_s", 0)))
     made.cuda_visible_devices()  # a GPU the front does not see is an error now, not at its first start
     return made
 
 
-def build(switch: dict[str, Any], models: list[ModelConfig], where: str) -> SwitchConfig:  # noqa: C901
-    _typed(switch, SWITCH_KEYS, f"{where} [switch]")
-    if not models:
-        raise ConfigError(f"{where}: no model ([[model]] tables, or --model NAME=DIR)")
-    names = [n for m in models for n in (m.name, *m.aliases)]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise ConfigError(f"{where}: model names and aliases must differ: {', '.join(twice)} is named twice")
-    if sum(m.default for m in models) > 1:
-        raise ConfigError(f"{where}: more than one model is the default")
-    default = next((m for m in models if m.default), models[0])
-    if default.start != "eager":
-        raise ConfigError(f"{where}: the default model ({default.name}) starts eagerly, as /health waits for it: "
-                          f"drop its start = {default.start!r}, or make another model the default")
-    awake = switch.get("max_awake", "auto")
-    if awake == "auto":
-        switch = {**switch, "max_awake": 0}
-    elif isinstance(awake, str) or awake < 1:
-        raise ConfigError(f"{where}: max_awake must be \"auto\" or at least 1, got {awake!r}")
-    if switch.get("schedule", "fair") not in ("fair", "fifo"):
-        raise ConfigError(f"{where}: schedule must be fair or fifo, got {switch['schedule']!r}")
-    if switch.get("request_timeout_s", 300) <= 0:
-        raise ConfigError(f"{where}: request_timeout_s must be positive (seconds a request may wait for its "
-                          f"model), got {switch['request_timeout_s']!r}")
-    if switch.get("turn_s", 1.0) < 0:
-        raise ConfigError(f"{where}: turn_s must be 0 or more, got {switch['turn_s']!r}")
-    if switch.get("preload_jobs", 0) < 0:
-        raise ConfigError(f"{where}: preload_jobs must be 0 (auto) or more, got {switch['preload_jobs']!r}")
-    if not 0 < switch.get("port", 8000) < 65536:
-        raise ConfigError(f"{where}: port must be 1-65535")
-    values = {k: switch[k] for k in SWITCH_KEYS if k in switch}
-    values.setdefault("api_key", os.environ.get("VLLM_API_KEY", ""))
-    return SwitchConfig(tuple(models), **values)
+_MODEL_KEYS = tuple(f.name for f in dataclasses.fields(ModelConfig))
+
+
+def build(switch: dict[str, Any], models: list[ModelConfig], where: str) -> SwitchConfig:
+    """The ``[switch]`` table with its models; ConfigError naming the key that is wrong."""
+    return _checked(lambda: SwitchConfig(tuple(models), **switch), where, SWITCH_KEYS)
+
+
+def overlay(config: SwitchConfig, given: dict[str, Any], where: str) -> SwitchConfig:
+    """``config`` with the command line's settings (``None``: not given) over the file's, checked again."""
+    return _checked(lambda: dataclasses.replace(config, **{k: v for k, v in given.items() if v is not None}), where,
+                    SWITCH_KEYS)
 
 
 def load(path: str | Path) -> SwitchConfig:
@@ -273,7 +321,7 @@ def load(path: str | Path) -> SwitchConfig:
     if not isinstance(tables, list):
         raise ConfigError(f"{path}: models are [[model]] tables (an array), not one [model] table")
     models = [model(t, f"{path} [[model]] #{i + 1}") for i, t in enumerate(tables)]
-    return build(data.get("switch", {}), models, str(path))
+    return build(data.get("switch", {}), models, f"{path} [switch]")
 
 
 def quick(pairs: list[str], engine: str, args: list[str], switch: dict[str, Any],

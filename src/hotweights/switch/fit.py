@@ -81,7 +81,7 @@ def _fit(config: SwitchConfig, needs: dict[str, GpuNeed], gpu: int, total_mib: i
         if used > total_mib - RESERVE_MIB:
             break
         fit_awake += 1
-    awake = costliest[:max(1, min(config.max_awake or len(on), fit_awake))]
+    awake = costliest[:max(1, min(config.awake_cap or len(on), fit_awake))]
     parked = [m for m in on if m not in awake]
     kept = [m for m in on if m.parked_weights == "gpu" or not config.parking]
 

@@ -138,7 +138,7 @@ async def status(request: Request) -> Response:
     if not f.authorized(request):
         return error(401, "Unauthorized")
     gpu = await asyncio.to_thread(gpu_mib_by_pid)
-    return JSONResponse({"default": f.config.default.name, "max_awake": f.config.max_awake or "auto",
+    return JSONResponse({"default": f.config.default.name, "max_awake": f.config.max_awake,
                          "log_dir": str(f.log_dir), "version": __version__, "keyed": bool(f.config.api_key),
                          "models": [m.row(gpu).to_json() for m in f.switcher.models.values()],
                          "switches": [dataclasses.asdict(s) for s in reversed(f.switcher.switched)]})

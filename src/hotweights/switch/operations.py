@@ -72,7 +72,7 @@ class Operations:
     def room(self, m: Model, capped: bool = True) -> Room:
         """What must make room for ``m`` now (``schedule.room_for`` over the memory model; ``capped``: ``max_awake``
         counts, as it does not for a start that parks right after)."""
-        config = self.config if capped else dataclasses.replace(self.config, max_awake=0)
+        config = self.config if capped else dataclasses.replace(self.config, max_awake="auto")
         return room_for(m, list(self.models.values()), self.totals, config)
 
     def _exited(self, m: Model) -> None:

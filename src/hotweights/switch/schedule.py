@@ -114,7 +114,7 @@ def fits(m: Model, models: Sequence[Model], totals: dict[int, int], config: Swit
     """Whether ``m`` awake fits beside the others, those in ``gone`` parked: ``max_awake`` (where set) and each of
     its GPUs' memory."""
     beside = [x for x in models if x is not m and x.config.shares_a_gpu(m.config)]
-    if config.max_awake and sum(x.state in (S.AWAKE, S.LEAVING) and x not in gone for x in beside) >= config.max_awake:
+    if config.awake_cap and sum(x.state in (S.AWAKE, S.LEAVING) and x not in gone for x in beside) >= config.awake_cap:
         return False
     holders = [holder(m, S.AWAKE), *(holder(x, S.PARKED if x in gone else None) for x in models if x is not m)]
     return all(over_mib(g, totals[g], holders) <= 0 for g in m.engine.gpu_need().gpus if g in totals)
