@@ -77,7 +77,7 @@ def test_preloads_run_ahead_of_the_starts_as_many_at_once_as_preload_jobs_and_th
         s, _, log, spans = switcher(["a", "b", "c", "d"], jobs=3)
         began = time.monotonic()
         task = asyncio.create_task(s.run())
-        while not all(m.started for m in s.models.values()) or s.busy.locked():
+        while not all(m.started for m in s.models.values()) or s.life.busy.locked():
             await asyncio.sleep(0.005)
         took = time.monotonic() - began
         assert most_at_once(spans) == 3 and [n for n, _, _ in spans][:3] == ["a", "b", "c"]
@@ -92,7 +92,7 @@ def test_one_preload_job_is_the_start_up_of_before_each_preload_in_its_start():
     async def main():
         s, _, log, spans = switcher(["a", "b", "c"], jobs=1)
         task = await started(s)
-        assert most_at_once(spans) == 1 and s.preloads is None
+        assert most_at_once(spans) == 1 and s.life.preloads is None
         preloads = [n for n, _, _ in spans if not n.startswith("start ")]
         assert preloads == ["a", "b", "c"] and log[0] == "start a"
         task.cancel()
@@ -104,9 +104,9 @@ def test_a_model_a_request_waits_for_is_preloaded_next():
         s, _, _, spans = switcher(["a", "b", "c", "d"], jobs=2)
         task = asyncio.create_task(s.run())
         await asyncio.sleep(PRELOAD_S / 4)  # a and b preload
-        asking = asyncio.create_task(s.acquire("d"))
+        asking = asyncio.create_task(s.requests.acquire("d"))
         m = await asking
-        s.release(m)
+        s.requests.release(m)
         assert [n for n, _, _ in spans if not n.startswith("start ")][:3] == ["a", "b", "d"]
         task.cancel()
     asyncio.run(main())
@@ -178,10 +178,10 @@ def test_gpu_memory_admits_a_preload_only_beside_what_the_others_and_the_next_st
     def run(free_mib: int, names: list[str]) -> int:
         async def main() -> int:
             s, _, _, spans = switcher(names, jobs=4)
-            s.preloads = Preloads(list(s.models.values()), 4, memory=lambda: {0: GpuMemory(100_000, free_mib)},
+            s.life.preloads = Preloads(list(s.models.values()), 4, memory=lambda: {0: GpuMemory(100_000, free_mib)},
                                   need=lambda m: need)
-            preloading = asyncio.create_task(s.preloads.run())
-            await asyncio.gather(*(s.preloads.result(m) for m in s.models.values()))
+            preloading = asyncio.create_task(s.life.preloads.run())
+            await asyncio.gather(*(s.life.preloads.result(m) for m in s.models.values()))
             await preloading
             return most_at_once(spans)
         return asyncio.run(main())

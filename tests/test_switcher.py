@@ -18,7 +18,8 @@ from hotweights.switch.engines import EngineError, WakeRefused
 from hotweights.switch.memory import GpuNeed
 from hotweights.switch.metrics import SwitchMetrics
 from hotweights.switch.states import InvalidTransition, ModelState, PreloadOutcome
-from hotweights.switch.switcher import Switcher, Unavailable
+from hotweights.switch.admission import Unavailable
+from hotweights.switch.switcher import Switcher
 
 
 class FakeEngine:
@@ -108,16 +109,16 @@ def make(names: list[str], totals: dict[int, int] | None = None, **switch) -> tu
 
 async def started(s: Switcher) -> asyncio.Task:
     task = asyncio.create_task(s.run())
-    while not all(m.started for m in s.models.values()) or s.busy.locked():
+    while not all(m.started for m in s.models.values()) or s.life.busy.locked():
         await asyncio.sleep(0.001)
     return task
 
 
 async def request(s: Switcher, name: str, hold_s: float = 0.0) -> str:
-    m = await s.acquire(name)
+    m = await s.requests.acquire(name)
     assert m.state in (ModelState.AWAKE, ModelState.LEAVING)  # leaving: its turn ended, it serves what it let in
     await asyncio.sleep(hold_s)
-    s.release(m)
+    s.requests.release(m)
     return name
 
 
@@ -146,7 +147,7 @@ def test_start_up_leaves_the_default_awake_and_parks_the_others():
     async def main():
         s, _, log = make(["a", "b", "c"])
         task = await started(s)
-        assert states(s) == {"a": "awake", "b": "parked", "c": "parked"} and s.ready.is_set()
+        assert states(s) == {"a": "awake", "b": "parked", "c": "parked"} and s.life.ready.is_set()
         assert log == ["start a", "start b", "park b", "start c", "park c"]
         task.cancel()
     asyncio.run(main())
@@ -236,9 +237,9 @@ def test_a_failed_start_answers_at_once_until_its_back_off_or_its_files_change()
 def test_a_start_that_failed_is_tried_again_by_itself_once_its_back_off_is_over(monkeypatch):
     """A default whose start failed (on an H200: vLLM's memory profile upset by another process freeing memory) left
     /health at 503 until a request came, which a health-gated deployment never sends."""
-    from hotweights.switch import operations
+    from hotweights.switch import lifecycle
 
-    monkeypatch.setattr(operations, "BACKOFF_S", 0.2)
+    monkeypatch.setattr(lifecycle, "BACKOFF_S", 0.2)
 
     async def main():
         s, engines, log = make(["a", "b"])
@@ -276,7 +277,7 @@ def test_an_engine_that_died_starts_again_for_its_next_request():
         s, engines, log = make(["a", "b"])
         task = await started(s)
         engines["a"].die()
-        assert await s.engine_died(s.models["a"]) and states(s)["a"] == "failed"
+        assert await s.life.engine_died(s.models["a"]) and states(s)["a"] == "failed"
         log.clear()
         assert await request(s, "a") == "a" and log == ["start a"]
         task.cancel()
@@ -328,7 +329,7 @@ def test_a_request_for_a_model_start_up_has_not_reached_moves_it_ahead_and_keeps
             await asyncio.sleep(0.001)
         assert await request(s, "c") == "c"
         assert log[:3] == ["start a", "park a", "start c"], log  # before b, and awake for it: room made first
-        while not s.models["b"].started or s.busy.locked():
+        while not s.models["b"].started or s.life.busy.locked():
             await asyncio.sleep(0.001)
         assert states(s) == {"a": "parked", "b": "parked", "c": "awake"}
         task.cancel()
@@ -353,10 +354,10 @@ def test_a_move_the_table_does_not_have_is_refused():
     async def main():
         s, _, _ = make(["a"])
         with pytest.raises(InvalidTransition, match="a: starting -> starting"):
-            s.move(s.models["a"], ModelState.STARTING)
-        s.move(s.models["a"], ModelState.STOPPED)
+            s.life.move(s.models["a"], ModelState.STARTING)
+        s.life.move(s.models["a"], ModelState.STOPPED)
         with pytest.raises(InvalidTransition, match="stopped -> awake"):
-            s.move(s.models["a"], ModelState.AWAKE)
+            s.life.move(s.models["a"], ModelState.AWAKE)
     asyncio.run(main())
 
 
@@ -367,8 +368,8 @@ def test_the_default_serves_while_its_host_copy_is_made_ahead():
         engines["a"].copy_s = 0.3
         task = asyncio.create_task(s.run())
         began = time.monotonic()
-        await asyncio.wait_for(s.ready.wait(), 5)
-        assert time.monotonic() - began < 0.2 and s.busy.locked()  # ready, the copy still going
+        await asyncio.wait_for(s.life.ready.wait(), 5)
+        assert time.monotonic() - began < 0.2 and s.life.busy.locked()  # ready, the copy still going
         task.cancel()
     asyncio.run(main())
 
@@ -392,10 +393,10 @@ async def load(s: Switcher, names: list[str], rounds: int, hold_s: float) -> lis
 
     async def one(name: str) -> None:
         began = time.monotonic()
-        m = await s.acquire(name)
+        m = await s.requests.acquire(name)
         waits.append(time.monotonic() - began)
         await asyncio.sleep(hold_s)
-        s.release(m)
+        s.requests.release(m)
 
     for _ in range(rounds):
         await asyncio.gather(*(one(n) for n in names))
@@ -449,10 +450,10 @@ def test_where_memory_forces_a_choice_between_busy_engines_each_gets_a_bounded_t
         async def client(name: str) -> None:  # back to back: its engine is never idle
             while time.monotonic() < stop:
                 began = time.monotonic()
-                m = await s.acquire(name)
+                m = await s.requests.acquire(name)
                 waits[name].append(time.monotonic() - began)
                 await asyncio.sleep(0.05)
-                s.release(m)
+                s.requests.release(m)
 
         await asyncio.gather(*(client(n) for n in ("a", "a", "b", "b")))
         served = {n: len(w) for n, w in waits.items()}
@@ -504,21 +505,50 @@ def test_room_for_parks_idle_engines_first_then_waits_for_turns_as_a_table():
         a, b, c, d = models
         await request(s, "b")  # a and b awake, idle; b used last
         now = time.monotonic()
-        assert room_for(c, models, s.totals, s.config, now).park == (a,)  # the least recently used idle one
+        assert room_for(c, models, s.life.totals, s.config, now).park == (a,)  # the least recently used idle one
         b.ledger.inflight, a.ledger.inflight = 1, 1  # both busy: c waits for a turn to end
         c.ledger.arrivals = [now - 0.4]
-        room = room_for(c, models, s.totals, s.config, now)
+        room = room_for(c, models, s.life.totals, s.config, now)
         assert room.wait and not room.park and not room.leave and abs(room.look_in_s - 0.6) < 0.01, room
         c.ledger.arrivals = [now - 0.7, now - 0.4]  # 1.1 request-seconds waited: a turn of one request ends
-        room = room_for(c, models, s.totals, s.config, now)
+        room = room_for(c, models, s.life.totals, s.config, now)
         assert room.wait and len(room.leave) == 1 and not room.park, room
         b.ledger.inflight = 3  # b owes more: a leaves
-        assert room_for(c, models, s.totals, s.config, now).leave == (a,)
+        assert room_for(c, models, s.life.totals, s.config, now).leave == (a,)
         c.ledger.arrivals = [now - 20]  # starving: whatever is in flight
-        assert room_for(c, models, s.totals, s.config, now).leave == (a,)
+        assert room_for(c, models, s.life.totals, s.config, now).leave == (a,)
         a.ledger.inflight = b.ledger.inflight = 0
         c.ledger.arrivals = []
         task.cancel()
+    asyncio.run(main())
+
+
+def test_the_lifecycle_alone_starts_parks_wakes_and_stops_engines_without_requests():
+    """Review e, move 6: the lifecycle is an object of its own, driven here as the scheduler would drive it, with no
+    request side: each move goes through the state table and says so to whoever waits for a change."""
+    from hotweights.switch.lifecycle import Lifecycle
+
+    async def main():
+        log: list[str] = []
+        config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in "ab"), max_awake=1)
+        life = Lifecycle(config, SwitchMetrics(), lambda m: FakeEngine(m, log))
+        a, b = life.models["a"], life.models["b"]
+        changed = asyncio.create_task(life.changes.next(5.0))
+        async with life.busy:
+            await life.start_up(a)  # the default: it stays awake
+            await life.start_up(b)  # not the default, no request waits: it parks right after its start
+        assert changed.done() and (a.state, b.state) == (ModelState.AWAKE, ModelState.PARKED)
+        room = life.room(b)  # max_awake 1: a (idle) parks for b
+        assert room.park == (a,) and not room.wait
+        async with life.busy:
+            await life.switch_to(b, room)
+        assert (a.state, b.state) == (ModelState.PARKED, ModelState.AWAKE) and b.wakes == 1
+        assert log == ["start a", "start b", "park b", "park a", "wake b"]
+        assert [s.model for s in life.switched] == ["b"] and life.switched[0].parked == ("a",)
+        with pytest.raises(InvalidTransition, match="a: parked -> leaving"):
+            life.move(a, ModelState.LEAVING)
+        await life.stop_all()
+        assert {m.state for m in life.models.values()} == {ModelState.STOPPED}
     asyncio.run(main())
 
 
@@ -531,18 +561,18 @@ def test_an_operator_parks_stops_and_starts_one_model():
         s, engines, log = make(["a", "b"], max_awake="auto")
         task = await started(s)
         a, b = s.models["a"], s.models["b"]
-        assert await act(s, b, "start") == "awake" and states(s) == {"a": "awake", "b": "awake"}
+        assert await act(s.life, b, "start") == "awake" and states(s) == {"a": "awake", "b": "awake"}
         busy = asyncio.create_task(request(s, "a", hold_s=0.2))
         await asyncio.sleep(0.01)
-        assert (await act(s, a, "park")).startswith("leaving: it parks once its 1 request(s)")
+        assert (await act(s.life, a, "park")).startswith("leaving: it parks once its 1 request(s)")
         await busy
         while states(s)["a"] != "parked":
             await asyncio.sleep(0.005)
-        assert await act(s, b, "stop") == "stopped" and not engines["b"].running and states(s)["b"] == "stopped"
-        assert await act(s, b, "stop") == "stopped already"
+        assert await act(s.life, b, "stop") == "stopped" and not engines["b"].running and states(s)["b"] == "stopped"
+        assert await act(s.life, b, "stop") == "stopped already"
         log.clear()
         assert await request(s, "b") == "b" and log == ["start b"]  # a request starts it again
-        assert await act(s, a, "start") == "awake" and states(s) == {"a": "awake", "b": "awake"}
+        assert await act(s.life, a, "start") == "awake" and states(s) == {"a": "awake", "b": "awake"}
         task.cancel()
     asyncio.run(main())
 
@@ -587,8 +617,8 @@ def test_cached_and_lazy_models_start_for_their_first_request():
         log: list[str] = []
         s = Switcher(SwitchConfig(models, max_awake="auto", preload_jobs=2), SwitchMetrics(), lambda m: Counted(m, log))
         task = asyncio.create_task(s.run())
-        await asyncio.wait_for(s.ready.wait(), 5)
-        while len(preloaded) < 2 or s.busy.locked():
+        await asyncio.wait_for(s.life.ready.wait(), 5)
+        while len(preloaded) < 2 or s.life.busy.locked():
             await asyncio.sleep(0.005)
         await asyncio.sleep(0.05)
         assert sorted(preloaded) == ["a", "b"] and log == ["start a"], (preloaded, log)

@@ -22,7 +22,7 @@ from .states import ModelState
 
 if TYPE_CHECKING:
     from .model import Model
-    from .operations import Operations
+    from .lifecycle import Lifecycle
 
 S = ModelState
 AWAKE = frozenset({S.AWAKE})
@@ -35,7 +35,7 @@ class Refused(Exception):
     """An action that cannot be done now (409), with the reason."""
 
 
-async def act(s: Operations, m: Model, action: Action) -> str:
+async def act(s: Lifecycle, m: Model, action: Action) -> str:
     """Do ``action`` to ``m``: what was done, in a few words."""
     async with s.busy:
         if action == "park":
@@ -45,19 +45,19 @@ async def act(s: Operations, m: Model, action: Action) -> str:
         return await _start(s, m)
 
 
-async def _park(s: Operations, m: Model, why: str) -> str:
+async def _park(s: Lifecycle, m: Model, why: str) -> str:
     if m.state is S.AWAKE and m.inflight:
-        s._leave(m, why)
+        s.leave(m, why)
         return f"leaving: it parks once its {m.inflight} request(s) in flight end"
     if m.state is S.AWAKE:
-        await s._park_for(m, why)
+        await s.park_for(m, why)
         return str(m.state)
     if m.state is S.LEAVING:
         return "leaving already: it parks once its requests end"
     return f"{m.state} already" if m.state in (S.PARKED, S.DEEP) else f"{m.state}: nothing to park"
 
 
-async def _stop(s: Operations, m: Model, why: str) -> str:
+async def _stop(s: Lifecycle, m: Model, why: str) -> str:
     if m.state is S.STOPPED or (m.state is S.FAILED and not m.engine.alive()):
         return f"{m.state} already"
     await asyncio.to_thread(m.engine.stop)
@@ -66,18 +66,18 @@ async def _stop(s: Operations, m: Model, why: str) -> str:
     return "stopped"
 
 
-async def _start(s: Operations, m: Model) -> str:
+async def _start(s: Lifecycle, m: Model) -> str:
     if m.state in (S.AWAKE, S.LEAVING):
         return f"{m.state} already"
     if not m.started:
-        await s._start_up(m)
+        await s.start_up(m)
         return str(m.state)
     room = s.room(m)
     if room.wait:
         raise Refused(f"{m.name} does not fit beside the busy engines now: it wakes once a turn ends, at its next "
                       f"request")
     try:
-        await s._switch_to(m, room)
+        await s.switch_to(m, room)
     except EngineError as exc:
         raise Refused(str(exc)) from None
     if m.state not in AWAKE:  # (a set, not ``is``: the switch moved it while this awaited)
@@ -86,7 +86,7 @@ async def _start(s: Operations, m: Model) -> str:
     return "awake"
 
 
-async def idle_timeouts(s: Operations, m: Model) -> None:
+async def idle_timeouts(s: Lifecycle, m: Model) -> None:
     """Park ``m`` after ``park_after_s`` idle, stop it after ``stop_after_s`` idle (the watch asks each model)."""
     if m.inflight or m.waiting or not m.last_used:
         return

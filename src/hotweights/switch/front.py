@@ -57,7 +57,7 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncGenerator[None, None]:
-        stopping.begin(switcher)
+        stopping.begin(switcher.requests)
         keeper_before = await asyncio.to_thread(keeper_pid, config.socket_dir)  # 0: this front's preloads start it
         scheduling = asyncio.create_task(switcher.run())
         watching = asyncio.create_task(switcher.watch())
@@ -74,7 +74,7 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await client.aclose()
-            await switcher.stop_all()
+            await switcher.life.stop_all()
             if note:
                 note.close()
             logger.info("switch: every engine stopped")

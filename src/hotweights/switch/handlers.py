@@ -36,7 +36,8 @@ from .model import Model
 from .process import one_line
 from .states import ModelState
 from .streams import Said, Stopping
-from .switcher import Switcher, Unavailable
+from .admission import Unavailable
+from .switcher import Switcher
 from .validate import BODIES, RELAYED, Refused, model_of
 
 logger = logging.getLogger("hotweights.switch")
@@ -82,7 +83,7 @@ def routes() -> list[Route]:
 
 async def health(request: Request) -> Response:
     f = front(request)
-    if f.switcher.ready.is_set() and f.switcher.models[f.config.default.name].state is not ModelState.FAILED:
+    if f.switcher.life.ready.is_set() and f.switcher.models[f.config.default.name].state is not ModelState.FAILED:
         return Response(status_code=200)
     return error(503, f"the default model {f.config.default.name} is not serving yet")
 
@@ -123,7 +124,7 @@ async def action(request: Request) -> Response:
         return error(404, f"no action {what!r}: one of {', '.join(ACTIONS)}")
     m = f.switcher.models[f.routes[asked]]
     try:
-        did = await act(f.switcher, m, what)
+        did = await act(f.switcher.life, m, what)
     except ActionRefused as exc:
         return error(409, str(exc))
     return JSONResponse({"model": m.name, "action": what, "did": did, "state": m.state.value})
@@ -141,7 +142,7 @@ async def status(request: Request) -> Response:
     return JSONResponse({"default": f.config.default.name, "max_awake": f.config.max_awake,
                          "log_dir": str(f.log_dir), "version": __version__, "keyed": bool(f.config.api_key),
                          "models": [m.row(gpu).to_json() for m in f.switcher.models.values()],
-                         "switches": [dataclasses.asdict(s) for s in reversed(f.switcher.switched)]})
+                         "switches": [dataclasses.asdict(s) for s in reversed(f.switcher.life.switched)]})
 
 
 async def page(request: Request) -> Response:
@@ -186,7 +187,7 @@ async def forward(request: Request) -> Response:
     if unserved or (upstream.status_code >= 500 and "json" not in upstream.headers.get("content-type", "")):
         said = (await upstream.aread()).decode(errors="replace")  # every 5xx the front answers is JSON
         await upstream.aclose()
-        f.switcher.release(m)
+        f.switcher.requests.release(m)
         f.metrics.requests.labels(name, f"engine_{upstream.status_code // 100}xx").inc()
         logger.info("switch: request %s %s %d, waited %.3f s", name, path, upstream.status_code, waited)
         if unserved:
@@ -209,7 +210,7 @@ async def open_upstream(f: FrontState, name: str, path: str, body: bytes,
     once."""
     for attempt in (1, 2):
         try:
-            m = await f.switcher.acquire(name)
+            m = await f.switcher.requests.acquire(name)
         except Unavailable as exc:
             f.metrics.requests.labels(name, "unavailable").inc()
             return error(503, LOG_PATH.sub("", str(exc)))  # the server's paths are for its status, not clients
@@ -225,8 +226,8 @@ async def open_upstream(f: FrontState, name: str, path: str, body: bytes,
             problem = str(exc) or type(exc).__name__
         finally:
             if not sent:  # failed, or cancelled because the client left
-                f.switcher.release(m)
-        if attempt == 1 and await f.switcher.engine_died(m):
+                f.switcher.requests.release(m)
+        if attempt == 1 and await f.switcher.life.engine_died(m):
             logger.warning("switch: %s: its engine is gone (%s); starting it again for this request", name,
                            problem)
             continue
@@ -269,7 +270,7 @@ async def relay(f: FrontState, m: Model, upstream: httpx.Response, events: bool,
                 f"the engine of `{name}` stopped in the middle of this answer; retry the request")
     finally:
         await upstream.aclose()
-        f.switcher.release(m)
+        f.switcher.requests.release(m)
         if said.first:
             f.metrics.first_byte(said.name, said.first - said.arrived)
         m.relayed(said.first - said.arrived if said.first else None)

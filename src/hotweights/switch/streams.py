@@ -7,7 +7,7 @@ import asyncio
 import re
 import time
 
-from .switcher import Switcher
+from .admission import Admission
 
 
 class Said:
@@ -42,13 +42,13 @@ class Stopping:
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.halt: asyncio.Future[None] | None = None
-        self.switcher: Switcher | None = None
+        self.requests: Admission | None = None
         self.streams = 0  # ended by it
         self.waiting = 0  # answered 503 by it
 
-    def begin(self, switcher: Switcher) -> None:
+    def begin(self, requests: Admission) -> None:
         """In the front's loop, as it starts."""
-        self.loop, self.switcher = asyncio.get_running_loop(), switcher
+        self.loop, self.requests = asyncio.get_running_loop(), requests
         self.halt = self.loop.create_future()
 
     def halted(self) -> asyncio.Future[None]:
@@ -63,5 +63,5 @@ class Stopping:
     def _stop(self) -> None:
         if self.halt is not None and not self.halt.done():
             self.halt.set_result(None)
-            if self.switcher is not None:
-                self.waiting = self.switcher.close()
+            if self.requests is not None:
+                self.waiting = self.requests.close()

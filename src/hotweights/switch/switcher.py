@@ -1,5 +1,6 @@
-"""Which engines are awake: requests wait for their model (``acquire``); one scheduler (``run``) starts, parks and
-wakes engines, one at a time, as ``schedule.py`` decides over the memory model (``memory.py``).
+"""Which engines are awake: the scheduler. Requests wait for their model (``admission.py``); one loop (``run``) starts,
+parks and wakes engines, one at a time, as ``schedule.py`` decides over the memory model (``memory.py``), through the
+lifecycle (``lifecycle.py``). The switcher holds the other two: ``requests`` and ``life``.
 
 An engine stays awake while its GPU memory is not needed. To wake a model, the scheduler asks ``schedule.room_for``
 what must make room: nothing (it wakes beside the awake engines), idle engines (they park, the least recently used
@@ -18,68 +19,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from .actions import idle_timeouts
-from .engines import EngineError
+from .admission import Admission
+from .config import ModelConfig, SwitchConfig
+from .engines import EngineError, EngineLike
+from .lifecycle import Lifecycle
+from .metrics import SwitchMetrics
 from .model import Model
-from .operations import Operations
-from .schedule import Room, refusal, retried, startup_next, wanted
+from .schedule import Room, retried, startup_next, wanted
 from .states import SERVING, Failure, FailureKind, ModelState
 
 S = ModelState
 logger = logging.getLogger("hotweights.switch")
 
 
-class Unavailable(Exception):
-    """A request that cannot be served now (503); the message says why."""
-
-
-class Switcher(Operations):
-    async def acquire(self, name: str) -> Model:
-        """The awake engine of ``name`` with this request counted in flight; Unavailable when it cannot be."""
-        m = self.models[name]
-        arrived = m.ledger.arrive()
-        self.metrics.waiting(name, m.waiting)
-        failed, served = m.attempts_failed, False
-        try:
-            while not m.ledger.enter(awake=m.state is S.AWAKE):  # its place in a switch's batch, or a place of its own
-                if self.closing:
-                    raise Unavailable("the server is shutting down; retry the request")
-                if m.attempts_failed != failed:  # the switch this request waited for failed
-                    raise Unavailable(m.error or f"the model `{name}` could not be woken")
-                if said := refusal(m):
-                    raise Unavailable(said)
-                left = arrived + self.config.request_timeout_s - time.monotonic()
-                if left <= 0:
-                    raise Unavailable(f"the model `{name}` was not awake within {self.config.request_timeout_s:.0f} "
-                                      f"s ({m.state}{': ' + m.error if m.error else ''})")
-                moved = self._moved
-                self._kick.set()
-                try:
-                    await asyncio.wait_for(moved.wait(), left)
-                except TimeoutError:
-                    pass  # the loop says it timed out
-            served = True
-            return m
-        finally:
-            if m.ledger.gone(arrived, served):  # it gave its batch's place back, and the engine is idle
-                self._kick.set()
-            self.metrics.waiting(name, m.waiting)
-
-    def close(self) -> int:
-        """The front stops: every request waiting for its model is answered 503 now (how many waited)."""
-        self.closing = True
-        self._changed()
-        return sum(m.waiting - m.reserved for m in self.models.values())
-
-    def release(self, m: Model) -> None:
-        if m.ledger.leave():
-            self._kick.set()  # an idle engine may make room for a model that waits
+class Switcher:
+    def __init__(self, config: SwitchConfig, metrics: SwitchMetrics, engines: Callable[[ModelConfig], EngineLike],
+                 totals: dict[int, int] | None = None) -> None:
+        self.config = config
+        self.life = Lifecycle(config, metrics, engines, totals)
+        self.models = self.life.models
+        self.requests = Admission(config, self.models, self.life.changes, metrics)
 
     async def run(self) -> None:
         """Start-up, then every switch, one at a time, in the order ``next_model`` gives; with ``preload_jobs`` > 1
         start-up's preloads run ahead of the starts, that many at once where memory allows."""
-        preloading = self.begin_preloads(self.config.preload_jobs)
+        preloading = self.life.begin_preloads(self.config.preload_jobs)
         try:
             await self._schedule()
         finally:
@@ -87,26 +54,27 @@ class Switcher(Operations):
                 preloading.cancel()
 
     async def _schedule(self) -> None:
+        life, kick = self.life, self.life.changes.kick
         while True:
-            async with self.busy:
+            async with life.busy:
                 m, room, look = self._plan()
                 if m is not None:
                     try:
-                        await (self._start_up(m) if not m.started or m in retried([m]) else self._switch_to(m, room))
+                        await (life.start_up(m) if not m.started or m in retried([m]) else life.switch_to(m, room))
                     except Exception as exc:  # never the end of the scheduler, a bug included: its requests get 503
                         logger.exception("switch: %s: %s", m.name, exc)
                         m.attempts_failed += 1
                         m.failure = Failure(FailureKind.WAKE, f"the switch to it failed: {exc}")
-                        self._changed()
+                        life.changes.changed()
                         await asyncio.sleep(0.1)  # a bug that repeats must not spin the loop
             if m is None:
                 try:
-                    await asyncio.wait_for(self._kick.wait(), look)
+                    await asyncio.wait_for(kick.wait(), look)
                 except TimeoutError:
                     pass
-                self._kick.clear()
+                kick.clear()
             elif m.config is self.config.default or all(x.started for x in self.models.values()):
-                self.ready.set()
+                life.ready.set()
 
     def _plan(self) -> tuple[Model | None, Room, float | None]:
         """The model to start or wake now and what makes room for it; (None, _, seconds until a busy engine's turn
@@ -120,10 +88,10 @@ class Switcher(Operations):
                 if i == 0:
                     return m, Room(), None
                 continue
-            room = self.room(m)
+            room = self.life.room(m)
             if i == 0:
                 for victim in room.leave:
-                    self._leave(victim, f"for {m.name}", f", {m.waiting} wait for {m.name}")
+                    self.life.leave(victim, f"for {m.name}", f", {m.waiting} wait for {m.name}")
             if not room.wait and (i == 0 or room.now):
                 return m, room, None
             if room.look_in_s is not None:
@@ -139,19 +107,19 @@ class Switcher(Operations):
         while True:
             await asyncio.sleep(interval_s)
             for m in self.models.values():
-                if self.busy.locked():
+                if self.life.busy.locked():
                     break
                 if m.state in SERVING and not m.engine.alive():
-                    self._exited(m)
+                    self.life.exited(m)
                 elif (m.state is S.PARKED and m.config.deep_park_after_s and m.kind.deepens_when_idle
                       and time.monotonic() - m.parked_at > m.config.deep_park_after_s):
-                    async with self.busy:
+                    async with self.life.busy:
                         try:
-                            await self._park(m, 2)
+                            await self.life.park(m, 2)
                         except EngineError as exc:
                             logger.warning("switch: %s", exc)
                 elif m.config.park_after_s or m.config.stop_after_s:
                     try:
-                        await idle_timeouts(self, m)
+                        await idle_timeouts(self.life, m)
                     except EngineError as exc:
                         logger.warning("switch: %s", exc)

@@ -1,5 +1,6 @@
-"""What the switch does to its engines, one at a time: the moves between states (``move``, the only door), a start-up,
-a park, a wake, making room beside a model. ``switcher.Switcher`` decides when. Torch-free."""
+"""What the switch does to its engines, one at a time (``busy``): the moves between states (``move``, the only
+door), a start-up, a park, a wake, making room beside a model, a stop. ``switcher.Switcher`` decides when, and
+``admission.Admission`` lets requests in; both learn of every change through ``Changes``. Torch-free."""
 
 from __future__ import annotations
 
@@ -26,7 +27,30 @@ logger = logging.getLogger("hotweights.switch")
 BACKOFF_S, BACKOFF_MAX_S = 30.0, 600.0
 
 
-class Operations:
+class Changes:
+    """Who looks again when a model changes: the scheduler (``kick``) and the requests waiting for a model."""
+
+    def __init__(self) -> None:
+        self.kick = asyncio.Event()  # a request waits, or an engine changed: the scheduler looks again
+        self._moved = asyncio.Event()  # set (and replaced) on every change: waiting requests look again
+
+    def changed(self) -> None:
+        self.kick.set()
+        self._moved.set()
+        self._moved = asyncio.Event()
+
+    async def next(self, timeout_s: float) -> None:
+        """Until the next change, or ``timeout_s``; the scheduler is asked to look first."""
+        moved = self._moved
+        self.kick.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(moved.wait(), timeout_s)
+
+
+class Lifecycle:
+    """The engines' lifecycle: its public methods are what the scheduler and the operator's actions do to a model;
+    each runs under ``busy`` (the caller holds it), and ends in ``move``."""
+
     def __init__(self, config: SwitchConfig, metrics: SwitchMetrics, engines: Callable[[ModelConfig], EngineLike],
                  totals: dict[int, int] | None = None) -> None:
         self.config, self.metrics = config, metrics
@@ -35,10 +59,8 @@ class Operations:
                        for m in config.models}  # a cached or lazy model's engine starts for its first request
         self.busy = asyncio.Lock()  # held by the one start, park or wake going on
         self.ready = asyncio.Event()  # start-up reached the default model
-        self._kick = asyncio.Event()  # a request waits, or an engine changed: the scheduler looks again
-        self._moved = asyncio.Event()  # set (and replaced) on every change: waiting requests look again
+        self.changes = Changes()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.closing = False  # the front stops: no request waits for a model any more
         self.preloads: Preloads | None = None  # several preloads at once (``begin_preloads``), else each in its start
         self.switched: deque[Switched] = deque(maxlen=20)  # the last switches, for the status page
 
@@ -57,12 +79,7 @@ class Operations:
             raise InvalidTransition(f"{m.name}: {m.state} -> {to} is not a move of the switch")
         m.state = to
         self.metrics.state(m.name, to)
-        self._changed()
-
-    def _changed(self) -> None:
-        self._kick.set()
-        self._moved.set()
-        self._moved = asyncio.Event()
+        self.changes.changed()
 
     def awake_beside(self, m: Model) -> list[Model]:
         """The awake engines other than ``m`` that share a GPU with it."""
@@ -75,13 +92,13 @@ class Operations:
         config = self.config if capped else dataclasses.replace(self.config, max_awake="auto")
         return room_for(m, list(self.models.values()), self.totals, config)
 
-    def _exited(self, m: Model) -> None:
+    def exited(self, m: Model) -> None:
         m.failure = Failure(FailureKind.DIED, f"its engine exited (code {m.engine.exit_code}); it starts again on "
                                               f"the next request")
         logger.warning("switch: %s: %s", m.name, m.failure.message)
         self.move(m, S.FAILED)
 
-    async def _start_up(self, m: Model) -> None:
+    async def start_up(self, m: Model) -> None:
         """Preload and start ``m`` (idle engines park first where it would not fit beside them); it stays awake when
         it is the default, a request waits for it, or it is kept awake; else it parks."""
         if m.state is S.FAILED:  # its start failed and its back-off is over: start-up tries it again
@@ -122,7 +139,7 @@ class Operations:
                 await self._host_copy_ahead(m)
         else:
             m.last_used = m.last_used or time.time()  # its idle timeouts count from here
-            moved = await self._park(m)
+            moved = await self.park(m)
             note = (m.state + moved if m.engine.parks else "stopped: parking is off" if not self.config.parking
                     else "stopped: this engine has no sleep mode")
         logger.info("switch: %s ready in %.1f s (%s; started%s, %.1f s; %s)", m.name, time.monotonic() - began,
@@ -141,7 +158,7 @@ class Operations:
         m.failure = Failure(FailureKind.START, str(exc), time.monotonic() + backoff, m.engine.files())
         m.attempts_failed += 1
         self.move(m, S.FAILED)
-        asyncio.get_running_loop().call_later(backoff, self._kick.set)  # then the scheduler tries it again
+        asyncio.get_running_loop().call_later(backoff, self.changes.kick.set)  # then the scheduler tries it again
 
     async def _host_copy_ahead(self, m: Model) -> None:
         try:
@@ -164,11 +181,11 @@ class Operations:
         for victim in room.park:
             if victim.state is S.AWAKE and not victim.inflight:  # still idle: nothing went in since the plan
                 began = time.monotonic()
-                parked = await self._park_for(victim, f"for {m.name}") and victim.engine.parks
+                parked = await self.park_for(victim, f"for {m.name}") and victim.engine.parks
                 done.append((victim.name, time.monotonic() - began, parked))
         return done
 
-    async def _switch_to(self, m: Model, room: Room) -> None:
+    async def switch_to(self, m: Model, room: Room) -> None:
         """Make ``room`` for ``m`` and wake it (or start it again); a wake that fails is its requests' answer."""
         began = time.monotonic()
         waited = m.waited_s(began)
@@ -183,9 +200,9 @@ class Operations:
             else:
                 m.attempts_failed += 1
                 if not m.engine.alive() and m.state in SERVING:
-                    self._exited(m)
+                    self.exited(m)
                 m.failure = m.failure or Failure(FailureKind.WAKE, str(exc))
-                self._changed()
+                self.changes.changed()
             return
         m.wakes += 1
         self._awake(m)
@@ -194,21 +211,21 @@ class Operations:
         self.switched.append(Switched(time.time(), m.name, seconds, source, waited, tuple(n for n, *_ in parked)))
         logger.info(evidence.switch_awake(m.name, seconds, source, parked, time.monotonic() - woke_began, waited))
 
-    def _leave(self, victim: Model, why: str, waiting: str = "") -> None:
+    def leave(self, victim: Model, why: str, waiting: str = "") -> None:
         """``victim`` takes no new request and parks once its requests in flight end (``why``: ``for B``, where B
         wakes after it, or as an operator asked)."""
         self.move(victim, S.LEAVING)
         logger.info("switch: %s leaves %s: %d request(s) in flight end first%s", victim.name, why, victim.inflight,
                     waiting)
 
-        async def park() -> None:
+        async def park_once_idle() -> None:
             if victim.inflight:
                 await victim.idle.wait()
             async with self.busy:
                 if victim.state is S.LEAVING:
-                    await self._park_for(victim, f"{why} once its requests ended")
+                    await self.park_for(victim, f"{why} once its requests ended")
 
-        task = asyncio.create_task(park())
+        task = asyncio.create_task(park_once_idle())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -240,7 +257,7 @@ class Operations:
                 return False
             await asyncio.sleep(0.05)
         if m.state in SERVING:
-            self._exited(m)
+            self.exited(m)
         return True
 
     async def _park_one(self, keep: Model) -> bool:
@@ -253,16 +270,16 @@ class Operations:
         self.move(victim, S.LEAVING)
         if victim.inflight:
             await victim.idle.wait()
-        await self._park_for(victim, f"for {keep.name} (its wake was refused for memory)")
+        await self.park_for(victim, f"for {keep.name} (its wake was refused for memory)")
         return True
 
-    async def _park_for(self, victim: Model, why: str) -> bool:
+    async def park_for(self, victim: Model, why: str) -> bool:
         """Park ``victim`` (logged with ``why``: ``for B``, ...; it takes no new request meanwhile); one that would not
         park is stopped (False)."""
         if victim.state is S.AWAKE:
             self.move(victim, S.LEAVING)
         try:
-            moved = await self._park(victim)
+            moved = await self.park(victim)
         except EngineError as exc:
             logger.error("switch: %s; stopping it", exc)
             await asyncio.to_thread(victim.engine.stop)
@@ -271,7 +288,7 @@ class Operations:
         logger.info("switch: %s %s %s%s", victim.name, victim.state, why, moved)
         return True
 
-    async def _park(self, m: Model, level: int = 0) -> str:
+    async def park(self, m: Model, level: int = 0) -> str:
         """Park ``m`` at its configured level (or ``level``; EngineError when it would not); with ``parked_weights
         = "host"`` its weights then leave the GPU: ', N GiB to host memory' (or why they stay)."""
         level = level or m.config.level
