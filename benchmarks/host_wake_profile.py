@@ -3,12 +3,16 @@
 
 A daemon, ``preload --device cuda`` of MODEL, one zero-copy attach, ``resident.host_copy``; then rounds: unmap
 (a deep park), release the keeper's GPU entry, ``map_again`` (from the host copy: map its memfd, a new CUDA
-pool, the upload with N workers, publish, map at the same addresses). Each round prints the total and the
-seconds of each timed part (``import_pool``, ``fill_at`` (a new allocation at the same addresses, the
-upload inside it), ``upload``, ``publish``, ``attach_rpc``, ``_from_entry``); the last round also runs
-under cProfile (its top 15 by own time to stderr); the last line is every round as one JSON list.
+pool, the copy, publish, map at the same addresses). Each round prints the total and the seconds of each timed
+part (``fill_at`` (a new allocation at the same addresses, the copy inside it), ``upload`` or ``pinned_copy``,
+``publish``, ``attach_rpc``, ``_from_entry``); the last two rounds also run under cProfile (their top 12 by own
+time to stderr); the last line is the medians and every round as one JSON object.
 
-Run (GPU):  python3 benchmarks/host_wake_profile.py MODEL [--threads 16,16,16,16,8,8]
+Rounds alternate the two wakes from a host copy, interleaved: ``pinned`` (the copy pinned while parked,
+``resident.PIN_AHEAD``: one DMA) and ``stages`` (the upload through pinned stages); each round waits, untimed,
+for what its park readied (the pinning, or the stages), as a parked engine would have.
+
+Run (GPU):  python3 benchmarks/host_wake_profile.py MODEL [--rounds 6] [--json-out FILE]
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import argparse
 import cProfile
 import json
 import pstats
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,7 +66,8 @@ def hw(*args: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
-    parser.add_argument("--threads", default="16,16,16,16,16,16")
+    parser.add_argument("--rounds", type=int, default=6, help="wakes, alternating pinned and stages")
+    parser.add_argument("--json-out", default="", help="also write the rounds and medians here")
     args = parser.parse_args()
     sock = tempfile.mkdtemp(prefix="hwp-", dir="/tmp")
     hw("daemon", "--detach", "--socket-dir", sock)
@@ -69,7 +75,8 @@ def main() -> int:
     key = checkpoint_key(open_checkpoint(args.model), dtype="bfloat16", device=resolve_device("cuda:0"))
     got = attach_tensors(key, AttachConfig(socket_dir=sock, fallback=False))
     assert got.ok, got.reason
-    upload_fn = timed(upload, "upload", "upload")
+    timed(upload, "upload", "upload")
+    timed(upload.Pinned, "copy_to", "pinned_copy")
     for owner, name in ((cpu, "import_pool"), (cuda, "fill_at"), (resident, "_from_entry")):
         timed(owner, name, name)
     timed(clientmod.Client, "publish", "publish", sync=False)
@@ -79,27 +86,40 @@ def main() -> int:
         resident.host_copy(client)
         print("host_copy", round(time.perf_counter() - began, 2), flush=True)
     rows = []
-    threads_list = [int(t) for t in args.threads.split(",")]
-    for threads in threads_list:
-        upload_fn.__defaults__ = (threads,)
+    for r in range(args.rounds):
+        resident.PIN_AHEAD = r % 2 == 0
         resident.unmap_all()
+        for h in resident.held():  # parked a while: what the park readied is ready
+            if h.pinning is not None:
+                h.pinning.join()
+        for warming in upload._WARMING:
+            warming.join()
         with connect(daemon_paths(sock)) as client:
             client.release(key.short, tier="device")
         TIMES.clear()
-        profile = cProfile.Profile() if threads == threads_list[-1] and len(rows) == len(threads_list) - 1 else None
+        profile = cProfile.Profile() if r >= args.rounds - 2 else None
         began = time.perf_counter()
         if profile is not None:
             profile.enable()
-        source = resident.map_again()
+        again = resident.map_again()
         total = time.perf_counter() - began
         if profile is not None:
             profile.disable()
-            pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(15)
-        rows.append({"threads": threads, "total": round(total, 3), "source": source,
-                     **{k: round(v, 3) for k, v in TIMES.items()}})
+            print("== pinned" if resident.PIN_AHEAD else "== stages", file=sys.stderr)
+            pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(12)
+        rows.append({"round": r, "wake": "pinned" if resident.PIN_AHEAD else "stages", "total": round(total, 3),
+                     "source": again.source, "rate": again.rate(), **{k: round(v, 3) for k, v in TIMES.items()}})
         print(rows[-1], flush=True)
+    medians = {w: statistics.median(x["total"] for x in rows if x["wake"] == w) for w in ("pinned", "stages")}
+    summary = {"bytes": sum(h.manifest.nbytes for h in resident.held()), "median_s": medians,
+               "ratio_stages_over_pinned": round(medians["stages"] / medians["pinned"], 2), "rounds": rows,
+               "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+               "command": "python3 benchmarks/host_wake_profile.py " + " ".join(sys.argv[1:])}
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(summary, f, indent=1)
     subprocess.run([sys.executable, "-m", "hotweights", "stop", "--socket-dir", sock], capture_output=True)
-    print(json.dumps(rows))
+    print(json.dumps(summary))
     return 0
 
 

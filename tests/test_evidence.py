@@ -31,6 +31,16 @@ def test_patterns_recognise_the_lines_they_are_built_from():
     assert evidence.daemon_ready("/s", 1).startswith(evidence.READY_MARK)
 
 
+def test_a_wake_line_says_where_the_weights_came_from_and_how_fast_a_host_copy_came():
+    assert evidence.woke("m", 0.25, None) == "Woke m in 0.250 s (weights kept mapped)"
+    assert evidence.woke("m", 0.25, "gpu") == "Woke m in 0.250 s (weights from gpu)"
+    host = evidence.woke("m", 0.412, "host", "16.40 GB at 47.1 GB/s")
+    assert host == "Woke m in 0.412 s (weights from host, 16.40 GB at 47.1 GB/s)"
+    assert evidence.WOKE_RE.search(host).groups() == ("m", "0.412", "from host", "16.40 GB at 47.1 GB/s")
+    assert evidence.woke_source("x\n" + host) == "host" and evidence.woke_source(evidence.woke("m", 1, None)) is None
+    assert evidence.woke_source(evidence.woke("m", 1.0, "gpu+host", "1.00 GB at 40.0 GB/s")) == "gpu+host"
+
+
 def test_the_strict_message_ends_with_what_to_do():
     assert evidence.strict_failure("x").endswith("start the daemon and preload the model (hotweights preload "
                                                  "--model DIR), or set fallback to true")

@@ -167,17 +167,21 @@ def test_a_deep_park_unmaps_and_maps_again_at_the_same_addresses_under_a_cuda_gr
     ptr = w.data_ptr()
     held = next(h for h in resident.held() if h.key == key)
     assert resident.unmap_all() == held.manifest.nbytes and not held.mapped
-    assert resident.map_again() == "gpu" and w.data_ptr() == ptr
+    assert resident.map_again().source == "gpu" and w.data_ptr() == ptr
     out.zero_()
     graph.replay()
     assert torch.equal(out, expected)
     with connect(daemon.paths) as client:
         assert resident.host_copy(client) == held.manifest.nbytes
         assert resident.unmap_all() > 0
+        held.pinning.join()  # the host copy pinned for the wake, while parked: one DMA
+        assert held.pinned and sum(p.nbytes for p in held.pinned) == held.manifest.nbytes
         client.release(key.short, tier="device")
         (row,) = client.status().rows()
         assert row.nbytes == 0 and row.host_nbytes == held.manifest.nbytes
-        assert resident.map_again() == "host"
+        again = resident.map_again()
+        assert again.source == "host" and again.host_bytes == held.manifest.nbytes and "GB/s" in again.rate()
+        assert held.pinned is None  # let go of once mapped again
         (row,) = client.status().rows()
         assert row.nbytes == row.host_nbytes  # the wake published the entry back
     out.zero_()

@@ -125,7 +125,7 @@ def parse_startup(text: str) -> dict[str, Any] | None:
 # a parked engine (serve/park.py): when it sleeps and when it wakes
 PARKED_RE = re.compile(r"Parked (\S+) \(level (\d)\): freed ([\d.]+) GiB in ([\d.]+) s \((weights kept mapped|"
                        r"weights unmapped)\)")
-WOKE_RE = re.compile(r"Woke (\S+) in ([\d.]+) s \(weights (kept mapped|from \w+)\)")
+WOKE_RE = re.compile(r"Woke (\S+) in ([\d.]+) s \(weights (kept mapped|from [\w+]+)(?:, ([^)]*))?\)")
 
 
 # a wake refused (the engine stays parked): by vLLM's workers for memory, by the embedded server when its
@@ -171,9 +171,11 @@ def parked(model: str, level: int, freed_bytes: int, seconds: float, *, weights_
             f"({'weights kept mapped' if weights_mapped else 'weights unmapped'})")
 
 
-def woke(model: str, seconds: float, source: str | None) -> str:
-    """``source``: where the weights came from (gpu, host, disk), None when they stayed mapped."""
-    return f"Woke {model} in {seconds:.3f} s ({'weights kept mapped' if source is None else f'weights from {source}'})"
+def woke(model: str, seconds: float, source: str | None, rate: str = "") -> str:
+    """``source``: where the weights came from (gpu, host, disk), None when they stayed mapped; ``rate``: a host
+    copy's bytes and speed (``16.40 GB at 47.1 GB/s``), said after it."""
+    weights = "weights kept mapped" if source is None else f"weights from {source}"
+    return f"Woke {model} in {seconds:.3f} s ({weights}{', ' + rate if rate else ''})"
 
 
 # the switch's line for each switch (``hotweights switch``): its time, where the weights came from, and what it

@@ -92,16 +92,15 @@ class Parking:
             if not self.level:
                 return f"{self.name} is awake"
             start = time.perf_counter()
-            source = None
-            if self.level == 2:
-                source = self._weights_again()
+            again = self._weights_again() if self.level == 2 else None
             self.level = 0
-            line = evidence.woke(self.name, time.perf_counter() - start, source)
+            line = evidence.woke(self.name, time.perf_counter() - start, again and again.source,
+                                 again.rate() if again else "")
         logger.info(line)
         resident.announce(0, 0)
         return line
 
-    def _weights_again(self) -> str:
+    def _weights_again(self) -> resident.Remapped:
         """The weights of a deep park back in the model; where they came from."""
         if any(not h.mapped for h in resident.held()):
             try:
@@ -115,7 +114,7 @@ class Parking:
         except Exception as exc:  # the policy's own message (strict: what to do)
             raise ParkError(f"cannot wake {self.name}: {exc}; it stays parked", status=503) from None
         attach_module(self.model, tensors)
-        return source
+        return resident.Remapped(source)
 
 
 def _gpu_residue() -> int:

@@ -39,8 +39,9 @@ def gpu_mib_by_pid() -> dict[int, int]:
 
 
 def host_mib(pids: list[int]) -> int | None:
-    """The resident host memory of these processes (``VmRSS``), None where none can be read."""
-    read = [rss for pid in pids if (rss := proc_status(pid).get("VmRSS")) is not None]
+    """The host memory these processes hold of their own (``VmRSS`` less ``RssShmem``: the keeper's shared pages they
+    map, a host copy pinned for a wake among them, are the keeper's, counted there), None where none can be read."""
+    read = [status["VmRSS"] - status.get("RssShmem", 0) for pid in pids if "VmRSS" in (status := proc_status(pid))]
     return sum(read) >> 20 if read else None
 
 

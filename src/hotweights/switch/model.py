@@ -213,7 +213,7 @@ class ModelRow:
     parks: bool
     error: str | None  # one line
     log: str
-    host_mib: int | None = None  # its processes' resident host memory (a deep park's weights and staging included)
+    host_mib: int | None = None  # its processes' own resident host memory (not the keeper's pages they map)
     parked_weights: str = "gpu"  # where its weights stay while it is parked: "gpu" or "host"
     start: str = "eager"
     aliases: list[str] | None = None

@@ -61,15 +61,16 @@ def wake_up(worker: Any, original: Any, tags: list[str] | None = None) -> Any:
     start = time.perf_counter()
     level, own, unmapped = getattr(worker, "_hotweights_parked", (0, 0, 0))
     weights = tags is None or "weights" in tags
-    source = None
+    again = None
     if level:
         _check_fits(worker, own if (tags is None or "kv_cache" in tags) else 0, unmapped if weights else 0)
     if weights and any(not h.mapped for h in resident.held()):
-        source = resident.map_again()  # WeightsGone: nothing was mapped or allocated; it stays parked
+        again = resident.map_again()  # WeightsGone: nothing was mapped or allocated; it stays parked
     result = original(worker, tags)
     if tags is None or ("weights" in tags and "kv_cache" in tags):
         worker._hotweights_parked = (0, 0, 0)
-    logger.info(evidence.woke(_name(worker), time.perf_counter() - start, source))
+    logger.info(evidence.woke(_name(worker), time.perf_counter() - start, again.source if again else None,
+                              again.rate() if again else ""))
     if resident.held() and not getattr(worker, "_hotweights_parked", (0,))[0]:
         resident.announce(0, 0)
     return result
