@@ -19,6 +19,7 @@ from hotweights.switch.gpus import GpuMemory, gpu_memory
 from hotweights.switch.kinds import KINDS, GpuNeed
 from hotweights.switch.metrics import SwitchMetrics
 from hotweights.switch.preloads import Preloads
+from hotweights.switch.schedule import Preloading, next_preload, start_to_reserve_for
 from hotweights.switch.states import PreloadOutcome
 from hotweights.switch.switcher import Switcher
 
@@ -178,8 +179,9 @@ def test_gpu_memory_admits_a_preload_only_beside_what_the_others_and_the_next_st
     def run(free_mib: int, names: list[str]) -> int:
         async def main() -> int:
             s, _, _, spans = switcher(names, jobs=4)
-            s.life.preloads = Preloads(list(s.models.values()), 4, memory=lambda: {0: GpuMemory(100_000, free_mib)},
-                                  need=lambda m: need)
+            models = list(s.models.values())
+            s.life.preloads = Preloads(models, 4, lambda: start_to_reserve_for(models, s.config, models[0]),
+                                       memory=lambda: {0: GpuMemory(100_000, free_mib)}, need=lambda m: need)
             preloading = asyncio.create_task(s.life.preloads.run())
             await asyncio.gather(*(s.life.preloads.result(m) for m in s.models.values()))
             await preloading
@@ -189,6 +191,37 @@ def test_gpu_memory_admits_a_preload_only_beside_what_the_others_and_the_next_st
     assert run(100_000, ["a", "b", "c"]) == 2  # a third would leave 20 GB for a 40 GB peak
     assert run(60_000, ["a", "b", "c"]) == 1  # one at a time: each after the other's peak is gone
     assert run(190_000, ["a", "b", "c", "d", "e"]) == 4  # preload_jobs bounds them too
+
+
+def test_the_next_preload_is_decided_from_one_snapshot_as_a_table():
+    """Review e, move 1: the preloads' admission is a pure function of a snapshot, free memory and the start to
+    leave room for; each row is one situation and what begins."""
+    s, *_ = switcher(["a", "b", "c"], jobs=2)
+    a, b, c = models = list(s.models.values())
+    need = GpuNeed((0,), share=0.25, weights_mib=15_000)  # at its peak 40 GB of 100; its start 10
+    cpu = GpuNeed(())
+
+    def begins(free_mib: int, reserve_for=None, needs=need, **seen) -> str | None:
+        p = Preloading(**{"jobs": 2, **seen})
+        m = next_preload(models, p, lambda m: needs, {0: GpuMemory(100_000, free_mib)}, reserve_for)
+        return m.name if m else None
+
+    running_a = {"running": {"a": need}}
+    assert begins(100_000) == "a"  # the head of the queue: start-up order
+    assert begins(100_000, **running_a) == "b"  # 100 - 40 (a's peak) holds b's 40
+    assert begins(60_000, **running_a) is None  # 20 left: b waits for a's peak to pass
+    assert begins(90_000, c, **running_a) == "b" and begins(89_000, c, **running_a) is None  # and c's start: 10
+    assert begins(100_000, jobs=1, **running_a) is None  # no job free
+    assert begins(10_000) is None and begins(10_000, wanted=("a",)) == "a"  # alone for a start: vLLM decides
+    assert begins(100_000, starting=(need,)) is None  # an engine starting on its GPU: it sizes its KV cache
+    assert begins(100_000, needs=cpu, starting=(need,)) == "a"  # another device's start
+    assert begins(100_000, done=frozenset({"a"})) is None  # a's start (seconds) before b's preload (minutes)
+    assert begins(100_000, done=frozenset({"a"}), wanted=("b",)) == "b"  # unless a start waits for b
+    assert begins(100_000, done=frozenset({"a"}), failed_beside=frozenset({"b"}), wanted=("b",)) == "b"
+    assert begins(100_000, failed_beside=frozenset({"b"}), **{**running_a, "done": frozenset()}) is None  # alone
+    c.ledger.arrive()  # a request waits for c: its preload goes first
+    assert begins(100_000) == "c" and begins(100_000, wanted=("b",)) == "b"  # a start waiting goes before that
+    assert start_to_reserve_for(models, s.config, a) is c  # the scheduler's next start: c, a request waits for it
 
 
 def test_each_engine_kind_says_what_its_preload_and_start_take_on_the_gpu(tmp_path):

@@ -19,7 +19,7 @@ from .engines import EngineError, EngineLike, WakeRefused
 from .metrics import SwitchMetrics
 from .model import Model, Switched
 from .preloads import Preloads
-from .schedule import Room, pick_victim, room_for, startup_order
+from .schedule import Room, pick_victim, room_for, start_to_reserve_for, startup_order
 from .states import SERVING, TRANSITIONS, Failure, FailureKind, InvalidTransition, ModelState, WakeSource
 
 S = ModelState
@@ -68,8 +68,10 @@ class Lifecycle:
         """With ``jobs`` > 1, start-up's preloads run ahead of the starts (``preloads.py``): their task."""
         if jobs <= 1:
             return None
-        order = startup_order(self.models.values(), self.models[self.config.default.name])
-        self.preloads = Preloads([m for m in order if m.config.start != "lazy"], jobs)
+        models, default = list(self.models.values()), self.models[self.config.default.name]
+        order = startup_order(models, default)
+        self.preloads = Preloads([m for m in order if m.config.start != "lazy"], jobs,
+                                 lambda: start_to_reserve_for(models, self.config, default))
         return asyncio.create_task(self.preloads.run())
 
     def move(self, m: Model, to: ModelState) -> None:

@@ -11,12 +11,12 @@ A preload does not begin on GPUs where a model whose preload is done has yet to 
 it): the starts go first, then the next preloads begin together, a wave (as memory admits), rather than one by one
 between starts, each holding the next start back.
 
-Admission, per GPU the preload uses (``memory.GpuNeed``, free memory from ``nvidia-smi``): what is free now, less
-the peak of every preload still running (counted whole, even once it has taken part of it: conservative) and less
-what the start in progress (else the next one) needs, must hold this preload's peak. Where no preload runs, one
-is admitted when that holds or when a start waits for it (the sequential start-up of before: vLLM's own check
-then says whether it fits). A preload that failed while others ran is tried again alone, once. Where nothing
-tells free memory (no GPU), only ``preload_jobs`` bounds them. Torch-free.
+Which preload begins, and when, is ``schedule.next_preload``'s decision (a pure function, tested as a table), over
+a snapshot taken right after free memory is read (``nvidia-smi``), so nothing changes between the read and the
+decision; this loop only runs the jobs. It looks again when a preload ends, a start waits for one or ends, and
+every ``LOOK_AGAIN_S`` (free memory changes as engines start and park, which nothing signals). A preload that failed
+while others ran is tried again alone, once. Where nothing tells free memory (no GPU), only ``preload_jobs`` bounds
+them. Torch-free.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from .gpus import GpuMemory, gpu_memory
 from .memory import GpuNeed
 from .model import Model
-from .states import ModelState, PreloadOutcome
+from .schedule import Preloading, next_preload, queued_preloads
+from .states import PreloadOutcome
 
 logger = logging.getLogger("hotweights.switch")
 LOOK_AGAIN_S = 1.0  # free memory changes as engines start and park: admission looks again this often
@@ -49,11 +50,13 @@ class Job:
 
 
 class Preloads:
-    """The preloads of ``models`` (in start-up order: the default first), up to ``jobs`` at a time."""
+    """The preloads of ``models`` (in start-up order: the default first), up to ``jobs`` at a time; ``reserve_for``:
+    the start they leave room for (``schedule.start_to_reserve_for``)."""
 
-    def __init__(self, models: list[Model], jobs: int, memory: Callable[[], dict[int, GpuMemory]] | None = None,
+    def __init__(self, models: list[Model], jobs: int, reserve_for: Callable[[], Model | None],
+                 memory: Callable[[], dict[int, GpuMemory]] | None = None,
                  need: Callable[[Model], GpuNeed] | None = None) -> None:
-        self.models, self.jobs = models, jobs
+        self.models, self.jobs, self.reserve_for = models, jobs, reserve_for
         self.memory, self._need = memory or gpu_memory, need or kind_need
         self._needs: dict[str, GpuNeed] = {}
         self.done: dict[str, asyncio.Future[tuple[PreloadOutcome, float]]] = {}
@@ -94,12 +97,15 @@ class Preloads:
             self._look.set()
 
     async def run(self) -> None:
-        """Admit preloads until every model's is done (a task of the switcher; cancelled with it)."""
+        """Begin preloads as ``next_preload`` admits them until every model's is done (a task of the switcher;
+        cancelled with it)."""
         tasks: set[asyncio.Task[None]] = set()
         try:
-            while (queued := self._queued()) or self.running:  # one that failed beside others comes back
-                m = queued[0] if queued else None
-                if m is not None and len(self.running) < self.jobs and await self._admits(m):
+            while (queued := queued_preloads(self.models, self.snapshot())) or self.running:
+                # one that failed beside others comes back to the queue
+                memory = await asyncio.to_thread(self.memory) if queued and self.need(queued[0]).gpus else {}
+                m = next_preload(self.models, self.snapshot(), self.need, memory, self.reserve_for())  # no await
+                if m is not None:
                     self.running[m.name] = Job(self.need(m))
                     for job in self.running.values():
                         job.beside |= len(self.running) > 1
@@ -117,48 +123,11 @@ class Preloads:
             for task in tasks:
                 task.cancel()
 
-    def _queued(self) -> list[Model]:
-        """Models whose preload has not begun, the next first: one a start waits for, one a request waits for,
-        then start-up order."""
-        left = [m for m in self.models if m.name not in self.running
-                and not (m.name in self.done and self.done[m.name].done())]
-        return sorted(left, key=lambda m: (m.name not in self.wanted, not m.waiting, self.models.index(m)))
-
-    async def _admits(self, m: Model) -> bool:
-        if m.name in self.failed_beside and self.running:
-            return False
-        need = self.need(m)
-        fits = True
-        if need.gpus and (self.running or m.name not in self.wanted):
-            memory = await asyncio.to_thread(self.memory)
-            fits = all(self._fits(m, need, g, memory[g]) for g in need.gpus if g in memory)
-        # after the memory read, which awaits: a start may have begun meanwhile
-        if any(set(other.gpus) & set(need.gpus) for other in self.starting.values()):
-            return False
-        if m.name not in self.wanted and self._start_due(need):
-            return False
-        if not self.running:  # nothing runs: fits, or a start waits for it (vLLM's own check decides then)
-            return fits or m.name in self.wanted
-        return fits
-
-    def _start_due(self, need: GpuNeed) -> bool:
-        """A model preloaded already has yet to start on these GPUs: its start (seconds) goes first, as a preload
-        begun now (minutes) would hold it back, neither running beside the other (on an H200 an 18 s start waited
-        100 s behind a preload begun while the model before it parked)."""
-        return any(not x.started and x.config.start == "eager" and x.name in self.done and self.done[x.name].done()
-                   and set(self.need(x).gpus) & set(need.gpus) for x in self.models)
-
-    def _fits(self, m: Model, need: GpuNeed, gpu: int, mem: GpuMemory) -> bool:
-        """Free memory on ``gpu`` holds ``m``'s preload at its peak beside the peaks of those running, and what the
-        next start needs (that start waits for them, not for the weights they leave in the keeper)."""
-        held = sum(j.need.preload_mib(mem.total_mib) for j in self.running.values() if gpu in j.need.gpus)
-        waiting = [x for x in self.models if x.started and x.state is ModelState.STARTING]
-        nxt = next(iter(waiting or [x for x in self.models if not x.started and x.config.start == "eager"]), None)
-        reserve = 0
-        if nxt is not None and nxt is not m and nxt.name not in self.running:
-            other = self.need(nxt)
-            reserve = other.start_mib(mem.total_mib) if gpu in other.gpus else 0
-        return mem.free_mib - held - reserve >= need.preload_mib(mem.total_mib)
+    def snapshot(self) -> Preloading:
+        """The preloads now, as ``next_preload`` reads them."""
+        return Preloading(self.jobs, {n: job.need for n, job in self.running.items()},
+                          frozenset(n for n, f in self.done.items() if f.done()), tuple(self.wanted),
+                          tuple(self.starting.values()), frozenset(self.failed_beside))
 
     async def _preload(self, m: Model) -> None:
         job = self.running[m.name]

@@ -13,16 +13,23 @@ engines already leaving; then, where memory forces a choice between busy engines
 requests waiting for the model have waited, in sum, ``turn_s`` per request it has in flight (a starving request ends
 it at once): it leaves (takes no new request, parks once its requests end) and the model wakes after it. Nothing is
 parked or left for a wake that must wait anyway.
+
+Start-up's preloads (``next_preload``, over ``Preloading``, a snapshot the preloads' loop takes after reading free
+memory, so that nothing changes between the read and the decision): the next in the queue (one a start waits for,
+one a request waits for, then start-up order) begins when a job is free and its GPUs' free memory holds its peak
+beside the peaks of those running and what the start the scheduler takes next needs (``start_to_reserve_for``).
+``preloads.py`` runs them.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from .config import SwitchConfig
-from .memory import Holder, over_mib
+from .gpus import GpuMemory
+from .memory import GpuNeed, Holder, over_mib
 from .model import Model
 from .states import FailureKind, ModelState
 
@@ -166,3 +173,62 @@ def refusal(m: Model) -> str:
     if left <= 0 or m.engine.files() != f.files:
         return ""
     return f"{f.message} (tried again in {left:.0f} s, or at once when its checkpoint's files change)"
+
+
+@dataclass(frozen=True)
+class Preloading:
+    """Start-up's preloads at one moment, as ``next_preload`` reads them."""
+
+    jobs: int  # at most this many at once
+    running: Mapping[str, GpuNeed] = field(default_factory=dict)  # begun and not ended, with their needs
+    done: frozenset[str] = frozenset()  # ended, their outcome kept
+    wanted: tuple[str, ...] = ()  # a start waits for these
+    starting: tuple[GpuNeed, ...] = ()  # engines starting: no preload begins on their GPUs
+    failed_beside: frozenset[str] = frozenset()  # failed beside others: tried again with none running
+
+
+def queued_preloads(models: Sequence[Model], p: Preloading) -> list[Model]:
+    """Models whose preload has not begun, the next first: one a start waits for, one a request waits for, then
+    start-up order (``models``' order)."""
+    left = [m for m in models if m.name not in p.running and m.name not in p.done]
+    return sorted(left, key=lambda m: (m.name not in p.wanted, not m.waiting, models.index(m)))
+
+
+def next_preload(models: Sequence[Model], p: Preloading, need: Callable[[Model], GpuNeed],
+                 memory: Mapping[int, GpuMemory], reserve_for: Model | None) -> Model | None:
+    """The preload to begin now: the head of the queue where a job is free and it is admitted, else None.
+
+    Not on GPUs where an engine is starting (vLLM sizes its KV cache from a profile of the whole GPU), nor where a
+    model whose preload is done has yet to start (its start, seconds, goes before a preload, minutes), unless a start
+    waits for it. Where none runs, it begins when it fits or a start waits for it (vLLM's own check decides then);
+    beside others, only when it fits (``preload_fits``); one that failed beside others, only alone."""
+    queued = queued_preloads(models, p)
+    if not queued or len(p.running) >= p.jobs:
+        return None
+    m, own = queued[0], need(queued[0])
+    if (m.name in p.failed_beside and p.running) or any(set(o.gpus) & set(own.gpus) for o in p.starting):
+        return None
+    if m.name not in p.wanted and any(not x.started and x.config.start == "eager" and x.name in p.done
+                                      and set(need(x).gpus) & set(own.gpus) for x in models):
+        return None
+    fits = all(preload_fits(m, own, g, memory[g], p, need, reserve_for) for g in own.gpus if g in memory)
+    return m if fits or (not p.running and m.name in p.wanted) else None
+
+
+def preload_fits(m: Model, own: GpuNeed, gpu: int, mem: GpuMemory, p: Preloading, need: Callable[[Model], GpuNeed],
+                 reserve_for: Model | None) -> bool:
+    """Free memory on ``gpu`` holds ``m``'s preload at its peak beside the peaks of those running (counted whole,
+    even once they have taken part of it: conservative), and what ``reserve_for``'s start needs there (it waits for
+    them, not for the weights they leave in the keeper)."""
+    held = sum(n.preload_mib(mem.total_mib) for n in p.running.values() if gpu in n.gpus)
+    reserve = 0
+    if reserve_for is not None and reserve_for is not m and reserve_for.name not in p.running:
+        other = need(reserve_for)
+        reserve = other.start_mib(mem.total_mib) if gpu in other.gpus else 0
+    return mem.free_mib - held - reserve >= own.preload_mib(mem.total_mib)
+
+
+def start_to_reserve_for(models: Sequence[Model], config: SwitchConfig, default: Model) -> Model | None:
+    """The start a preload leaves room for: the one in progress, else the one the scheduler takes next."""
+    starting = [x for x in models if x.started and x.state is S.STARTING]
+    return starting[0] if starting else next_model(models, config, default)
