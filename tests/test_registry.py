@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import os
 
+from conftest import open_fds
+
 from hotweights.keeper.registry import Registry
 from hotweights.key import CacheKey, ShardId
 from hotweights.manifest import Manifest, pack
 
 KEY = CacheKey(shards=(ShardId("m", 1, "h", "c"),), arch="A", dtype="float16", model="m")
 OTHER = CacheKey(shards=(ShardId("m", 1, "h", "c"),), arch="A", dtype="bfloat16", model="m")
-
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 def entry(key: CacheKey) -> tuple[Manifest, list[int]]:
@@ -33,7 +31,7 @@ def test_add_lookup_release_own_exactly_one_fd_per_pool():
     os.close(dups[0])
     assert reg.lookup(OTHER) is None
     assert [(t, m.key) for t, m in reg.release(KEY.short)] == [("device", KEY)] and reg.lookup(KEY) is None
-    assert open_fds() == before
+    assert open_fds() <= before
 
 
 def test_refusals_close_the_fds_they_were_given():
@@ -45,7 +43,7 @@ def test_refusals_close_the_fds_they_were_given():
     code, message = reg.add(*entry(OTHER), max_bytes=1500)
     assert code == "budget" and "would exceed the daemon budget of 1500 bytes (1024 bytes in use)" in message
     reg.release(None)
-    assert open_fds() == before
+    assert open_fds() <= before
 
 
 def test_closest_lists_the_differing_fields_and_describe_counts_bytes():
@@ -90,7 +88,7 @@ def test_a_host_copy_is_a_tier_of_its_entry_served_only_when_asked_for():
     assert (row.nbytes, row.host_nbytes) == (0, 1024)
     assert reg.describe_one(KEY.short) == manifest
     reg.release(None)
-    assert reg.describe()[0] == [] and open_fds() == before
+    assert reg.describe()[0] == [] and open_fds() <= before
 
 
 def test_a_host_copy_must_have_the_tensors_of_its_entry():
