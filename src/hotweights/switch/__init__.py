@@ -1,8 +1,17 @@
 """``hotweights switch``: many models on one GPU behind one OpenAI-compatible port, each engine awake while GPU
-memory allows and parked when another needs it (``front.py``: the app and its run; ``handlers.py``: its routes, the
-status page ``page.html`` among them; ``switcher.py``: the scheduler, which holds ``admission.py`` (the requests
-waiting and in flight) and ``lifecycle.py`` (start, park, wake, stop: the moves); ``schedule.py``: its decisions,
-pure; ``memory.py``: the GPU memory model; ``model.py``: a model and its requests' ``Ledger``; ``actions.py``: an
-operator's park, stop, start and idle timeouts; ``engines.py`` and ``kinds.py``: the engine processes and what each
-kind needs; ``leftovers.py``: what a dead front left running; ``config.py``: the TOML file and the quick form, one
-pydantic schema)."""
+memory allows and parked when another needs it.
+
+- the port: ``front.py`` (the app, its lifespan and run), ``handlers.py`` (its routes over ``FrontState``, the status
+  page ``page.html`` among them), ``validate.py`` (a request's checks before it may switch), ``streams.py`` (each
+  relayed request's log line; open streams ended when the front stops), ``metrics.py``;
+- the scheduler: ``switcher.py``, which holds ``admission.py`` (the requests waiting and in flight) and
+  ``lifecycle.py`` (start, park, wake, stop: every move through the state table of ``states.py``); ``schedule.py``
+  (its decisions and the preloads', pure); ``preloads.py`` (start-up's preloads, several at once where memory
+  allows); ``actions.py`` (an operator's park, stop, start and idle timeouts); ``model.py`` (a model and its
+  requests' ``Ledger``);
+- memory: ``memory.py`` (the GPU memory model), ``gpus.py`` (what nvidia-smi reads), ``fit.py`` (each GPU's worst
+  moment, said at start-up);
+- engines: ``engines.py`` (an engine, put together from ``process.py``, the server process, ``keeper.py``, its
+  keeper rows, and ``kinds.py``, what each kind needs); ``leftovers.py`` (what a dead front left running);
+- ``config.py``: the TOML file and the quick form, one pydantic schema.
+"""

@@ -1,4 +1,4 @@
-"""The states of a model behind the switch, and the moves between them (one table; ``Switcher.move`` is the only
+"""The states of a model behind the switch, and the moves between them (one table; ``Lifecycle.move`` is the only
 door, and refuses, logs and raises on a move the table does not have: a bug, never a user's input).
 
     starting -> awake | parked | deep-parked | stopped | failed      (its start-up, or a start for a request)
