@@ -308,8 +308,12 @@ def test_without_parking_a_switch_says_it_stopped_one_engine_and_started_the_oth
                                socket_dir=sock))
         try:
             assert f.client().completions.create(model="b", prompt="hi", max_tokens=2).model == "b"
+            shown = run_cli("switch", "status", "--port", str(f.port), timeout=60)
         finally:
             f.interrupt()
+        # its status said "(no sleep mode: ...)" of an engine that has one
+        assert shown.returncode == 0 and "(parking off: a switch stops and starts it)" in shown.stdout, shown.stdout
+        assert "no sleep mode" not in shown.stdout, shown.stdout
         log = f.log.read_text()
         assert "switch: b ready in" in log and "stopped: parking is off)" in log, log[-3000:]
         line = re.search(r"switch: b awake in [\d.]+ s \(weights (\w+); stopped a in [\d.]+ s; started b in [\d.]+ s\)",

@@ -105,6 +105,7 @@ def _status(args: argparse.Namespace) -> int:
 
     print(f"{'MODEL':<20} {'STATE':<12} {'ENGINE':<10} {'GPUS':<6} {'PID':>7} {'GPU MiB':>8} {'WAKES':>5} "
           f"{'WAITING':>7}  LAST USED")
+    stops = "no sleep mode" if state.get("parking", True) else "parking off"
     for m in (ModelRow.from_json(row) for row in state["models"]):
         last = "-" if not m.last_used else f"{time.time() - m.last_used:.0f} s ago"
         name = m.name + (" *" if m.name == state["default"] else "")
@@ -112,7 +113,7 @@ def _status(args: argparse.Namespace) -> int:
         gpus = ",".join(str(g) for g in m.gpus or []) or "any"
         print(f"{name:<20} {m.state:<12} {m.engine:<10} {gpus:<6} {m.pid or '-':>7} {gpu:>8} {m.wakes:>5} "
               f"{m.waiting:>7}  {last}" + (f"  ({m.error})" if m.error else "")
-              + ("" if m.parks else "  (no sleep mode: a switch stops and starts it)"))
+              + ("" if m.parks else f"  ({stops}: a switch stops and starts it)"))
     for m in (ModelRow.from_json(row) for row in state["models"]):
         if (m.cached or "").startswith("not cached"):  # the keeper could not take it: each start reads the disk
             print(f"note: {m.name} is served from its checkpoint on disk, {m.cached}")

@@ -140,7 +140,8 @@ async def status(request: Request) -> Response:
         return error(401, "Unauthorized")
     gpu = await asyncio.to_thread(gpu_mib_by_pid)
     return JSONResponse({"default": f.config.default.name, "max_awake": f.config.max_awake,
-                         "log_dir": str(f.log_dir), "version": __version__, "keyed": bool(f.config.api_key),
+                         "parking": f.config.parking, "log_dir": str(f.log_dir), "version": __version__,
+                         "keyed": bool(f.config.api_key),
                          "models": [m.row(gpu).to_json() for m in f.switcher.models.values()],
                          "switches": [dataclasses.asdict(s) for s in reversed(f.switcher.life.switched)]})
 
