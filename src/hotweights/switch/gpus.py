@@ -1,14 +1,13 @@
-"""GPU memory as the switch reads it: ``nvidia-smi`` (nothing where there is none), per GPU the front sees (numbered
-as CUDA numbers them under the front's ``CUDA_VISIBLE_DEVICES``), and per process. Torch-free: the front holds no
-CUDA context."""
+"""GPU memory as the switch reads it: ``nvidia-smi`` (through ``smi.py``; nothing where there is none), per GPU the
+front sees (numbered as CUDA numbers them under the front's ``CUDA_VISIBLE_DEVICES``), and per process. Torch-free:
+the front holds no CUDA context."""
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from dataclasses import dataclass
 
+from ..smi import smi_rows
 from ..unix import proc_status
 
 
@@ -18,22 +17,10 @@ class GpuMemory:
     free_mib: int
 
 
-def _smi(query: str) -> list[list[str]]:
-    """nvidia-smi's CSV rows for ``query``; [] where it is absent or fails."""
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        out = subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                             timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [[x.strip() for x in line.split(",")] for line in out.splitlines() if line.strip()]
-
-
 def gpu_mib_by_pid() -> dict[int, int]:
     """GPU memory per process, {} where there is none."""
     try:
-        return {int(p): int(m) for p, m in _smi("--query-compute-apps=pid,used_memory")}
+        return {int(p): int(m) for p, m in smi_rows("--query-compute-apps=pid,used_memory")}
     except ValueError:
         return {}
 
@@ -49,7 +36,7 @@ def gpu_memory(visible: str | None = None) -> dict[int, GpuMemory]:
     """Total and free memory of each GPU the front sees, by its CUDA index: ``visible`` (default: the front's
     ``CUDA_VISIBLE_DEVICES``) lists physical indices or UUIDs (or their prefixes), as CUDA reads it; {} without
     nvidia-smi."""
-    rows = _smi("--query-gpu=index,uuid,memory.total,memory.free")
+    rows = smi_rows("--query-gpu=index,uuid,memory.total,memory.free")
     try:
         physical = [(int(i), uuid, GpuMemory(int(total), int(free))) for i, uuid, total, free in rows]
     except ValueError:

