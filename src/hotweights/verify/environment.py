@@ -58,15 +58,15 @@ def host_record(device: str) -> dict:
 
 def gpu_description() -> str:
     """The GPUs this run may use (``CUDA_VISIBLE_DEVICES``), e.g. ``2 x NVIDIA H200, 580.159.04, 143771 MiB``."""
-    lines = nvidia_smi("name,driver_version,memory.total", "csv,noheader")
+    lines = [", ".join(row) for row in nvidia_smi("name,driver_version,memory.total", "csv,noheader")]
     if not lines:
         return "nvidia-smi not found, or it failed"
     return f"{len(lines)} x {lines[0]}" if len(lines) > 1 and len(set(lines)) == 1 else "; ".join(lines)
 
 
-def nvidia_smi(query: str, fmt: str) -> list[str]:
-    """One line per GPU this process may use (``CUDA_VISIBLE_DEVICES``, indices or UUIDs, when set), its fields
-    joined by ", "; [] without nvidia-smi (``smi.smi_rows``)."""
+def nvidia_smi(query: str, fmt: str) -> list[list[str]]:
+    """A row of fields per GPU this process may use (``CUDA_VISIBLE_DEVICES``, indices or UUIDs, when set); []
+    without nvidia-smi (``smi.smi_rows``)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
     select = [f"--id={visible}"] if visible else []
-    return [", ".join(row) for row in smi_rows(*select, f"--query-gpu={query}", fmt=fmt)]
+    return smi_rows(*select, f"--query-gpu={query}", fmt=fmt)

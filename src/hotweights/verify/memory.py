@@ -38,8 +38,8 @@ def sample(device: str, *, socket_dir: Path, engine_pids: list[int] | None = Non
                 engine[k] += v
         result["engine"] = engine
     if device.startswith("cuda"):
-        result["gpu_used_mib"] = {line.split(",")[0].strip(): int(line.split(",")[1]) for line in
-                                  nvidia_smi("index,memory.used", "csv,noheader,nounits") if "," in line}
+        result["gpu_used_mib"] = {row[0]: int(row[1]) for row in
+                                  nvidia_smi("index,memory.used", "csv,noheader,nounits") if len(row) == 2}
     result["total_bytes"] = (result["pool_bytes"] + result["daemon_rss"]
                              + result.get("engine", {}).get("RssAnon", 0))
     return result
