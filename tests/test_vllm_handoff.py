@@ -179,10 +179,12 @@ def test_the_processes_of_a_start_include_the_server_the_standby_forked(socket_d
         assert pids[0] == launcher.pid and server in pids
         assert handoff.serving_pids(launcher.pid) == [launcher.pid, *descendants(launcher.pid)]
     finally:
-        launcher.send_signal(signal.SIGTERM)
+        # killed, its standby ends the server (SIGTERM's relay is the next test's: here, after a SIGTERM, the
+        # launcher once outlived 30 s under a full two-worker make test, cause not found; see issue 54's note)
+        launcher.kill()
         launcher.wait(30)
     deadline = time.monotonic() + 30
-    while pid_alive(server) and time.monotonic() < deadline:  # its standby reaps it
+    while pid_alive(server) and time.monotonic() < deadline:  # its standby stops it and reaps it
         time.sleep(0.1)
     assert server not in handoff.serving_pids(launcher.pid, server)  # it is gone
 
