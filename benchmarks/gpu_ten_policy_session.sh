@@ -17,7 +17,7 @@ cd benchmarks
 step models
 models_written 10 || { step "models failed"; cp "$W/models.log" "$OUT/" 2>/dev/null; }
 trace ten_policy --models 10 --engine vllm --engine-args "$ARGS" --modes mixed --gpu-tier 6 --per-model-rate 0.1,0.5 \
-  --burst-size 0 --duration-s 60 --max-tokens 32,512 --socket-dir "$SOCK"
+  --link-shards --gen-device cuda --burst-size 0 --duration-s 60 --max-tokens 32,512 --socket-dir "$SOCK"
 python3 -m hotweights stop --socket-dir "$SOCK" > /dev/null 2>&1
 step done
 tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"  # one file: a call returns only a few

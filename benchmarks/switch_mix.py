@@ -41,8 +41,6 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from vllm_sleep import gpu_used_mib, host_used_mib
-
 from hotweights.evidence import STANDBY_USED_RE, SWITCH_AWAKE_RE
 from hotweights.observe import free_port
 
@@ -124,6 +122,8 @@ def write_models(out: Path, sizes: list[str], gen_device: str, link_shards: bool
 
 
 def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock: str, out: Path) -> dict:
+    from vllm_sleep import gpu_used_mib, host_used_mib  # here: write_models runs where the switch's deps are not
+
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     engine_args = shlex.split(args.engine_args) + (["--load-format", "auto"] if mode == "vllm_sleep" else [])
