@@ -68,8 +68,11 @@ def test_baseline_cold_warm_preload_and_stream_answer_identically(vllm_model, so
         assert pre.returncode == 0, pre.stderr
         assert [r["num_tensors"] for r in json.loads(pre.stdout)["published"]] == [52]
         assert json.loads(pre.stdout)["standby"] == "prepared"  # for the first start after it
-        # its KV cache the size of one sequence, not profiled (preloads beside each other: kvpin.py)
-        assert "'kv_cache_memory_bytes': 268435456" in (socket_dir / "vllm-preload-small.log").read_text()
+        # vLLM's loader ran without a vLLM start (publish.py): no server, no KV cache, nothing compiled
+        assert not json.loads(pre.stdout)["started_up"]
+        preload_log = (socket_dir / "vllm-preload-small.log").read_text()
+        assert '"tensors": 51' in preload_log and "Published 52 tensors" in preload_log
+        assert "api_server" not in preload_log and "KV cache" not in preload_log
         wait_for_standby(socket_dir)
         answers.append(warm("after_preload_engine_vllm", launcher=True))
 
@@ -161,6 +164,9 @@ def test_tensor_parallel_2_each_rank_publishes_and_maps_its_engine_layout(vllm_m
                   env={"VLLM_CPU_KVCACHE_SPACE": "1", **bind}, timeout=400)
     assert pre.returncode == 0, pre.stderr
     assert len(json.loads(pre.stdout)["published"]) == 2
+    assert json.loads(pre.stdout)["started_up"]  # TP=2: the whole vLLM start drives its two ranks
+    # its KV cache the size of one sequence, not profiled (preloads beside each other: kvpin.py)
+    assert "'kv_cache_memory_bytes': 268435456" in (daemon.paths.directory / "vllm-preload-small.log").read_text()
     entries = json.loads(run_cli("status", "--json", "--socket-dir", sock).stdout)["entries"]
     assert sorted(e["tp"] for e in entries) == ["0/2", "1/2"] and {e["layout"] for e in entries} == {"vllm/0.32.0"}
     tp2 = ("--tensor-parallel-size", "2", "--load-format")
@@ -197,3 +203,26 @@ def test_a_hotweights_load_freezes_the_start_up_heap_out_of_vllms_gc_walks():
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split()[-2:] == ["0", "True"]
     assert "vLLM patch applied: heap frozen before Worker.load_model" in r.stderr
+
+
+def test_a_preload_whose_loader_alone_fails_runs_the_whole_vllm_start_and_keeps_both_logs(vllm_model, daemon,
+                                                                                          tmp_path):
+    """The loader-alone preload (publish.py) failing is no failed preload: a warning, then the whole vLLM start;
+    the first log stays as .log.1 with its reason."""
+    python = tmp_path / "python"  # this vLLM's Python, except that the loader alone dies at once
+    python.write_text(f'#!/bin/sh\ncase "$*" in *hotweights.engines.vllm.publish*) echo "RuntimeError: a fault '
+                      f'for the test" >&2; exit 3;; esac\nexec {VLLM_PYTHON} "$@"\n')
+    python.chmod(0o755)
+    sock = str(daemon.paths.directory)
+    pre = run_cli("preload", "--engine", "vllm", "--model", str(vllm_model), "--dtype", "bfloat16",
+                  "--socket-dir", sock, "--vllm-python", str(python), "--vllm-arg=--enforce-eager",
+                  "--vllm-arg=--max-model-len=256", "--json",
+                  env={"VLLM_CPU_KVCACHE_SPACE": "1", "HOTWEIGHTS_VLLM_STANDBY": "off", **ENGINE_IN_PROCESS},
+                  timeout=400)
+    assert pre.returncode == 0, pre.stderr[-3000:]
+    assert json.loads(pre.stdout)["started_up"] and json.loads(pre.stdout)["published"][0]["num_tensors"] == 52
+    assert "vLLM's loader without a vLLM start failed (exit 3): RuntimeError: a fault for the test" in pre.stderr
+    assert "preloading with a whole vLLM start instead" in pre.stderr
+    first = daemon.paths.directory / "vllm-preload-small.log.1"
+    assert "a fault for the test" in first.read_text()
+    assert "api_server" in (daemon.paths.directory / "vllm-preload-small.log").read_text()

@@ -35,6 +35,7 @@ def test_vllm_026_engine_layout_zero_copy_answers_like_disk_and_strict_fails(mod
                       env={"VLLM_CPU_KVCACHE_SPACE": "1", "HOTWEIGHTS_VLLM_STANDBY": "off", **ENGINE_IN_PROCESS})
         assert pre.returncode == 0, pre.stderr[-3000:]
         assert json.loads(pre.stdout)["published"][0]["num_tensors"] > 0
+        assert not json.loads(pre.stdout)["started_up"]  # vLLM 0.26's loader run without a vLLM start
         obs, warm = serve("warm026", model, tmp_path, "--load-format", "hotweights", "--model-loader-extra-config",
                           json.dumps({"socket_dir": sock, "fallback": False, "layout": "engine"}),
                           python=VLLM026_PYTHON)

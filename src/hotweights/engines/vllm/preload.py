@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import re
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -67,6 +68,11 @@ def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_di
     with ensure_daemon(paths):
         pass
     python = python or os.environ.get("HOTWEIGHTS_VLLM_PYTHON") or sys.executable
+    if tp_size == 1 and os.environ.get(SERVER_PRELOAD_ENV, "") != "1":
+        try:
+            return _publish_only(model, dtype, paths, python, extra_args or [], timeout_s, log_path)
+        except HotweightsError as exc:  # a vLLM or a model this path does not serve: the whole start still does
+            logger.warning("%s; preloading with a whole vLLM start instead", exc)
     pin = kv_pin(model, extra_args or [], tp_size)
     try:
         return _preload(model, dtype, tp_size, paths, python, [*(extra_args or []), *(
@@ -77,6 +83,49 @@ def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_di
         logger.warning("vLLM did not start with a KV cache of %d MiB (%s); preloading again with the KV cache vLLM "
                        "sizes itself", pin >> 20, exc)
     return _preload(model, dtype, tp_size, paths, python, extra_args or [], timeout_s, log_path)
+
+
+SERVER_PRELOAD_ENV = "HOTWEIGHTS_VLLM_SERVER_PRELOAD"  # 1: always the whole vLLM start (its compile cache filled)
+
+
+def _publish_only(model: str, dtype: str, paths: DaemonPaths, python: str, extra_args: list[str], timeout_s: float,
+                  log_path: Path | None) -> VllmPreloadResult:
+    """vLLM's loader run in one process without a vLLM start (``publish.py``); raises HotweightsError where it
+    published nothing."""
+    log_dir, label = _log_place(model, paths, log_path)
+    log = log_dir / f"{label}.log"
+    rotate_log(log, keep_bytes=0)  # the run before's as .log.1, as the whole start's
+    extra = {"publish": True, "layout": "engine", "socket_dir": str(paths.directory)}
+    cmd = [python, "-m", "hotweights.engines.vllm.publish", "--model", model, "--dtype", dtype,
+           "--load-format", "hotweights", "--model-loader-extra-config", json.dumps(extra), *extra_args]
+    start = time.monotonic()
+    before = {row.key: row.num_attaches for row in _engine_rows(paths, Path(model).name, 1)}
+    with open(log, "w") as out:
+        try:
+            done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s,
+                                  start_new_session=True)
+        except subprocess.TimeoutExpired:
+            raise HotweightsError(f"vLLM's loader did not publish within {timeout_s:.0f} s; see {log}") from None
+    rows = _engine_rows(paths, Path(model).name, 1)
+    published = [r for r in rows if r.key not in before]
+    if done.returncode != 0 or not (published or rows):
+        text = log.read_text(errors="replace")
+        causes = [m.group(1) for line in text.splitlines() if (m := re.search(r"\b(\w+(?:Error|Exception): .*)", line))]
+        raise HotweightsError(f"vLLM's loader without a vLLM start failed (exit {done.returncode}): "
+                              f"{causes[-1] if causes else 'see the log'}; log: {log}")
+    text = log.read_text(errors="replace")
+    failure = next((line for line in text.splitlines() if any(f in line for f in WRITE_THROUGH_FAILED)), None)
+    if failure:
+        raise HotweightsError(f"vLLM loaded the model but did not publish it: {failure.strip()}; log: {log}")
+    standby = _leave_standby(paths.directory, python)
+    out_rows = [{"num_tensors": r.num_tensors, "gib": r.tensor_nbytes / GIB, "model": r.model, "key": r.key,
+                 "device": r.device} for r in published]
+    return VllmPreloadResult(out_rows, 0 if published else 1, time.monotonic() - start, str(log), False, standby)
+
+
+def _log_place(model: str, paths: DaemonPaths, log_path: Path | None) -> tuple[Path, str]:
+    """Where a preload's log goes: beside the daemon's as ``vllm-preload-<model dir>.log``, unless named."""
+    return (log_path.parent, log_path.stem) if log_path else (paths.directory, f"vllm-preload-{Path(model).name}")
 
 
 class VllmExited(HotweightsError):
@@ -93,8 +142,7 @@ def _preload(model: str, dtype: str, tp_size: int, paths: DaemonPaths, python: s
            *extra_args]
     # its log beside the daemon's (this model's last preload: preloads of other models may run beside it; no
     # temporary directory left behind), unless named
-    log_dir = log_path.parent if log_path else paths.directory
-    label = log_path.stem if log_path else f"vllm-preload-{Path(model).name}"
+    log_dir, label = _log_place(model, paths, log_path)
     rotate_log(log_dir / f"{label}.log", keep_bytes=0)  # the last run's log stays, as LABEL.log.1: a preload tried
     # again (alone, after it failed beside others) keeps the first failure's reason
     start = time.monotonic()
