@@ -34,6 +34,14 @@ API server never imports the worker, so it should not pay for that import either
   must unmap them and a wake map them again at the same addresses, and the keeper must know who is
   parked. Needed by 0.26; can go when vLLM offers a sleep hook for external weights.
 
+- ``install_compile_key`` wraps ``vllm.config.utils.get_hash_factors`` (every build, at plugin load) so that a
+  ``ModelConfig``'s factor ``model`` is a digest of the checkpoint's config files (``compile_key.py``), not its
+  path. Why: the path keys vLLM's compile cache (``torch_compile_cache``, its AOT artifacts), so every model of a
+  multi-model box compiled on its first start though all had the same architecture and shapes; what the config
+  files say is what the path stood for (the architecture comes from them, not from any other factor).
+  ``HOTWEIGHTS_VLLM_COMPILE_KEY=path`` leaves vLLM's key alone. Needed by 0.26 and 0.32; can go when vLLM keys
+  its compile cache by the model's configuration.
+
 Not patches, though they run inside vLLM: ``register_model_loader`` (vLLM's own API) and
 ``preflight.check``, which exits the process at plugin load for a strict start that no
 entry can serve.
@@ -66,7 +74,9 @@ WORKER = "vllm.v1.worker.gpu_worker"  # the GPU worker; the CPU worker subclasse
 
 
 def install(*, gpu: bool) -> None:
-    """The worker hooks this build needs, applied as soon as (or once) vLLM imports its worker."""
+    """The worker hooks this build needs, applied as soon as (or once) vLLM imports its worker; the compile key
+    at once."""
+    install_compile_key()
     hooks = [install_budget, install_heap_freeze, install_park] if gpu else [install_heap_freeze]
     if WORKER in sys.modules:
         for hook in hooks:
@@ -191,3 +201,32 @@ def keep_cpu_packed_weights() -> Generator[dict[int, Any], None, None]:
         yield kept
     finally:
         layer_utils.dispatch_cpu_unquantized_gemm = original
+
+
+def install_compile_key() -> bool:
+    """A model's compile-cache factor from its config files, not its path (``compile_key.py``)."""
+    import os
+
+    import vllm.config.utils as utils
+
+    from .compile_key import config_digest
+
+    if os.environ.get("HOTWEIGHTS_VLLM_COMPILE_KEY", "config") == "path":
+        return False
+    original = utils.get_hash_factors
+    if getattr(original, "_hotweights", False):
+        return False
+
+    @functools.wraps(original)
+    def get_hash_factors(config: Any, ignored_factors: set[str]) -> dict[str, object]:
+        factors = original(config, ignored_factors)
+        if type(config).__name__ == "ModelConfig" and isinstance(factors.get("model"), str):
+            digest = config_digest(factors["model"])
+            if digest:
+                factors["model"] = digest
+        return factors
+
+    get_hash_factors._hotweights = True  # type: ignore[attr-defined]
+    utils.get_hash_factors = get_hash_factors
+    _applied("get_hash_factors keys a model's compile cache by its config files, not its path")
+    return True
