@@ -14,6 +14,8 @@
 | ``budget`` | vLLM GPU worker | the GPU budget with weights that live outside the engine |
 | ``launcher`` | hotweights CLI | ``hotweights vllm ARGS``: the command vLLM becomes |
 | ``preload`` | hotweights CLI | ``hotweights preload --engine vllm`` (drives a vLLM process) |
+| ``publish`` | a process of its own (``preload``) | the loader run without a vLLM start: one rank's engine layout |
+| ``compile_key`` | every vLLM process (``patches``) | a model's compile-cache factor from its config files |
 
 The hooks fire in vLLM's worker life cycle in this order: plugin load (``register``) ->
 ``Worker.init_device`` -> ``request_memory`` (``budget``) -> ``Worker.load_model`` (heap

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# GPU (one H200, vLLM 0.26 staged per ../shared/gpu-vllm/README.md): issue 55's fill targets with the preload that
+# runs vLLM's loader without a vLLM start (engines/vllm/publish.py) and the compile cache keyed by the models'
+# config files (engines/vllm/compile_key.py); then issue 52's "most 8B models at 0.1 req/s each". Each run starts
+# from an empty keeper and an empty compile cache (vLLM's and inductor's removed: the cold box, the worst case).
+#   1. three 8B (the front's defaults, --gpu-memory-utilization 0.25): start-up until every model serves (target
+#      60 s), then 30 s at 2 req/s;
+#   2. ten 8B, six on the GPU tier and four in host memory, KV caches pinned to 2 GiB: start-up (target 180 s;
+#      1,014.6 s on 2026-12-04 with the whole-start preloads), then per-model 0.1 req/s for 60 s;
+#   3. while time is left, seven 8B all on the GPU tier at 0.1 req/s each (does the box serve seven at >= 90%?).
+#   first call:  bash benchmarks/gpu_models_bg.sh /tmp/hw-models 10 8b     (while the next calls stage vLLM)
+#   then:        W=/tmp/hw-models OUT=DIR BUDGET_S=1400 bash benchmarks/gpu_fill_session.sh
+#   polls:       bash benchmarks/gpu_poll.sh DIR 540 /tmp/hw-models
+NO_POOLS_MODEL=1 source "$(dirname "$0")/gpu_session_start.sh"
+TRACE=(--engine vllm --link-shards --gen-device cuda --burst-size 0 --max-tokens 32,512)
+TEN="--max-model-len 4096 --gpu-memory-utilization 0.17 --kv-cache-memory-bytes 2G"
+cold() {  # an empty keeper (a fresh socket directory) and no compile cache
+  python3 -m hotweights stop --socket-dir "${SOCK:-/nonexistent}" > /dev/null 2>&1
+  rm -rf ~/.cache/vllm/torch_compile_cache /tmp/torchinductor_"$(id -un)" ~/.triton/cache
+  SOCK=$(mktemp -d /tmp/hw-keep-XXXX)
+}
+cd benchmarks
+step models
+models_written 10 || { step "models failed"; cp "$W/models.log" "$OUT/" 2>/dev/null; }
+cold
+trace fill3 --models 3 "${TRACE[@]}" --engine-args "--max-model-len 4096 --gpu-memory-utilization 0.25" \
+  --modes park --rates 2 --duration-s 30 --socket-dir "$SOCK"
+cold
+trace fill10 --models 10 "${TRACE[@]}" --engine-args "$TEN" --modes mixed --gpu-tier 6 --per-model-rate 0.1 \
+  --duration-s 60 --socket-dir "$SOCK"
+if [ "$(left)" -gt 420 ]; then
+  cold
+  trace seven --models 7 "${TRACE[@]}" --engine-args "$TEN" --modes park --per-model-rate 0.1 --duration-s 60 \
+    --socket-dir "$SOCK"
+fi
+python3 -m hotweights stop --socket-dir "$SOCK" > /dev/null 2>&1
+step done
+tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"  # one file: a call returns only a few
+touch "$OUT/done"
