@@ -64,9 +64,14 @@ def wake_up(worker: Any, original: Any, tags: list[str] | None = None) -> Any:
     again = None
     if level:
         _check_fits(worker, own if (tags is None or "kv_cache" in tags) else 0, unmapped if weights else 0)
+    checked = time.perf_counter()
     if weights and any(not h.mapped for h in resident.held()):
         again = resident.map_again()  # WeightsGone: nothing was mapped or allocated; it stays parked
+    mapped = time.perf_counter()
     result = original(worker, tags)
+    if level:  # where a wake's time goes (issue 55: a wake from host memory at the PCIe floor)
+        logger.info("hotweights: the wake of %s: room check %.3f s, weights %.3f s, vLLM's own wake_up %.3f s",
+                    _name(worker), checked - start, mapped - checked, time.perf_counter() - mapped)
     if tags is None or ("weights" in tags and "kv_cache" in tags):
         worker._hotweights_parked = (0, 0, 0)
     logger.info(evidence.woke(_name(worker), time.perf_counter() - start, again.source if again else None,
