@@ -222,7 +222,9 @@ def memory_by_tier(url: str, sock: str) -> dict:
     for m in (status(url) or {"models": []})["models"]:
         tree = [m["server_pid"], *descendants(m["server_pid"])] if m.get("server_pid") else []  # its EngineCore
         engines[m["name"]] = {"state": m["state"], "gpu_mib": sum(gpu.get(p, 0) for p in tree),
-                              "rss_mib": rss_mib(tree), "processes": len(tree)}
+                              "rss_mib": rss_mib(tree), "rss_shmem_mib": rss_mib(tree, "RssShmem"),
+                              "processes": len(tree)}  # RssShmem: the keeper's pages it maps (a host copy), no new
+        # memory: a deep-parked vLLM engine's RSS grew by its host copy on the H200 while the machine's did not
     return {"keeper": keeper, "engines": engines, "gpu_used_mib": gpu_used_mib() if gpu else None,
             "host_used_mib": host_used_mib()}
 
