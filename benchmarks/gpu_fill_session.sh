@@ -16,6 +16,7 @@ TRACE=(--engine vllm --link-shards --gen-device cuda --burst-size 0 --max-tokens
 TEN="--max-model-len 4096 --gpu-memory-utilization 0.17 --kv-cache-memory-bytes 2G"
 cold() {  # an empty keeper (a fresh socket directory) and no compile cache
   python3 -m hotweights stop --socket-dir "${SOCK:-/nonexistent}" > /dev/null 2>&1
+  python3 -m hotweights standby --stop --socket-dir "${SOCK:-/nonexistent}" > /dev/null 2>&1  # the last preload's
   rm -rf ~/.cache/vllm/torch_compile_cache /tmp/torchinductor_"$(id -un)" ~/.triton/cache
   SOCK=$(mktemp -d /tmp/hw-keep-XXXX)
 }
