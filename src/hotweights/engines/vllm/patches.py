@@ -56,6 +56,7 @@ import importlib.abc
 import importlib.machinery
 import inspect
 import logging
+import os
 import sys
 from collections.abc import Callable, Generator, Sequence
 from types import ModuleType
@@ -205,8 +206,6 @@ def keep_cpu_packed_weights() -> Generator[dict[int, Any], None, None]:
 
 def install_compile_key() -> bool:
     """A model's compile-cache factor from its config files, not its path (``compile_key.py``)."""
-    import os
-
     import vllm.config.utils as utils
 
     from .compile_key import config_digest

@@ -108,19 +108,35 @@ def _publish_only(model: str, dtype: str, paths: DaemonPaths, python: str, extra
             raise HotweightsError(f"vLLM's loader did not publish within {timeout_s:.0f} s; see {log}") from None
     rows = _engine_rows(paths, Path(model).name, 1)
     published = [r for r in rows if r.key not in before]
-    if done.returncode != 0 or not (published or rows):
-        text = log.read_text(errors="replace")
-        causes = [m.group(1) for line in text.splitlines() if (m := re.search(r"\b(\w+(?:Error|Exception): .*)", line))]
-        raise HotweightsError(f"vLLM's loader without a vLLM start failed (exit {done.returncode}): "
-                              f"{causes[-1] if causes else 'see the log'}; log: {log}")
+    mapped = [r for r in rows if r.key in before and r.num_attaches > before[r.key]]  # cached already: attached
     text = log.read_text(errors="replace")
-    failure = next((line for line in text.splitlines() if any(f in line for f in WRITE_THROUGH_FAILED)), None)
-    if failure:
-        raise HotweightsError(f"vLLM loaded the model but did not publish it: {failure.strip()}; log: {log}")
+    if failure := _write_through_failure(text):
+        raise HotweightsError(f"vLLM loaded the model but did not publish it: {failure}; log: {log}")
+    if done.returncode != 0 or not (published or mapped):
+        raise HotweightsError(f"vLLM's loader without a vLLM start failed (exit {done.returncode}): "
+                              f"{_cause(text)}; log: {log}")
     standby = _leave_standby(paths.directory, python)
-    out_rows = [{"num_tensors": r.num_tensors, "gib": r.tensor_nbytes / GIB, "model": r.model, "key": r.key,
-                 "device": r.device} for r in published]
-    return VllmPreloadResult(out_rows, 0 if published else 1, time.monotonic() - start, str(log), False, standby)
+    return VllmPreloadResult(_published(published), 0 if published else 1, time.monotonic() - start, str(log), False,
+                             standby)
+
+
+def _write_through_failure(text: str) -> str | None:
+    """The line of a vLLM log that says its write-through failed, if one does."""
+    return next((line.strip() for line in text.splitlines() if any(f in line for f in WRITE_THROUGH_FAILED)), None)
+
+
+def _cause(text: str) -> str:
+    """The first exception a vLLM log names (its warnings and vLLM's own wrapper error aside)."""
+    causes = [m.group(1) for line in text.splitlines() if "WARNING" not in line
+              and (m := re.search(r"\b(\w+(?:Error|Exception): .*)", line))
+              and "Engine core initialization" not in line]
+    return causes[0] if causes else "see the log"
+
+
+def _published(rows: list[EntryRow]) -> list[dict]:
+    """The result's rows: one per rank that published, in rank order."""
+    return [{"num_tensors": r.num_tensors, "gib": r.tensor_nbytes / GIB, "model": r.model, "key": r.key,
+             "device": r.device} for r in sorted(rows, key=lambda r: r.rank)]
 
 
 def _log_place(model: str, paths: DaemonPaths, log_path: Path | None) -> tuple[Path, str]:
@@ -157,16 +173,12 @@ def _preload(model: str, dtype: str, tp_size: int, paths: DaemonPaths, python: s
             if {r.rank[0] for r in published + mapped} >= set(range(tp_size)):
                 break
             text = obs.log_text()
-            failure = next((line for line in text.splitlines() if any(f in line for f in WRITE_THROUGH_FAILED)), None)
-            if failure:
-                raise HotweightsError(f"vLLM loaded the model but did not publish it: {failure.strip()}\n"
+            if failure := _write_through_failure(text):
+                raise HotweightsError(f"vLLM loaded the model but did not publish it: {failure}\n"
                                       f"log: {obs.log_path}")
             if obs.proc.poll() is not None:
-                causes = [m.group(1) for line in text.splitlines() if "WARNING" not in line
-                          and (m := re.search(r"\b(\w+(?:Error|Exception): .*)", line))
-                          and "Engine core initialization" not in line]
                 raise VllmExited(f"vLLM exited with code {obs.proc.returncode} before publishing: "
-                                      f"{causes[0] if causes else 'see the log'}\nlog: {obs.log_path}")
+                                 f"{_cause(text)}\nlog: {obs.log_path}")
             if time.monotonic() - start > timeout_s:
                 raise HotweightsError(f"vLLM did not publish within {timeout_s:.0f} s; see {obs.log_path}")
             if int(time.monotonic() - start) // 10 > said:  # a line every 10 s: vLLM's start-up is long
@@ -178,10 +190,9 @@ def _preload(model: str, dtype: str, tp_size: int, paths: DaemonPaths, python: s
         started_up = obs.wait_ready(timeout_s=timeout_s).ready  # the compile cache is written on the way
     finally:
         obs.stop(grace_s=20)
-    out = [{"num_tensors": r.num_tensors, "gib": r.tensor_nbytes / GIB, "model": r.model, "key": r.key,
-            "device": r.device} for r in sorted(published, key=lambda r: r.rank)]
-    return VllmPreloadResult(out, len({r.rank for r in mapped} - {r.rank for r in published}), time.monotonic() - start,
-                             str(obs.log_path), started_up, standby)
+    cached = len({r.rank for r in mapped} - {r.rank for r in published})
+    return VllmPreloadResult(_published(published), cached, time.monotonic() - start, str(obs.log_path), started_up,
+                             standby)
 
 
 def _leave_standby(directory: Path, python: str) -> str:

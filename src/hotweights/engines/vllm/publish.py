@@ -7,8 +7,8 @@ runs that and nothing else, in one process: vLLM's config resolved from the same
 key is the one a start computes: ``keys.keys_for``), a one-rank model-parallel group, then load format
 ``hotweights`` with ``publish`` and layout ``engine`` -- the loader of a real start, which loads from disk with
 vLLM's ``DefaultModelLoader``, post-processes and writes the tensors through to the keeper. No API server, no KV
-cache, no compile, no graphs. The first start after it compiles instead (vLLM's compile cache is keyed by the
-model's path), which ``hotweights switch`` overlaps with the other models' preloads.
+cache, no compile, no graphs. The first start after it compiles instead, unless a model with the same config files
+compiled before it (``compile_key.py``: vLLM's compile cache keyed by them, not by the path).
 
 One rank only (``--tensor-parallel-size 1``, no pipeline parallelism): a TP start's ranks are processes of their
 own, which the whole-server preload drives. ``preload.py`` falls back to it when this exits non-zero.
