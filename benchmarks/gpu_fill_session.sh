@@ -9,7 +9,8 @@
 #      1,014.6 s on 2026-12-04 with the whole-start preloads), then per-model 0.1 req/s for 60 s;
 #   3. while time is left, seven 8B all on the GPU tier at 0.1 req/s each (does the box serve seven at >= 90%?).
 #   first call:  bash benchmarks/gpu_models_bg.sh /tmp/hw-models 10 8b     (while the next calls stage vLLM)
-#   then:        W=/tmp/hw-models OUT=DIR BUDGET_S=1400 bash benchmarks/gpu_fill_session.sh
+#   then:        W=/tmp/hw-models OUT=DIR BUDGET_S=1400 [RUNS="fill3 fill10 seven"] bash benchmarks/gpu_fill_session.sh
+#                (RUNS: the runs to make, in this order; RUNS=fill3 needs only three models written)
 #   polls:       bash benchmarks/gpu_poll.sh DIR 540 /tmp/hw-models
 NO_POOLS_MODEL=1 source "$(dirname "$0")/gpu_session_start.sh"
 TRACE=(--engine vllm --link-shards --gen-device cuda --burst-size 0 --max-tokens 32,512)
@@ -20,16 +21,23 @@ cold() {  # an empty keeper (a fresh socket directory) and no compile cache
   rm -rf ~/.cache/vllm/torch_compile_cache /tmp/torchinductor_"$(id -un)" ~/.triton/cache
   SOCK=$(mktemp -d /tmp/hw-keep-XXXX)
 }
+RUNS=" ${RUNS:-fill3 fill10 seven} "
+runs() { [[ $RUNS == *" $1 "* ]]; }
 cd benchmarks
 step models
-models_written 10 || { step "models failed"; cp "$W/models.log" "$OUT/" 2>/dev/null; }
-cold
-trace fill3 --models 3 "${TRACE[@]}" --engine-args "--max-model-len 4096 --gpu-memory-utilization 0.25" \
-  --modes park --rates 2 --duration-s 30 --socket-dir "$SOCK"
-cold
-trace fill10 --models 10 "${TRACE[@]}" --engine-args "$TEN" --modes mixed --gpu-tier 6 --per-model-rate 0.1 \
-  --duration-s 60 --socket-dir "$SOCK"
-if [ "$(left)" -gt 420 ]; then
+need=3; runs seven && need=7; runs fill10 && need=10
+models_written $need || { step "models failed"; cp "$W/models.log" "$OUT/" 2>/dev/null; }
+if runs fill3; then
+  cold
+  trace fill3 --models 3 "${TRACE[@]}" --engine-args "--max-model-len 4096 --gpu-memory-utilization 0.25" \
+    --modes park --rates 2 --duration-s 30 --socket-dir "$SOCK"
+fi
+if runs fill10; then
+  cold
+  trace fill10 --models 10 "${TRACE[@]}" --engine-args "$TEN" --modes mixed --gpu-tier 6 --per-model-rate 0.1 \
+    --duration-s 60 --socket-dir "$SOCK"
+fi
+if runs seven && [ "$(left)" -gt 420 ]; then
   cold
   trace seven --models 7 "${TRACE[@]}" --engine-args "$TEN" --modes park --per-model-rate 0.1 --duration-s 60 \
     --socket-dir "$SOCK"
