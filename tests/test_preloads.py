@@ -1,6 +1,8 @@
 """Start-up's preloads ahead of the starts (``switch/preloads.py``), with fake engines: several at once, as many as
-``preload_jobs`` and GPU memory admit; the starts still one at a time, the default first; a model a request waits
-for preloaded next; a preload that failed beside others tried again alone; the GPU need of each engine kind.
+``preload_jobs`` and GPU memory admit; the starts one at a time where they profile the GPU's memory, the default
+first, and several together beside the preloads where their KV caches are pinned (``schedule.startup_batch``); a
+model a request waits for preloaded next; a preload that failed beside others tried again alone; the GPU need of each
+engine kind.
 
 Run: pytest tests/test_preloads.py
 """
@@ -19,7 +21,7 @@ from hotweights.switch.gpus import GpuMemory, gpu_memory
 from hotweights.switch.kinds import KINDS, GpuNeed
 from hotweights.switch.metrics import SwitchMetrics
 from hotweights.switch.preloads import Preloads
-from hotweights.switch.schedule import Preloading, next_preload, start_to_reserve_for
+from hotweights.switch.schedule import Preloading, next_preload, start_to_reserve_for, startup_batch
 from hotweights.switch.states import PreloadOutcome
 from hotweights.switch.switcher import Switcher
 
@@ -52,7 +54,8 @@ class SlowPreload(FakeEngine):
         return PreloadOutcome("failed", "out of memory") if self.beside_fails and running else PreloadOutcome("cached")
 
 
-def switcher(names: list[str], jobs: int, **engine) -> tuple[Switcher, dict[str, SlowPreload], list[str], list]:
+def switcher(names: list[str], jobs: int, start_jobs: int = 0, totals: dict[int, int] | None = None,
+             **engine) -> tuple[Switcher, dict[str, SlowPreload], list[str], list]:
     log: list[str] = []
     spans: list[tuple[str, float, float]] = []
     engines: dict[str, SlowPreload] = {}
@@ -64,8 +67,9 @@ def switcher(names: list[str], jobs: int, **engine) -> tuple[Switcher, dict[str,
             setattr(engines[m.name], k, v)
         return engines[m.name]
 
-    config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in names), preload_jobs=jobs)
-    return Switcher(config, SwitchMetrics(), factory), engines, log, spans
+    config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in names), preload_jobs=jobs,
+                          start_jobs=start_jobs)
+    return Switcher(config, SwitchMetrics(), factory, totals), engines, log, spans
 
 
 def most_at_once(spans: list[tuple[str, float, float]]) -> int:
@@ -201,7 +205,7 @@ def test_the_next_preload_is_decided_from_one_snapshot_as_a_table():
     need = GpuNeed((0,), share=0.25, weights_mib=15_000)  # at its peak 40 GB of 100; its start 10
     cpu = GpuNeed(())
 
-    def begins(free_mib: int, reserve_for=None, needs=need, **seen) -> str | None:
+    def begins(free_mib: int, reserve_for=(), needs=need, **seen) -> str | None:
         p = Preloading(**{"jobs": 2, **seen})
         m = next_preload(models, p, lambda m: needs, {0: GpuMemory(100_000, free_mib)}, reserve_for)
         return m.name if m else None
@@ -210,18 +214,23 @@ def test_the_next_preload_is_decided_from_one_snapshot_as_a_table():
     assert begins(100_000) == "a"  # the head of the queue: start-up order
     assert begins(100_000, **running_a) == "b"  # 100 - 40 (a's peak) holds b's 40
     assert begins(60_000, **running_a) is None  # 20 left: b waits for a's peak to pass
-    assert begins(90_000, c, **running_a) == "b" and begins(89_000, c, **running_a) is None  # and c's start: 10
+    assert begins(90_000, (c,), **running_a) == "b" and begins(89_000, (c,), **running_a) is None  # c's start: 10
+    assert begins(80_000, (a, c), **running_a) is None  # two starts going on: both reserved
     assert begins(100_000, jobs=1, **running_a) is None  # no job free
     assert begins(10_000) is None and begins(10_000, wanted=("a",)) == "a"  # alone for a start: vLLM decides
     assert begins(100_000, starting=(need,)) is None  # an engine starting on its GPU: it sizes its KV cache
     assert begins(100_000, needs=cpu, starting=(need,)) == "a"  # another device's start
     assert begins(100_000, done=frozenset({"a"})) is None  # a's start (seconds) before b's preload (minutes)
     assert begins(100_000, done=frozenset({"a"}), wanted=("b",)) == "b"  # unless a start waits for b
+    pinned = GpuNeed((0,), share=0.25, weights_mib=15_000, kv_mib=2048, engine_kv_mib=2048)
+    assert begins(100_000, needs=pinned, done=frozenset({"a"})) == "b"  # a's start profiles nothing: b goes beside
     assert begins(100_000, done=frozenset({"a"}), failed_beside=frozenset({"b"}), wanted=("b",)) == "b"
     assert begins(100_000, failed_beside=frozenset({"b"}), **{**running_a, "done": frozenset()}) is None  # alone
     c.ledger.arrive()  # a request waits for c: its preload goes first
     assert begins(100_000) == "c" and begins(100_000, wanted=("b",)) == "b"  # a start waiting goes before that
-    assert start_to_reserve_for(models, s.config, a) is c  # the scheduler's next start: c, a request waits for it
+    assert start_to_reserve_for(models, s.config, a) == (c,)  # the scheduler's next start: c, a request waits for it
+    a.started = b.started = True  # a and b starting (together): both, whatever comes next
+    assert start_to_reserve_for(models, s.config, a) == (a, b)
 
 
 def test_each_engine_kind_says_what_its_preload_and_start_take_on_the_gpu(tmp_path):
@@ -303,3 +312,84 @@ def test_the_front_says_whether_its_models_fit_each_gpu_at_the_worst_moment():
     assert static.fit_awake == static.awake == 3 and static.need_mib <= static.total_mib, static.line()
     assert fits(config(0.17), need, {1: GpuMemory(143_771, 143_000)}) == []  # none of them on GPU 1
     assert fits(config(0.17), lambda m: GpuNeed(()), h200) == []  # CPU engines: nothing to say
+
+
+PINNED = GpuNeed((0,), share=0.17, weights_mib=15_000, kv_mib=2048, parked_mib=1950, engine_kv_mib=2048)
+
+
+def overlapping(spans: list[tuple[str, float, float]], prefix: str) -> int:
+    """The most spans whose name starts with ``prefix`` (``"start "``: starts) that ran at one moment."""
+    chosen = [x for x in spans if x[0].startswith(prefix)]
+    return max(sum(b <= t < e for _, b, e in chosen) for _, t, _ in chosen)
+
+
+def test_starts_whose_kv_cache_is_pinned_go_together_beside_the_preloads(monkeypatch):
+    """vLLM 0.26 skips its memory profile where --kv-cache-memory-bytes is given: such starts neither corrupt nor
+    are corrupted by each other or a preload. On an H200 ten 8B took 581.6 s to serve, each ~20 s start alone and
+    no preload beside it (gpu_load/fill_2026-12-04.json)."""
+    from hotweights.switch import preloads
+
+    monkeypatch.setattr(preloads, "kind_need", lambda m: PINNED)
+    monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(400_000, 400_000)})
+
+    async def main():
+        names = ["a", "b", "c", "d", "e"]
+        s, engines, log, spans = switcher(names, jobs=4, start_jobs=3, totals={0: 400_000})
+        for e in engines.values():
+            e.need, e.delay_s = PINNED, PRELOAD_S
+        task = await started(s)
+        assert overlapping(spans, "start ") == 3, spans  # b, c, d together, after a
+        starts = {n[6:]: (b, e) for n, b, e in spans if n.startswith("start ")}
+        loads = {n: (b, e) for n, b, e in spans if not n.startswith("start ")}
+        assert starts["a"][1] <= min(starts[n][0] for n in "bcd"), spans  # the default first, alone
+        assert loads["e"][0] < starts["a"][1], spans  # e's preload went beside a's start
+        assert states(s) == {"a": "awake", "b": "parked", "c": "parked", "d": "parked", "e": "parked"}
+        assert s.life.ready.is_set()
+        task.cancel()
+    asyncio.run(main())
+
+
+def test_starts_that_profile_the_gpu_stay_one_at_a_time_whatever_start_jobs_says(monkeypatch):
+    from hotweights.switch import preloads
+
+    need = GpuNeed((0,), share=0.17, weights_mib=15_000, parked_mib=1950)  # its KV cache from a profile
+    monkeypatch.setattr(preloads, "kind_need", lambda m: need)
+    monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(400_000, 400_000)})
+
+    async def main():
+        s, engines, _, spans = switcher(["a", "b", "c", "d"], jobs=4, start_jobs=4, totals={0: 400_000})
+        for e in engines.values():
+            e.need, e.delay_s = need, PRELOAD_S / 2
+        task = await started(s)
+        assert overlapping(spans, "start ") == 1, spans
+        task.cancel()
+    asyncio.run(main())
+
+
+def test_the_starts_that_go_together_are_decided_from_memory_as_a_table():
+    """``startup_batch``: start-up order, preloads done, ``start_jobs``, and every GPU holding them all resident
+    beside the preloads running; just the first where its start profiles, or it is a start again."""
+    s, engines, _, _ = switcher(["a", "b", "c", "d"], jobs=4)
+    a, b, c, d = models = list(s.models.values())
+    for e in engines.values():
+        e.need = PINNED
+    one = 15_000 + 2048 + 2048 + 1950  # an 8B resident with its KV cache pinned: weights, KV, activations, parked
+
+    def batch(total_mib: int, jobs: int = 4, done: str = "abcd", preloading: int = 0) -> str:
+        together = startup_batch(a, models, {0: total_mib}, jobs, lambda m: m.name in done, {0: preloading})
+        return "".join(m.name for m in together)
+
+    room = 1024 + 4 * one  # the reserve, and four resident (a model not starting keeps its weights on the GPU)
+    assert batch(room) == "abcd"
+    assert batch(room - 1) == "abc"  # d resident would not fit beside the three: only its weights do
+    assert batch(room, preloading=one - 15_000) == "abc"  # a preload's peak counts too
+    assert batch(room, jobs=2) == "ab"
+    assert batch(room, done="ad") == "ad"  # b and c still preload
+    d.config = ModelConfig("d", Path("/m/d"), start="cached")
+    assert batch(room) == "abc"  # a cached model starts for its first request
+    b.started = True
+    assert batch(room) == "ac"
+    a.started = True
+    assert batch(room) == "a"  # a start again (after a failure): alone
+    a.started, engines["a"].need = False, GpuNeed((0,), share=0.17, weights_mib=15_000)
+    assert batch(room) == "a"  # a profiles the GPU: alone

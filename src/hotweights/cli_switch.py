@@ -158,5 +158,8 @@ def register(sub: Subparsers) -> None:
                         "waiting requests have waited this long in sum per request in flight on it (default 1)")
     p.add_argument("--preload-jobs", type=int, default=None,
                    help="start-up's preloads at once, where GPU memory allows (default 0: 4 with GPUs, else 1)")
+    p.add_argument("--start-jobs", type=int, default=None,
+                   help="start-up's engine starts at once where none profiles the GPU's memory (vLLM with "
+                        "--kv-cache-memory-bytes) and GPU memory holds them (default 0: 4 with GPUs, else 1)")
     p.add_argument("--json", action="store_true", help="status: one JSON object")
     p.set_defaults(run=cmd_switch)

@@ -18,6 +18,8 @@
                              # of those removed past the ten newest, once a week has passed over them)
     preload_jobs = 0         # start-up's preloads at once, ahead of the starts, where GPU memory allows (a vLLM
                              # preload is a whole vLLM start); 0: 4 where there are GPUs, else 1 (in each start)
+    start_jobs = 0           # start-up's engine starts at once where no start profiles the GPU's memory (vLLM
+                             # with --kv-cache-memory-bytes) and GPU memory holds them; 0: 4 where there are GPUs
 
     [[model]]
     name = "chat"            # the API's model name
@@ -199,8 +201,10 @@ class SwitchConfig:
     starve_after_s: Seconds = 10.0  # fair: a model whose request has waited this long goes next
     # a busy engine's turn, in request-seconds waited per request it has in flight (schedule.py)
     turn_s: Annotated[float, Field(ge=0, description="0 or more")] = 1.0
-    # start-up's preloads at once (preloads.py); 0: auto (jobs())
+    # start-up's preloads at once (preloads.py); 0: auto (with_auto_jobs())
     preload_jobs: Annotated[int, Field(ge=0, description="0 (auto) or more")] = 0
+    # start-up's starts at once where none profiles the GPU's memory (schedule.startup_batch); 0: auto
+    start_jobs: Annotated[int, Field(ge=0, description="0 (auto) or more")] = 0
     log_dir: str = ""  # each engine's log (and its preload's) go here; "": a new temporary directory per run
 
     @model_validator(mode="after")
@@ -223,10 +227,12 @@ class SwitchConfig:
         """``max_awake`` as a number: 0 where it is "auto" (no cap but memory)."""
         return 0 if self.max_awake == "auto" else self.max_awake
 
-    def jobs(self) -> int:
-        """Start-up's preloads at once: ``preload_jobs``, else 4 where there are GPUs (their memory admits each),
-        else 1: each in its start, as the CPU's cores are the engines' too."""
-        return self.preload_jobs or (min(4, len(self.models)) if gpu_memory() else 1)
+    def with_auto_jobs(self) -> SwitchConfig:
+        """This configuration with its automatic job counts set (``nvidia-smi`` read once): start-up's preloads and
+        starts at once, ``preload_jobs`` and ``start_jobs``, else 4 each where there are GPUs (their memory admits
+        each), else 1: each preload in its start, one start at a time, as the CPU's cores are the engines' too."""
+        auto = min(4, len(self.models)) if gpu_memory() else 1
+        return dataclasses.replace(self, preload_jobs=self.preload_jobs or auto, start_jobs=self.start_jobs or auto)
 
     @property
     def default(self) -> ModelConfig:

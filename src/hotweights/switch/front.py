@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import shutil
@@ -149,7 +148,7 @@ def run(config: SwitchConfig, log_dir: Path | None = None) -> int:
     sock = take_port(config.host, config.port, config.socket_dir or None)  # before any engine starts
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per relayed request otherwise
     log_dir = log_dir or new_log_dir()
-    config = dataclasses.replace(config, preload_jobs=config.jobs())  # auto: by the GPUs there are
+    config = config.with_auto_jobs()  # auto: by the GPUs there are
     daemon_dir = daemon_paths(config.socket_dir or None).directory
     retire_left(daemon_dir)  # what a dead front left running, before this one starts its own
     app = create_app(config, log_dir, note=Note(daemon_dir))

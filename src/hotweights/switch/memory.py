@@ -48,6 +48,14 @@ class GpuNeed:
     parked_mib: int = 0  # what its engine keeps on the GPU while parked (context, CUDA graphs)
     engine_kv_mib: int = 0  # the KV cache its engine's arguments pin (0: sized from ``share``)
 
+    @property
+    def profiles(self) -> bool:
+        """Whether its engine's start sizes its KV cache from a profile of the GPU's memory (anything another
+        process allocates meanwhile counts as its own): every start but one whose arguments pin its KV cache
+        (vLLM 0.26 skips the profile where ``--kv-cache-memory-bytes`` is given). Such a start goes alone on its
+        GPUs; one that does not profile may start beside other starts and preloads."""
+        return not self.engine_kv_mib
+
     def preload_mib(self, total_mib: int) -> int:
         """At the preload's peak: an engine of its own loads the weights while it publishes a copy of them, within
         its ``share``, or (its KV cache pinned) beside its weights, its pinned KV cache and ``PRELOAD_SCRATCH_MIB``;

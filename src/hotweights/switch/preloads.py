@@ -2,14 +2,15 @@
 
 A vLLM preload is a whole vLLM start (90-100 s for an 8B on an H200), so ten models preloaded one after another
 take a quarter of an hour before the last is up. Here each model's preload begins as soon as it is admitted, in
-start-up order (a model a request or a start waits for first), while the engines start one at a time as before: a
-start awaits its own preload, then starts with no preload beside it on its GPUs (``alone``: vLLM sizes its KV cache
-from a profile of the whole GPU's memory, which a preload allocating meanwhile corrupts; a vLLM preload pins its own
-KV cache for that reason, ``engines/vllm/kvpin.py``).
+start-up order (a model a request or a start waits for first), while the engines start: a start awaits its own
+preload; one that profiles the GPU's memory (``GpuNeed.profiles``: vLLM sizes its KV cache from a profile of the
+whole GPU's memory, which a preload allocating meanwhile corrupts; a vLLM preload pins its own KV cache for that
+reason, ``engines/vllm/kvpin.py``) starts with no preload beside it on its GPUs (``alone``), and one whose KV cache
+its arguments pin starts beside them (the memory its start needs is reserved: ``schedule.preload_fits``).
 
-A preload does not begin on GPUs where a model whose preload is done has yet to start (unless a start waits for
-it): the starts go first, then the next preloads begin together, a wave (as memory admits), rather than one by one
-between starts, each holding the next start back.
+A preload does not begin on GPUs where a model whose preload is done and whose start profiles has yet to start
+(unless a start waits for it): the starts go first, then the next preloads begin together, a wave (as memory
+admits), rather than one by one between starts, each holding the next start back.
 
 Which preload begins, and when, is ``schedule.next_preload``'s decision (a pure function, tested as a table), over
 a snapshot taken right after free memory is read (``nvidia-smi``), so nothing changes between the read and the
@@ -25,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from .gpus import GpuMemory, gpu_memory
@@ -53,7 +54,7 @@ class Preloads:
     """The preloads of ``models`` (in start-up order: the default first), up to ``jobs`` at a time; ``reserve_for``:
     the start they leave room for (``schedule.start_to_reserve_for``)."""
 
-    def __init__(self, models: list[Model], jobs: int, reserve_for: Callable[[], Model | None],
+    def __init__(self, models: list[Model], jobs: int, reserve_for: Callable[[], Sequence[Model]],
                  memory: Callable[[], dict[int, GpuMemory]] | None = None,
                  need: Callable[[Model], GpuNeed] | None = None) -> None:
         self.models, self.jobs, self.reserve_for = models, jobs, reserve_for
@@ -63,7 +64,7 @@ class Preloads:
         self.running: dict[str, Job] = {}
         self.failed_beside: set[str] = set()  # failed beside others: tried again with none running
         self.wanted: list[str] = []  # a start waits for these
-        self.starting: dict[str, GpuNeed] = {}  # engines starting, or waiting to: no preload begins on their GPUs
+        self.starting: dict[str, GpuNeed] = {}  # engines that profile starting, or waiting to: no preload there
         self._look = asyncio.Event()
 
     def need(self, m: Model) -> GpuNeed:
@@ -80,12 +81,26 @@ class Preloads:
             self._look.set()
         return await asyncio.shield(future)
 
+    def peaks_mib(self, totals: dict[int, int]) -> dict[int, int]:
+        """What the preloads running hold on each GPU (of ``totals``' MiB) at their peaks, counted whole."""
+        return {g: sum(job.need.preload_mib(total) for job in self.running.values() if g in job.need.gpus)
+                for g, total in totals.items()}
+
+    def preloaded(self, m: Model) -> bool:
+        """Whether ``m``'s preload is done (or it has none here): its start waits for nothing."""
+        future = self.done.get(m.name)
+        return m not in self.models or (future is not None and future.done())
+
     @contextlib.asynccontextmanager
     async def alone(self, m: Model) -> AsyncGenerator[None, None]:
-        """``m``'s engine starts with no preload beside it on its GPUs: vLLM sizes its KV cache from a profile of the
-        whole GPU's memory, which a preload allocating meanwhile would shrink (or leave none). The preloads running
-        there end first, and none begins there until it is done."""
+        """``m``'s engine starts with no preload beside it on its GPUs where its start profiles the GPU's memory:
+        vLLM sizes its KV cache from a profile of the whole GPU's memory, which a preload allocating meanwhile would
+        shrink (or leave none). The preloads running there end first, and none begins there until it is done. A
+        start whose KV cache its arguments pin goes at once."""
         need = self.need(m)
+        if not need.profiles:
+            yield
+            return
         self.starting[m.name] = need
         try:
             while any(set(job.need.gpus) & set(need.gpus) for job in self.running.values()):

@@ -17,8 +17,13 @@ parked or left for a wake that must wait anyway.
 Start-up's preloads (``next_preload``, over ``Preloading``, a snapshot the preloads' loop takes after reading free
 memory, so that nothing changes between the read and the decision): the next in the queue (one a start waits for,
 one a request waits for, then start-up order) begins when a job is free and its GPUs' free memory holds its peak
-beside the peaks of those running and what the start the scheduler takes next needs (``start_to_reserve_for``).
-``preloads.py`` runs them.
+beside the peaks of those running and what the starts going on, or the one the scheduler takes next, need
+(``start_to_reserve_for``). ``preloads.py`` runs them.
+
+Start-up's starts (``startup_batch``): one at a time where a start profiles the GPU's memory (``GpuNeed.profiles``);
+where none does (vLLM with ``--kv-cache-memory-bytes``), up to ``start_jobs`` models whose preloads are done start
+together, as many as fit the GPU's memory all resident at once (an 8B vLLM start is ~20 s, most of it imports,
+torch.compile's cache and CUDA graphs: ten one after another are over three minutes).
 """
 
 from __future__ import annotations
@@ -187,6 +192,29 @@ class Preloading:
     failed_beside: frozenset[str] = frozenset()  # failed beside others: tried again with none running
 
 
+def startup_batch(first: Model, models: Sequence[Model], totals: Mapping[int, int], jobs: int,
+                  preloaded: Callable[[Model], bool], preloading: Mapping[int, int]) -> list[Model]:
+    """The models start-up starts together with ``first`` (itself first): where no start among them profiles the
+    GPU's memory, the next eager models start-up has not reached whose preloads are done (``preloaded``), in
+    start-up order (``models``' order), up to ``jobs`` in all, each only where every GPU of its holds it and all
+    those before it resident (``memory.over_mib``) beside the others as they are and the peaks of the preloads
+    running (``preloading``: MiB per GPU). Just ``first`` otherwise."""
+    batch = [first]
+    if first.started or first.engine.gpu_need().profiles:
+        return batch
+    for m in models:
+        if len(batch) >= jobs:
+            break
+        need = m.engine.gpu_need()
+        if (m in batch or m.started or m.config.start != "eager" or m.state is not S.STARTING or need.profiles
+                or not need.gpus or not preloaded(m)):
+            continue
+        holders = [holder(x, S.STARTING if x in batch or x is m else None) for x in models]
+        if all(over_mib(g, totals[g], holders) + preloading.get(g, 0) <= 0 for g in need.gpus if g in totals):
+            batch.append(m)
+    return batch
+
+
 def queued_preloads(models: Sequence[Model], p: Preloading) -> list[Model]:
     """Models whose preload has not begun, the next first: one a start waits for, one a request waits for, then
     start-up order (``models``' order)."""
@@ -195,13 +223,14 @@ def queued_preloads(models: Sequence[Model], p: Preloading) -> list[Model]:
 
 
 def next_preload(models: Sequence[Model], p: Preloading, need: Callable[[Model], GpuNeed],
-                 memory: Mapping[int, GpuMemory], reserve_for: Model | None) -> Model | None:
+                 memory: Mapping[int, GpuMemory], reserve_for: Sequence[Model]) -> Model | None:
     """The preload to begin now: the head of the queue where a job is free and it is admitted, else None.
 
-    Not on GPUs where an engine is starting (vLLM sizes its KV cache from a profile of the whole GPU), nor where a
-    model whose preload is done has yet to start (its start, seconds, goes before a preload, minutes), unless a start
-    waits for it. Where none runs, it begins when it fits or a start waits for it (vLLM's own check decides then);
-    beside others, only when it fits (``preload_fits``); one that failed beside others, only alone."""
+    Not on GPUs where an engine that profiles is starting (vLLM sizes its KV cache from a profile of the whole GPU),
+    nor where a model whose preload is done and whose start profiles has yet to start (its start, seconds, goes
+    before a preload, minutes, which would hold it back), unless a start waits for it. Where none runs, it begins
+    when it fits or a start waits for it (vLLM's own check decides then); beside others, only when it fits
+    (``preload_fits``); one that failed beside others, only alone."""
     queued = queued_preloads(models, p)
     if not queued or len(p.running) >= p.jobs:
         return None
@@ -209,26 +238,26 @@ def next_preload(models: Sequence[Model], p: Preloading, need: Callable[[Model],
     if (m.name in p.failed_beside and p.running) or any(set(o.gpus) & set(own.gpus) for o in p.starting):
         return None
     if m.name not in p.wanted and any(not x.started and x.config.start == "eager" and x.name in p.done
-                                      and set(need(x).gpus) & set(own.gpus) for x in models):
+                                      and need(x).profiles and set(need(x).gpus) & set(own.gpus) for x in models):
         return None
     fits = all(preload_fits(m, own, g, memory[g], p, need, reserve_for) for g in own.gpus if g in memory)
     return m if fits or (not p.running and m.name in p.wanted) else None
 
 
 def preload_fits(m: Model, own: GpuNeed, gpu: int, mem: GpuMemory, p: Preloading, need: Callable[[Model], GpuNeed],
-                 reserve_for: Model | None) -> bool:
+                 reserve_for: Sequence[Model]) -> bool:
     """Free memory on ``gpu`` holds ``m``'s preload at its peak beside the peaks of those running (counted whole,
-    even once they have taken part of it: conservative), and what ``reserve_for``'s start needs there (it waits for
-    them, not for the weights they leave in the keeper)."""
+    even once they have taken part of it: conservative), and what the starts of ``reserve_for`` need there (each
+    counted whole, even once it has taken part of it; they wait for no preload, nor for the weights those leave in
+    the keeper)."""
     held = sum(n.preload_mib(mem.total_mib) for n in p.running.values() if gpu in n.gpus)
-    reserve = 0
-    if reserve_for is not None and reserve_for is not m and reserve_for.name not in p.running:
-        other = need(reserve_for)
-        reserve = other.start_mib(mem.total_mib) if gpu in other.gpus else 0
+    reserve = sum(need(x).start_mib(mem.total_mib) for x in reserve_for
+                  if x is not m and x.name not in p.running and gpu in need(x).gpus)
     return mem.free_mib - held - reserve >= own.preload_mib(mem.total_mib)
 
 
-def start_to_reserve_for(models: Sequence[Model], config: SwitchConfig, default: Model) -> Model | None:
-    """The start a preload leaves room for: the one in progress, else the one the scheduler takes next."""
-    starting = [x for x in models if x.started and x.state is S.STARTING]
-    return starting[0] if starting else next_model(models, config, default)
+def start_to_reserve_for(models: Sequence[Model], config: SwitchConfig, default: Model) -> tuple[Model, ...]:
+    """The starts a preload leaves room for: those in progress, else the one the scheduler takes next."""
+    starting = tuple(x for x in models if x.started and x.state is S.STARTING)
+    following = next_model(models, config, default)
+    return starting or ((following,) if following is not None else ())

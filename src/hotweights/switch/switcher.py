@@ -1,5 +1,6 @@
 """Which engines are awake: the scheduler. Requests wait for their model (``admission.py``); one loop (``run``) starts,
-parks and wakes engines, one at a time, as ``schedule.py`` decides over the memory model (``memory.py``), through the
+parks and wakes engines, one move at a time (start-up's starts several together where none profiles the GPU's
+memory: ``schedule.startup_batch``), as ``schedule.py`` decides over the memory model (``memory.py``), through the
 lifecycle (``lifecycle.py``). The switcher holds the other two: ``requests`` and ``life``.
 
 An engine stays awake while its GPU memory is not needed. To wake a model, the scheduler asks ``schedule.room_for``
@@ -9,9 +10,9 @@ switch never cuts a stream), the model waking once they have. While a wake must 
 nothing moved may still wake. Then the model wakes (or starts again, if its engine died or cannot park) and every
 request waiting for it goes through at once: a switch serves the whole batch that waited for it. A wake refused for
 memory (``WakeRefused``: the estimate was short) parks one more engine on its GPUs and tries again. Start-up starts
-every engine in turn, the default first and awake, the others parked; a request for a model start-up has not
-reached moves it to the front, and keeps it awake. States and failures: ``states.py``. A request that waits longer
-than ``request_timeout_s`` is answered 503, and never by another model's engine.
+every engine in turn (or several at once, as above), the default first and awake, the others parked; a request for
+a model start-up has not reached moves it to the front, and keeps it awake. States and failures: ``states.py``. A
+request that waits longer than ``request_timeout_s`` is answered 503, and never by another model's engine.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from .engines import EngineError, EngineLike
 from .lifecycle import Lifecycle
 from .metrics import SwitchMetrics
 from .model import Model
-from .schedule import Room, retried, startup_next, wanted
+from .schedule import Room, retried, startup_batch, startup_next, startup_order, wanted
 from .states import SERVING, Failure, FailureKind, ModelState
 
 S = ModelState
@@ -45,7 +46,8 @@ class Switcher:
 
     async def run(self) -> None:
         """Start-up, then every switch, one at a time, in the order ``next_model`` gives; with ``preload_jobs`` > 1
-        start-up's preloads run ahead of the starts, that many at once where memory allows."""
+        start-up's preloads run ahead of the starts, that many at once where memory allows, and with ``start_jobs``
+        > 1 up to that many starts go together where none profiles the GPU's memory (``schedule.startup_batch``)."""
         preloading = self.life.begin_preloads(self.config.preload_jobs)
         try:
             await self._schedule()
@@ -59,22 +61,43 @@ class Switcher:
             async with life.busy:
                 m, room, look = self._plan()
                 if m is not None:
-                    try:
-                        await (life.start_up(m) if not m.started or m in retried([m]) else life.switch_to(m, room))
-                    except Exception as exc:  # never the end of the scheduler, a bug included: its requests get 503
-                        logger.exception("switch: %s: %s", m.name, exc)
-                        m.attempts_failed += 1
-                        m.failure = Failure(FailureKind.WAKE, f"the switch to it failed: {exc}")
-                        life.changes.changed()
-                        await asyncio.sleep(0.1)  # a bug that repeats must not spin the loop
+                    together = self._startup_batch(m)
+                    if len(together) > 1:
+                        logger.info("switch: starting %s together (no start profiles the GPU's memory)",
+                                    ", ".join(x.name for x in together))
+                    await asyncio.gather(*(self._go(x, room) for x in together))
             if m is None:
                 try:
                     await asyncio.wait_for(kick.wait(), look)
                 except TimeoutError:
                     pass
                 kick.clear()
-            elif m.config is self.config.default or all(x.started for x in self.models.values()):
-                life.ready.set()
+
+    async def _go(self, m: Model, room: Room) -> None:
+        """Start ``m`` (or start it again), or switch to it making ``room``; start-up is ready once the default is
+        (or every model has started)."""
+        life = self.life
+        try:
+            await (life.start_up(m) if not m.started or m in retried([m]) else life.switch_to(m, room))
+        except Exception as exc:  # never the end of the scheduler, a bug included: its requests get 503
+            logger.exception("switch: %s: %s", m.name, exc)
+            m.attempts_failed += 1
+            m.failure = Failure(FailureKind.WAKE, f"the switch to it failed: {exc}")
+            life.changes.changed()
+            await asyncio.sleep(0.1)  # a bug that repeats must not spin the loop
+        if m.config is self.config.default or all(x.started and x.state is not S.STARTING
+                                                  for x in self.models.values()):
+            life.ready.set()
+
+    def _startup_batch(self, m: Model) -> list[Model]:
+        """``m`` and the models start-up starts beside it (``schedule.startup_batch``): only ``m`` unless it is a
+        start-up's start."""
+        life = self.life
+        if m.started or self.config.start_jobs <= 1 or life.preloads is None:  # no preloads ahead: each start
+            return [m]                                                          # preloads its own model
+        order = startup_order(list(self.models.values()), self.models[self.config.default.name])
+        return startup_batch(m, order, life.totals, self.config.start_jobs, life.preloads.preloaded,
+                             life.preloads.peaks_mib(life.totals))
 
     def _plan(self) -> tuple[Model | None, Room, float | None]:
         """The model to start or wake now and what makes room for it; (None, _, seconds until a busy engine's turn
