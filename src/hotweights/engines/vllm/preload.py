@@ -86,6 +86,7 @@ def preload_vllm(model: str, *, dtype: str = "auto", tp_size: int = 1, socket_di
 
 
 SERVER_PRELOAD_ENV = "HOTWEIGHTS_VLLM_SERVER_PRELOAD"  # 1: always the whole vLLM start (its compile cache filled)
+STATUS_TIMEOUT_S = 15.0  # the keeper's rows after the publishes: a loaded machine's keeper answers in seconds
 
 
 def _publish_only(model: str, dtype: str, paths: DaemonPaths, python: str, extra_args: list[str], timeout_s: float,
@@ -211,6 +212,8 @@ def _leave_standby(directory: Path, python: str) -> str:
 
 
 def _engine_rows(paths: DaemonPaths, model: str, tp_size: int) -> list[EntryRow]:
-    """The daemon's engine-layout rows of ``model`` for a ``tp_size``-way start (one per rank when done)."""
-    with connect(paths) as client:
+    """The daemon's engine-layout rows of ``model`` for a ``tp_size``-way start (one per rank when done). Read
+    patiently: right after the ranks' publishes, a loaded machine's keeper may take seconds to answer (on a busy CI
+    machine, a TP=2 preload's read timed out at the 2 s default)."""
+    with connect(paths, timeout_s=STATUS_TIMEOUT_S) as client:
         return engine_rows(client.status().rows(), model, tp_size)
