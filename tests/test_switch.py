@@ -323,6 +323,7 @@ def test_a_parking_vllm_engine_is_preloaded_with_the_flags_it_starts_with(tmp_pa
     engine.parks = True  # as on vLLM's GPU build (its CPU build has no sleep mode: no parking there)
     cmd, env = engine.command(0)
     assert cmd.count("--enable-sleep-mode") == 1 and env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert env["HOTWEIGHTS_STANDBY_IMPORT"] == "now"  # its starts follow one another: the next standby imports now
     assert engine.preload_command() == ["preload", "--engine", "vllm", "--model", str(tmp_path / "m"),
                                         "--tensor-parallel-size", "1", "--vllm-arg=--max-model-len", "--vllm-arg=512",
                                         "--vllm-arg=--enable-sleep-mode"]

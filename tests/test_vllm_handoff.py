@@ -73,9 +73,9 @@ def start_standby(socket_dir: Path, env: dict[str, str] | None = None) -> subpro
     return proc
 
 
-def launch(socket_dir: Path, work: Path, *args: str) -> subprocess.Popen:
+def launch(socket_dir: Path, work: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", LAUNCH, str(socket_dir), *args], cwd=work, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **(env or {})})
 
 
 def until_waiting(launcher: subprocess.Popen) -> str:
@@ -343,3 +343,27 @@ def test_a_prepared_standby_waits_for_the_start_and_its_server_keeps_the_launche
         assert f"waiting for the start in progress (pid {start.pid}) to be ready: ready" in log
     finally:
         handoff.stop(SPEC, socket_dir)
+
+
+def test_a_start_beside_one_taking_the_standby_is_a_plain_start_at_once(socket_dir, work):
+    """``hotweights switch`` starts several engines at once: one launcher takes the standby (waiting for it while
+    it imports), and the others start plainly at once, not after waiting up to ``IMPORT_WAIT_S`` for a standby
+    another takes (on an H200 the third of three 8B starts begun together waited the whole 60 s)."""
+    from hotweights.unix import take_pid_lock
+
+    standby = start_standby(socket_dir)
+    try:
+        claim = take_pid_lock(handoff.standby_paths(socket_dir, SPEC.name).claim)  # another launcher's hand-off
+        began = time.monotonic()
+        out, err = launch(socket_dir, work).communicate(timeout=60)
+        os.close(claim)
+        assert f"unusable: another start (pid {os.getpid()}) is taking the standby" in out, (out, err)
+        assert "Waiting" not in err and time.monotonic() - began < 20
+        # once that hand-off is over, the standby is taken; one saying when the next imports is not stale for it
+        launcher = launch(socket_dir, work, env={handoff.IMPORT_ENV: "now"})
+        out, err = launcher.communicate(timeout=60)
+        assert launcher.returncode == 7, (out, err)
+    finally:
+        handoff.stop(SPEC, socket_dir)
+        standby.wait(timeout=30)
+    assert handoff.imports_at_once({handoff.IMPORT_ENV: "now"}) and not handoff.imports_at_once({})

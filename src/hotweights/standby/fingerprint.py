@@ -20,7 +20,8 @@ from ..key import FieldDiff
 # what changes an engine's imports or its start, whatever the engine
 ENV_PREFIXES = ("CUDA_", "NCCL_", "NVIDIA_", "TORCH", "PYTORCH_", "PYTHON", "LD_", "HF_", "TRANSFORMERS_",
                 "TOKENIZERS_", "OMP_", "MKL_", "TRITON_", "HOTWEIGHTS_")
-IGNORED = ("HOTWEIGHTS_VLLM_STANDBY",)  # turns standbys off; no effect on what one imported
+# turn standbys off, or say when the next one imports: no effect on what one imported
+IGNORED = ("HOTWEIGHTS_VLLM_STANDBY", "HOTWEIGHTS_STANDBY_IMPORT")
 
 
 @dataclass(frozen=True, slots=True)

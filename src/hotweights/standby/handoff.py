@@ -32,7 +32,8 @@ from typing import Any
 from ..errors import HotweightsError, ProtocolError, TrustError
 from ..observe import healthy
 from ..paths import check_socket_dir
-from ..unix import descendants, is_locked, lock_holder, lock_note, peer_credentials, pid_alive, spawn_detached
+from ..unix import (descendants, is_locked, lock_holder, lock_note, peer_credentials, pid_alive, spawn_detached,
+                    take_pid_lock)
 from ..wire import close_fds
 from .engine import EngineSpec
 from .fingerprint import Fingerprint
@@ -40,6 +41,7 @@ from .messages import Exited, Hello, Ready, Start, Started, Stop, receive, send
 
 logger = logging.getLogger(__name__)
 DISABLE_ENV = "HOTWEIGHTS_VLLM_STANDBY"  # "off": never use or prepare a standby
+IMPORT_ENV = "HOTWEIGHTS_STANDBY_IMPORT"  # "now": the next start's standby imports beside this start, not after it
 
 
 class StandbyUnusable(HotweightsError):
@@ -51,6 +53,7 @@ class StandbyPaths:
     socket: Path
     lock: Path
     log: Path
+    claim: Path  # held by the one launcher taking (or waiting for) the standby
 
 
 def standby_paths(directory: Path, engine: str = "vllm", python: str | None = None,
@@ -60,7 +63,7 @@ def standby_paths(directory: Path, engine: str = "vllm", python: str | None = No
     devices = os.environ.get("CUDA_VISIBLE_DEVICES", "") if devices is None else devices
     seed = os.path.realpath(python or sys.executable) + (f"\0{devices}" if devices else "")
     tag = hashlib.blake2b(seed.encode(), digest_size=4).hexdigest()
-    return StandbyPaths(*(directory / f"{engine}-standby-{tag}.{ext}" for ext in ("sock", "lock", "log")))
+    return StandbyPaths(*(directory / f"{engine}-standby-{tag}.{ext}" for ext in ("sock", "lock", "log", "claim")))
 
 
 @dataclass(slots=True)
@@ -177,10 +180,45 @@ def _wait_while_importing(lock: Path, sock: Path, timeout_s: float = IMPORT_WAIT
         time.sleep(0.1)
 
 
+@contextlib.contextmanager
+def _claimed(engine: EngineSpec, directory: Path) -> Generator[None, None, None]:
+    """This launcher is the one taking the standby (and waiting for it, while it imports): a start that comes
+    beside it (``hotweights switch`` starting several engines at once) is a plain start at once, rather than one
+    that waits up to ``IMPORT_WAIT_S`` for a standby another start takes (on an H200, the third of three 8B
+    starts begun together waited the whole 60 s, then imported vLLM itself)."""
+    try:
+        check_socket_dir(directory)
+    except FileNotFoundError:
+        raise StandbyUnusable(f"no standby prepared yet (no {directory})") from None
+    except TrustError as exc:
+        raise StandbyUnusable(f"untrusted socket dir: {exc}") from None
+    claim = standby_paths(directory, engine.name).claim
+    try:
+        fd = take_pid_lock(claim)
+    except BlockingIOError:
+        raise StandbyUnusable(f"another start (pid {lock_holder(claim)}) is taking the standby") from None
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def imports_at_once(environ: dict[str, str]) -> bool:
+    """Whether the standby a start prepares imports its engine at once, beside that start (``IMPORT_ENV=now``:
+    ``hotweights switch``, whose starts follow one another), rather than once the start is ready."""
+    return environ.get(IMPORT_ENV, "") == "now"
+
+
 def hand_over(engine: EngineSpec, directory: Path, module: str, args: list[str], env: dict[str, str], *,
               connect_timeout_s: float = 1.0, reply_timeout_s: float = 10.0) -> Server:
     """Give the start (``python -m MODULE ARGS`` with ``env``, this cwd and stdio) to the standby of this
     engine and interpreter; StandbyUnusable says why not. Nothing has started when it raises."""
+    with _claimed(engine, directory):
+        return _hand_over(engine, directory, module, args, env, connect_timeout_s, reply_timeout_s)
+
+
+def _hand_over(engine: EngineSpec, directory: Path, module: str, args: list[str], env: dict[str, str],
+               connect_timeout_s: float, reply_timeout_s: float) -> Server:
     sock, ready, changed = _hello(engine, directory, connect_timeout_s, reply_timeout_s)
     with _unusable_on_failure(sock, "standby failed the hand-off"):
         unsafe = ("CUDA is initialized in it" if ready.cuda_initialized else

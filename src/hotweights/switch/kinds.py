@@ -25,6 +25,7 @@ from ..loading.checkpoint import open_checkpoint
 from ..engines.vllm.options import LOAD_FORMAT
 from ..engines.vllm.start import EXTRA_CONFIG, LOAD_FORMAT_OPTION, TENSOR_PARALLEL, VllmStart, is_cpu_build
 from ..rows import EntryRow
+from ..standby.handoff import IMPORT_ENV
 from .memory import CONTEXT_MIB, GpuNeed
 
 SLEEP_MODE = argv.Option(("--enable-sleep-mode",), "none")
@@ -127,7 +128,10 @@ class VllmKind(EngineKind):
         cmd = [sys.executable, "-m", "hotweights", "vllm", "serve", *_common(m, port), *m.args]
         if VllmStart.parse(list(m.args)).load_format is None:  # the engine layout the preload made, zero-copy
             cmd += ["--load-format", LOAD_FORMAT]
-        return cmd + _sleep_mode(m, parks), {"VLLM_SERVER_DEV_MODE": "1"} if parks else {}
+        # the next start's standby imports beside this one: the switch's starts follow one another, and each
+        # waited ~20 s for the standby the one before prepared once it was ready (H200, ten 8B, 2026-12-04)
+        env = {IMPORT_ENV: "now", **({"VLLM_SERVER_DEV_MODE": "1"} if parks else {})}
+        return cmd + _sleep_mode(m, parks), env
 
     def not_preloaded(self, m: Spec) -> str:
         chosen = VllmStart.parse(list(m.args)).load_format or LOAD_FORMAT

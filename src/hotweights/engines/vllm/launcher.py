@@ -47,15 +47,17 @@ def run(start: VllmStart, *, park: int = 0, park_idle_s: float = 3600.0) -> int:
         return _run_parked(start, cmd, env, park, park_idle_s)
     if start.is_serve and handoff.enabled(environ):
         directory = start.socket_dir
+        at_once = handoff.imports_at_once(environ)  # else the next standby imports once this start is ready
         try:
             server = handoff.hand_over(SPEC, directory, module, explicit_log_error_stack(args, env), env)
         except handoff.StandbyUnusable as exc:
             logger.info(evidence.standby_unused(str(exc)))
         else:
             logger.info(evidence.standby_used(server.pid, server.imports_s))
-            handoff.prepare(SPEC, directory, environ, after=(server.pid, start.health_url))
+            handoff.prepare(SPEC, directory, environ, after=None if at_once else (server.pid, start.health_url))
             return server.wait()
-        handoff.prepare(SPEC, directory, environ, after=(os.getpid(), start.health_url))  # this pid becomes vLLM
+        handoff.prepare(SPEC, directory, environ,  # this pid becomes vLLM
+                        after=None if at_once else (os.getpid(), start.health_url))
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(cmd[0], cmd, env)
