@@ -312,6 +312,34 @@ def test_an_engines_gpu_memory_is_counted_over_its_process_tree():
         child.wait()
 
 
+def test_a_host_tier_model_gets_its_host_copy_after_its_preload_not_at_its_first_park(tmp_path):
+    """Made at the first park, each host-tier model's host copy held start-up's next start back ~20 s (H200, four 8B
+    on the host tier); after the preload it runs beside the starts. ``hotweights demote`` itself, with a real keeper
+    and engines: tests/test_serve_park.py; here, which models ask for it and how a failure reads."""
+    from hotweights.switch.engines import Engine
+
+    made: list[str] = []
+
+    def engine(name: str, tier: str, copies: object) -> Engine:
+        e = Engine(switch_config.ModelConfig(name, tmp_path / name, engine="vllm", parked_weights=tier), tmp_path)
+        e.parks = True
+        e.keeper.cached = lambda: True  # the keeper holds it: no preload process ("cached already")
+        e.keeper.host_copy_ahead = copies
+        return e
+
+    def copies() -> int:
+        made.append("host")
+        return 1
+
+    def fails() -> int:
+        raise OSError("no keeper answers")
+
+    assert str(engine("h", "host", copies).preload()).startswith("cached already (its host copy made, ")
+    assert str(engine("g", "gpu", copies).preload()) == "cached already" and made == ["host"]
+    said = engine("f", "host", fails).preload()
+    assert not said.failed and str(said) == "cached already (no host copy yet: no keeper answers)"
+
+
 def test_a_parking_vllm_engine_is_preloaded_with_the_flags_it_starts_with(tmp_path):
     """``--enable-sleep-mode`` is in vLLM's compile-cache key: a preload without it left the first start of each
     parking engine compiling again (23-31 s on an H200). The load format's own flags stay the start's."""

@@ -65,7 +65,8 @@ class WakeSource(enum.StrEnum):
 class PreloadOutcome:
     """What a model's preload did: ``cached`` (it ran; the keeper holds the weights), ``already`` (the keeper held
     them: no preload process ran), ``skipped`` (its engine reads its checkpoint itself), ``failed`` (its engine reads
-    its checkpoint; ``note`` says why). ``str()`` is its account in the model's ready line."""
+    its checkpoint; ``note`` says why; for the others, what else it did). ``str()`` is its account in the model's
+    ready line."""
 
     kind: Literal["cached", "already", "skipped", "failed"]
     note: str = ""
@@ -75,8 +76,9 @@ class PreloadOutcome:
         return self.kind == "failed"
 
     def __str__(self) -> str:
-        return {"cached": "cached", "already": "cached already", "skipped": f"not preloaded ({self.note})",
-                "failed": f"not cached ({self.note})"}[self.kind]
+        done = f" ({self.note})" if self.note else ""
+        return {"cached": f"cached{done}", "already": f"cached already{done}",
+                "skipped": f"not preloaded ({self.note})", "failed": f"not cached ({self.note})"}[self.kind]
 
 
 class FailureKind(enum.StrEnum):
