@@ -36,6 +36,8 @@ rate the medians of the runs with their spread (min, max). Modes, each a front o
 - ``park_x2``: ``max_awake = 2`` (two engines awake at once where memory allows);
 - ``park_host``: every parked engine's weights in host memory; ``mixed``: the most popular half (``--gpu-tier K``:
   the K most popular) on the GPU, the rest in host memory;
+- ``preempt``, ``one_preempt``, ``mixed_preempt``: ``park``, ``one`` and ``mixed`` with ``preempt = true`` (a busy
+  engine whose turn is over pauses its streams at once; each continues on its next wake: ``switch/preempt.py``);
 - ``vllm_sleep`` (vLLM only): engines read the checkpoint themselves and park with vLLM's own sleep;
 - ``restart``: ``--no-parking`` (stop one engine, start the next: llama-swap's way);
 - ``static``: every model awake at once (``max_awake = N``): static partitioning, what a user does without a
@@ -86,7 +88,8 @@ from hotweights.unix import descendants
 from hotweights.verify.memory import proc_status
 
 PROBE_TOLERANCE = 0.05  # of a first token's logprob
-MODES = ("park", "one", "before", "park_fifo", "park_x2", "park_host", "mixed", "vllm_sleep", "restart", "static")
+MODES = ("park", "one", "before", "park_fifo", "park_x2", "park_host", "mixed", "vllm_sleep", "restart", "static",
+         "preempt", "one_preempt", "mixed_preempt")
 
 
 @dataclass(frozen=True)
@@ -330,13 +333,15 @@ def roll_call(url: str, names: list[str], args: argparse.Namespace) -> dict:
 def mode_config(mode: str, models: dict[str, Path], args: argparse.Namespace) -> tuple[str, list[str]]:
     """The front's config file and flags for ``mode``."""
     engine_args = shlex.split(args.engine_args) + (["--load-format", "auto"] if mode == "vllm_sleep" else [])
+    preempt = mode.endswith("preempt")
+    mode = {"preempt": "park"}.get(mode, mode.removesuffix("_preempt"))
     names = list(models)
     on_gpu = args.gpu_tier if args.gpu_tier is not None else (len(names) + 1) // 2  # mixed: the most popular first
     host = set(names if mode == "park_host" else names[on_gpu:] if mode == "mixed" else [])
     awake = {"one": 1, "park_x2": 2, "static": len(names)}.get(mode)  # else auto ("before": its own default, 1)
     text = "[switch]\n" + (f"max_awake = {awake}\n" if awake else "")
     text += f"schedule = \"{'fifo' if mode == 'park_fifo' else 'fair'}\"\n"
-    text += f"request_timeout_s = {args.request_timeout_s}\n"
+    text += f"request_timeout_s = {args.request_timeout_s}\n" + ("preempt = true\n" if preempt else "")
     text += "".join(model_table(name, path, [], args.engine, engine_args, name in host) for name, path in
                     models.items())
     return text, ["--no-parking"] if mode == "restart" else []

@@ -156,6 +156,9 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--turn-s", type=float, default=None,
                    help="where memory forces a choice between busy engines, a busy one leaves once another model's "
                         "waiting requests have waited this long in sum per request in flight on it (default 1)")
+    p.add_argument("--preempt", action="store_const", const=True, default=None,
+                   help="a busy engine whose turn is over pauses its streamed requests at once (each continues on "
+                        "its next wake, seamless in the client's stream) rather than finishing them first")
     p.add_argument("--preload-jobs", type=int, default=None,
                    help="start-up's preloads at once, where GPU memory allows (default 0: 4 with GPUs, else 1)")
     p.add_argument("--start-jobs", type=int, default=None,

@@ -33,6 +33,7 @@ class Plan:
     prompt_tokens: int
     rid: str
     created: int
+    token_ids: bool = False  # the prompt's token ids and each chunk's, in vLLM's fields (``return_token_ids``)
 
 
 Decode = Callable[[list[int]], str]
@@ -140,11 +141,13 @@ async def sse(plan: Plan, jobs: list[Job], model_name: str, clock: Clock, decode
                                       **extra}) + "\n\n"
 
     completion_tokens = 0
-    for (index, _, echo, params), job in zip(plan.jobs, jobs):
+    for (index, prompt_ids, echo, params), job in zip(plan.jobs, jobs):
         finished, offset = False, 0
+        ids = {"prompt_token_ids": prompt_ids} if plan.token_ids else {}  # on the first chunk of the choice
         if plan.kind == "chatcmpl":
             yield event([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                          "finish_reason": None}])
+                          "finish_reason": None}], **ids)
+            ids = {}
         async for chunk in with_echo(echo, job.chunks()):
             clock.chunk()
             logprobs = None if params.logprobs is None else logprobs_of(plan.kind, [chunk], decode, offset)
@@ -153,9 +156,12 @@ async def sse(plan: Plan, jobs: list[Job], model_name: str, clock: Clock, decode
                           "finish_reason": chunk.finish_reason}
             else:
                 choice = {"index": index, "text": chunk.text, "logprobs": logprobs,
-                          "finish_reason": chunk.finish_reason}
+                          "finish_reason": chunk.finish_reason, **ids}
+                ids = {}
                 if logprobs and logprobs["tokens"]:  # by the tokens reported: held-back text lags them
                     offset = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
+            if plan.token_ids:
+                choice["token_ids"] = list(chunk.token_ids)
             finished = chunk.finish_reason is not None
             completion_tokens += chunk.num_tokens if chunk.finish_reason else 0
             yield event([choice])

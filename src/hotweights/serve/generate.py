@@ -50,6 +50,7 @@ class Chunk:
     finish_reason: str | None = None  # "stop" | "length" on the last chunk
     num_tokens: int = 0  # tokens generated so far (final on the last chunk)
     logprobs: tuple[Logprob, ...] = ()  # this chunk's token (asked for with SamplingParams.logprobs)
+    token_ids: tuple[int, ...] = ()  # this chunk's token (vLLM's ``return_token_ids``; the end of text's too)
 
 
 # ``step(ids [1, n], past) -> (logits of the last position [vocab], past)``
@@ -108,17 +109,17 @@ class Generator:
             token = self._pick(_adjusted(logits.float(), params, out), params, gen)
             scored = () if params.logprobs is None else (_logprob(logits, token, params.logprobs),)
             if token in self.eos_ids:
-                yield Chunk("", "stop", len(out), scored)
+                yield Chunk("", "stop", len(out), scored, (token,))
                 return
             out.append(token)
             text = self.tokenizer.decode(out)
             hit = _find_stop(text, params.stop)
             if hit is not None:
-                yield Chunk(text[len(sent):hit], "stop", len(out), scored)
+                yield Chunk(text[len(sent):hit], "stop", len(out), scored, (token,))
                 return
             shown = text.rstrip("\ufffd")  # an incomplete UTF-8 character: held back until it completes
             new = shown[len(sent):] if len(shown) > len(sent) else ""
-            yield Chunk(new, "length" if n == params.max_tokens else None, len(out), scored)
+            yield Chunk(new, "length" if n == params.max_tokens else None, len(out), scored, (token,))
             sent = shown if new else sent
             ids = torch.tensor([[token]], device=self.device)
 

@@ -52,6 +52,7 @@ class Sampling(Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # the caller's end-user id, for its own records; no effect on the answer
+    return_token_ids: bool = False  # vLLM's: the prompt's token ids and each chunk's (``hotweights switch`` asks)
     # in the API, not served here: refused unless absent or off (``refuse_unserved``)
     best_of: int | None = None
     response_format: dict[str, Any] | None = None

@@ -128,7 +128,7 @@ async def generate(s: ServerState, request: Request, plan: Plan) -> Response:
     if results is None:  # the client went away: its jobs are cancelled, nobody reads an answer
         return Response(status_code=499)
     choices, completion_tokens = [], 0
-    for (index, _, echo, params), chunks in zip(plan.jobs, results):
+    for (index, prompt_ids, echo, params), chunks in zip(plan.jobs, results):
         if not chunks or chunks[-1].finish_reason is None:  # ended unfinished: the server is stopping
             return error(503, "the server is shutting down; retry on another replica")
         text = echo + "".join(c.text for c in chunks)
@@ -138,10 +138,14 @@ async def generate(s: ServerState, request: Request, plan: Plan) -> Response:
         choices.append({"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                         "finish_reason": finish} if plan.kind == "chatcmpl" else
                        {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish})
+        if plan.token_ids:  # vLLM's fields: the prompt's on a completion's choice (on a chat answer, below)
+            choices[-1].update(token_ids=[t for c in chunks for t in c.token_ids],
+                               **({} if plan.kind == "chatcmpl" else {"prompt_token_ids": prompt_ids}))
     clock.done(completion_tokens)
+    ids = {"prompt_token_ids": plan.jobs[0][1]} if plan.token_ids and plan.kind == "chatcmpl" else {}
     return JSONResponse({"id": plan.rid, "object": "chat.completion" if plan.kind == "chatcmpl" else
                          "text_completion", "created": plan.created, "model": s.model_name, "choices": choices,
-                         "usage": usage(plan.prompt_tokens, completion_tokens)})
+                         "usage": usage(plan.prompt_tokens, completion_tokens), **ids})
 
 
 async def health(request: Request) -> JSONResponse:
@@ -198,7 +202,8 @@ def respond(s: ServerState, req: Sampling, prompts: list[tuple[list[int], str]],
             for i, (ids, echo) in enumerate(prompts) for j in range(req.n)]
     return Plan(jobs, kind, req.stream, bool(req.stream and req.stream_options and
                                               req.stream_options.include_usage),
-                sum(len(ids) for ids, _ in prompts), f"{kind}-{uuid.uuid4().hex[:24]}", int(time.time()))
+                sum(len(ids) for ids, _ in prompts), f"{kind}-{uuid.uuid4().hex[:24]}", int(time.time()),
+                req.return_token_ids)
 
 
 def completions(s: ServerState, req: CompletionRequest) -> Plan:

@@ -14,6 +14,8 @@
     turn_s = 1               # where memory forces a choice between busy engines: a busy one leaves (takes no new
                              # request, parks once its requests end) once the requests waiting for another model
                              # have waited turn_s seconds in sum per request in flight on it
+    preempt = false          # true: a busy engine that leaves pauses its streamed requests at once, and each
+                             # continues on its next wake, seamless in the client's stream (preempt.py)
     log_dir = ""             # each engine's log goes here ("": a new temporary directory per run, the oldest
                              # of those removed past the ten newest, once a week has passed over them)
     preload_jobs = 0         # start-up's preloads at once, ahead of the starts, where GPU memory allows (a vLLM
@@ -201,6 +203,7 @@ class SwitchConfig:
     starve_after_s: Seconds = 10.0  # fair: a model whose request has waited this long goes next
     # a busy engine's turn, in request-seconds waited per request it has in flight (schedule.py)
     turn_s: Annotated[float, Field(ge=0, description="0 or more")] = 1.0
+    preempt: bool = False  # a leaving engine pauses its streamed requests; each continues on its next wake
     # start-up's preloads at once (preloads.py); 0: auto (with_auto_jobs())
     preload_jobs: Annotated[int, Field(ge=0, description="0 (auto) or more")] = 0
     # start-up's starts at once where none profiles the GPU's memory (schedule.startup_batch); 0: auto

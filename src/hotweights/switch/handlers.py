@@ -35,7 +35,8 @@ from .metrics import SwitchMetrics
 from .model import Model
 from .process import one_line
 from .states import ModelState
-from .streams import Said, Stopping
+from .preempt import resumable
+from .streams import Said, Stopping, relay_resumable
 from .admission import Unavailable
 from .switcher import Switcher
 from .validate import BODIES, RELAYED, Refused, model_of
@@ -170,7 +171,8 @@ async def forward(request: Request) -> Response:
     name = f.routes[asked]
     if asked != name:  # an alias: its engine serves the model's name
         body = json.dumps({**json.loads(body), "model": name}).encode()
-    opening = asyncio.create_task(open_upstream(f, name, request.url.path, body, arrived))
+    r = resumable(request.url.path, body) if f.config.preempt else None  # a stream that may be paused
+    opening = asyncio.create_task(open_upstream(f, name, request.url.path, r.first_body() if r else body, arrived))
     gone = asyncio.create_task(disconnected(request))
     await asyncio.wait({opening, gone}, return_when=asyncio.FIRST_COMPLETED)
     gone.cancel()
@@ -201,6 +203,9 @@ async def forward(request: Request) -> Response:
     kept = {k: v for k, v in upstream.headers.items() if k.lower() in ("content-type", "cache-control")}
     events = upstream.headers.get("content-type", "").startswith("text/event-stream")
     record = Said(name, path, code, arrived, waited)
+    if r is not None and events and code == 200:  # a stream the switch may pause for another model's turn
+        stream = relay_resumable(f.switcher.requests, f.client, f.stopping, m, upstream, record, r)
+        return StreamingResponse(told(f, m, stream, record), status_code=code, headers=kept)
     return StreamingResponse(relay(f, m, upstream, events, record), status_code=code, headers=kept)
 
 
@@ -272,6 +277,18 @@ async def relay(f: FrontState, m: Model, upstream: httpx.Response, events: bool,
     finally:
         await upstream.aclose()
         f.switcher.requests.release(m)
+        if said.first:
+            f.metrics.first_byte(said.name, said.first - said.arrived)
+        m.relayed(said.first - said.arrived if said.first else None)
+        logger.info(said.line())
+
+
+async def told(f: FrontState, m: Model, stream: AsyncIterator[bytes], said: Said) -> AsyncIterator[bytes]:
+    """``stream``'s bytes, then the request's line (``Said``) and its first byte's time in the metrics."""
+    try:
+        async for chunk in stream:
+            yield chunk
+    finally:
         if said.first:
             f.metrics.first_byte(said.name, said.first - said.arrived)
         m.relayed(said.first - said.arrived if said.first else None)

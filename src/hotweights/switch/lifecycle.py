@@ -215,9 +215,12 @@ class Lifecycle:
 
     def leave(self, victim: Model, why: str, waiting: str = "") -> None:
         """``victim`` takes no new request and parks once its requests in flight end (``why``: ``for B``, where B
-        wakes after it, or as an operator asked)."""
+        wakes after it, or as an operator asked); with ``preempt``, its streams that may be paused pause now, each
+        continued on its next wake (``preempt.py``)."""
         self.move(victim, S.LEAVING)
-        logger.info("switch: %s leaves %s: %d request(s) in flight end first%s", victim.name, why, victim.inflight,
+        paused = self.pause_streams(victim)
+        logger.info("switch: %s leaves %s: %d request(s) in flight end first%s%s", victim.name, why,
+                    victim.inflight - paused, f" ({paused} paused, continued on its next wake)" if paused else "",
                     waiting)
 
         async def park_once_idle() -> None:
@@ -262,6 +265,16 @@ class Lifecycle:
             self.exited(m)
         return True
 
+    def pause_streams(self, m: Model) -> int:
+        """With ``preempt``, ask ``m``'s streams that may be paused to pause (each ends its relay at an event's end,
+        frees its place, and waits for ``m`` again); how many."""
+        if not self.config.preempt:
+            return 0
+        asked = [r for r in m.streams if r.can_pause and not r.pause.is_set()]
+        for r in asked:
+            r.pause.set()
+        return len(asked)
+
     async def _park_one(self, keep: Model) -> bool:
         """Park one more awake engine beside ``keep`` (not kept awake), once its requests in flight are done: the
         GPU refused ``keep``'s wake for memory, so the memory model's estimate was short. False when there is none."""
@@ -270,6 +283,7 @@ class Lifecycle:
             return False
         victim = pick_victim(candidates, self.config.schedule)
         self.move(victim, S.LEAVING)
+        self.pause_streams(victim)
         if victim.inflight:
             await victim.idle.wait()
         await self.park_for(victim, f"for {keep.name} (its wake was refused for memory)")

@@ -14,6 +14,7 @@ from .config import ModelConfig
 from .engines import EngineLike
 from .gpus import host_mib
 from .kinds import KINDS, EngineKind
+from .preempt import Resumable
 from .states import Failure, ModelState
 
 T = TypeVar("T")
@@ -113,6 +114,7 @@ class Model:
     start_failures: int = 0  # starts that failed in a row: the back-off doubles with each
     failure: Failure | None = None
     cached: str = ""  # what its last preload said: "cached", or "not cached (why)": its engine reads the checkpoint
+    streams: set[Resumable] = field(default_factory=set)  # its streams in flight that may be paused (preempt.py)
     answered: deque[tuple[float, float | None]] = field(default_factory=lambda: deque(maxlen=1024))
     # (time.time(), its first byte's seconds from arrival or None) of each request relayed: the rate and TTFT shown
 

@@ -1,13 +1,24 @@
-"""The front's bookkeeping of the answers it relays: each request's line in the log (``Said``), and the stop of every
-open stream when the front is asked to stop (``Stopping``). Torch-free."""
+"""The front's bookkeeping of the answers it relays: each request's line in the log (``Said``), the stop of every
+open stream when the front is asked to stop (``Stopping``), and the relay of a stream that may be paused and
+continued (``relay_resumable``, ``preempt.py``). Torch-free."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
+from collections.abc import AsyncIterator
+from typing import Any
 
-from .admission import Admission
+import httpx
+
+from ..serve.errors import stream_error
+from .admission import Admission, Unavailable
+from .model import Model
+from .preempt import COMPLETIONS, Events, Resumable
+
+logger = logging.getLogger("hotweights.switch")
 
 
 class Said:
@@ -20,6 +31,7 @@ class Said:
         self.name, self.path, self.code, self.arrived, self.waited = name, path, code, arrived, waited
         self.first = 0.0
         self.end = b""  # the answer's last bytes: its usage, where it has one
+        self.paused = 0  # times its stream was paused and continued (preempt.py)
 
     def seen(self, chunk: bytes) -> None:
         if not self.first:
@@ -31,7 +43,8 @@ class Said:
         return (f"switch: request {self.name} {self.path} {self.code}, waited {self.waited:.3f} s"
                 + (f", first byte {self.first - self.arrived:.3f} s" if self.first else "")
                 + f", {time.monotonic() - self.arrived:.3f} s in all"
-                + (f", {int(tokens[-1])} tokens" if tokens else ""))
+                + (f", {int(tokens[-1])} tokens" if tokens else "")
+                + (f", paused {self.paused} time(s)" if self.paused else ""))
 
 
 class Stopping:
@@ -65,3 +78,114 @@ class Stopping:
             self.halt.set_result(None)
             if self.requests is not None:
                 self.waiting = self.requests.close()
+
+
+async def relay_resumable(requests: Admission, client: httpx.AsyncClient, stopping: Stopping, m: Model,
+                          upstream: httpx.Response, said: Said, r: Resumable) -> AsyncIterator[bytes]:
+    """A stream relayed an event at a time, paused where ``r.pause`` is set (its engine leaves for another model's
+    turn): the connection to the engine closed (vLLM aborts the request), its place in flight given back, the model
+    waited for again as by a new request, and the answer continued from its text so far (``r.continuation``). Its
+    client sees one stream. A continuation that cannot be made ends the stream with an error event."""
+    relay = _Resumed(requests, client, m, said, r, upstream)
+    try:
+        while True:
+            got = await relay.next(stopping)
+            if got is None:
+                return
+            for event in got:
+                yield event
+            if relay.ended:
+                return
+            if relay.r.pause.is_set() and relay.r.can_pause:
+                failed = await relay.resume()
+                if failed:
+                    yield failed
+                    return
+            relay.r.pause.clear()
+    except httpx.TransportError as exc:
+        logger.warning("switch: %s: its engine's answer broke off (%s); the stream ends with an error event",
+                       m.name, str(exc) or type(exc).__name__)
+        yield stream_error(f"the engine of `{m.name}` stopped in the middle of this answer; retry the request")
+    finally:
+        await relay.close()
+
+
+class _Resumed:
+    """``relay_resumable``'s state: the engine's answer now (``upstream``), whether this request holds its place in
+    flight, the events cut from the bytes."""
+
+    def __init__(self, requests: Admission, client: httpx.AsyncClient, m: Model, said: Said, r: Resumable,
+                 upstream: httpx.Response) -> None:
+        self.requests, self.client, self.m, self.said, self.r = requests, client, m, said, r
+        self.upstream, self.chunks, self.events = upstream, upstream.aiter_raw(), Events()
+        self.holding = True
+        self.ended = False  # the front stopped: the stream's error event is the last
+        m.streams.add(r)
+
+    async def next(self, stopping: Stopping) -> list[bytes] | None:
+        """The events to relay next ([] where a pause came first); None at the answer's end. The front stopping
+        ends the stream with an error event."""
+        step: asyncio.Future[bytes] = asyncio.ensure_future(anext(self.chunks))
+        pausing = asyncio.ensure_future(self.r.pause.wait())
+        racing: set[asyncio.Future[Any]] = {step, pausing, stopping.halted()}
+        await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+        pausing.cancel()
+        if not step.done():
+            step.cancel()
+            await asyncio.gather(step, return_exceptions=True)
+            if stopping.halted().done():
+                stopping.streams += 1
+                self.ended = True
+                return [stream_error("the server is shutting down; retry the request", 503)]
+            return []
+        try:
+            chunk = step.result()
+        except StopAsyncIteration:
+            return None
+        out = []
+        for event in self.events.feed(chunk):
+            relayed = self.r.relayed(event)
+            if relayed:
+                self.said.seen(relayed)
+                out.append(relayed)
+        return out
+
+    async def resume(self) -> bytes:
+        """Pause here and continue on the model's next wake: b"" once the continuation streams, else the error
+        event that ends the stream."""
+        m, r = self.m, self.r
+        r.pause.clear()
+        await self.upstream.aclose()
+        self._let_go()
+        r.paused += 1
+        self.said.paused = r.paused
+        logger.info("switch: %s: a stream paused after %d token(s); it continues on the model's next wake",
+                    m.name, len(r.ids))
+        try:
+            await self.requests.acquire(m.name)
+        except Unavailable as exc:
+            return stream_error(f"this answer was paused for another model and could not continue: {exc}", 503)
+        self.holding = True
+        m.streams.add(r)
+        try:
+            self.upstream = await self.client.send(self.client.build_request(
+                "POST", f"{m.engine.url}{COMPLETIONS}", content=r.continuation(),
+                headers={"content-type": "application/json"}), stream=True)
+        except httpx.TransportError as exc:
+            return stream_error(f"the engine of `{m.name}` did not take this answer's continuation ({exc})")
+        if self.upstream.status_code != 200:
+            said = (await self.upstream.aread()).decode(errors="replace")[:300]
+            return stream_error(f"the engine of `{m.name}` refused this answer's continuation "
+                                f"({self.upstream.status_code}: {said})", self.upstream.status_code)
+        self.chunks, self.events = self.upstream.aiter_raw(), Events()
+        return b""
+
+    def _let_go(self) -> None:
+        self.m.streams.discard(self.r)
+        if self.holding:
+            self.holding = False
+            self.requests.release(self.m)
+
+    async def close(self) -> None:
+        await self.upstream.aclose()
+        self._let_go()

@@ -1,0 +1,163 @@
+"""Pausing a streamed request and continuing it (``switch/preempt.py``, ``streams.relay_resumable``): which requests
+may be paused, the events cut at their ends, the continuation's body for completions and chat, and the
+continuation's events as the client gets them (one id, the usage over the whole answer, no second opening chunk);
+then a real front with two embedded engines on the CPU, one at a time (``--max-awake 1 --preempt``): a long stream
+paused for the other model's request arrives whole and the same as unpaused, the other answered while it waits.
+
+Run: pytest tests/test_preempt.py
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from switch_front import Front, private_keeper, wait_started
+
+from hotweights.switch.preempt import CHAT, COMPLETIONS, Events, resumable
+
+
+def body(**fields) -> bytes:
+    return json.dumps({"model": "a", "stream": True, **fields}).encode()
+
+
+def event(data: dict | str) -> bytes:
+    return b"data: " + (data if isinstance(data, str) else json.dumps(data)).encode() + b"\n\n"
+
+
+def test_only_streams_of_one_choice_that_can_be_continued_may_be_paused():
+    prompt, messages = {"prompt": "hi"}, {"messages": [{"role": "user", "content": "hi"}]}
+    assert resumable(COMPLETIONS, body(**prompt)) is not None
+    assert resumable(COMPLETIONS, body(prompt=[1, 2, 3])) is not None  # token ids: one prompt
+    assert resumable(CHAT, body(**messages)) is not None
+    assert resumable(COMPLETIONS, json.dumps({"prompt": "hi"}).encode()) is None  # not streamed
+    for refused in ({"n": 2}, {"best_of": 3}, {"echo": True}, {"suffix": "x"}, {"prompt": ["a", "b"]},
+                    {"prompt": [[1], [2]]}, {"logprobs": 2}):
+        assert resumable(COMPLETIONS, body(**{**prompt, **refused})) is None, refused
+    for refused in ({"tools": [{"type": "function"}]}, {"response_format": {"type": "json_object"}}, {"messages": []},
+                    {"logprobs": True}):
+        assert resumable(CHAT, body(**{**messages, **refused})) is None, refused
+    assert resumable("/v1/embeddings", body(input="x")) is None
+    assert resumable(COMPLETIONS, b"not json") is None
+    assert resumable(COMPLETIONS, body(prompt="hi", n=1, tools=[])) is not None  # what is empty or 1 is none
+    assert json.loads(resumable(COMPLETIONS, body(**prompt)).first_body())["return_token_ids"] is True
+
+
+def test_events_are_cut_at_their_blank_lines_whatever_the_chunks():
+    events = Events()
+    assert events.feed(b"data: {\"a\"") == []
+    assert events.feed(b": 1}\n\ndata: [DO") == [b"data: {\"a\": 1}\n\n"]
+    assert events.feed(b"NE]\r\n\r\n") == [b"data: [DONE]\n\n"]
+
+
+def completion(text: str, ids: list[int], finish=None, **choice) -> bytes:
+    return event({"id": "cmpl-1", "created": 7, "choices": [{"index": 0, "text": text, "finish_reason": finish,
+                                                             "token_ids": ids, **choice}]})
+
+
+def test_a_completion_continues_from_its_prompts_token_ids_and_those_it_generated():
+    r = resumable(COMPLETIONS, body(prompt="The cache", max_tokens=10, min_tokens=4, temperature=0))
+    out = json.loads(r.relayed(completion(" keeps", [11], prompt_token_ids=[1, 2]))[5:])
+    assert out["choices"][0]["token_ids"] is None and out["choices"][0]["prompt_token_ids"] is None  # not asked
+    r.relayed(completion(" the", [12]))
+    assert (r.prompt_ids, r.ids, r.finished, r.first_id, r.can_pause) == ([1, 2], [11, 12], False, "cmpl-1", True)
+    r.paused = 1
+    again = json.loads(r.continuation())
+    assert again["prompt"] == [1, 2, 11, 12] and again["max_tokens"] == 8 and again["min_tokens"] == 2
+    assert again["temperature"] == 0 and again["stream"] is True and again["return_token_ids"] is True
+    cont = json.loads(r.relayed(event({"id": "cmpl-2", "choices": [{"index": 0, "text": " way", "token_ids": [13],
+                                                                    "prompt_token_ids": [1, 2, 11, 12]}]}))[5:])
+    assert cont["id"] == "cmpl-1" and cont["choices"][0]["prompt_token_ids"] is None and r.ids == [11, 12, 13]
+    usage = {"id": "cmpl-2", "choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10}}
+    out = json.loads(r.relayed(event(usage))[5:])  # the continuation's usage, over the whole answer
+    assert out["usage"] == {"prompt_tokens": 2, "completion_tokens": 8, "total_tokens": 10}
+    assert r.relayed(b"data: [DONE]\n\n") == b"data: [DONE]\n\n"
+    r.relayed(completion(".", [14], "length"))
+    assert r.finished and not r.can_pause
+    plain = resumable(COMPLETIONS, body(prompt="x"))
+    plain.relayed(completion("y", [5], prompt_token_ids=[9]))
+    assert json.loads(plain.continuation())["max_tokens"] == 15  # the API's default of 16, less one sent
+    asked = resumable(COMPLETIONS, body(prompt="x", return_token_ids=True))
+    raw = completion("y", [5], prompt_token_ids=[9])
+    assert asked.relayed(raw) == raw  # asked for: relayed byte for byte
+
+
+def test_a_chat_answer_continues_as_a_completion_relayed_as_chat_chunks():
+    r = resumable(CHAT, body(messages=[{"role": "user", "content": "hi"}], max_completion_tokens=9, top_k=3,
+                             stream_options={"include_usage": True}))
+    opening = {"id": "chat-1", "created": 5, "prompt_token_ids": [7, 8],
+               "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    assert json.loads(r.relayed(event(opening))[5:])["prompt_token_ids"] is None
+    r.relayed(event({"id": "chat-1", "choices": [{"index": 0, "delta": {"content": "Hel"}, "token_ids": [20]}]}))
+    assert r.relayed(event({"id": "chat-1", "choices": [{"index": 0, "delta": {}, "token_ids": [21]}]})) is None
+    r.paused = 1
+    again = json.loads(r.continuation())
+    assert again["prompt"] == [7, 8, 20, 21] and again["max_tokens"] == 7 and again["top_k"] == 3
+    assert "messages" not in again and "max_completion_tokens" not in again and again["stream_options"]
+    out = json.loads(r.relayed(completion("lo", [22], prompt_token_ids=[7, 8, 20, 21]))[5:])
+    assert out == {"id": "chat-1", "object": "chat.completion.chunk", "created": 5, "model": None,
+                   "choices": [{"index": 0, "delta": {"content": "lo"}, "logprobs": None, "finish_reason": None}]}
+    usage = json.loads(r.relayed(event({"id": "x", "choices": [], "usage": {"prompt_tokens": 4,
+                                                                         "completion_tokens": 1}}))[5:])["usage"]
+    assert usage == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
+    thinking = resumable(CHAT, body(messages=[{"role": "user", "content": "hi"}]))
+    thinking.relayed(event({"prompt_token_ids": [1], "choices": [{"delta": {"reasoning_content": "hm"}}]}))
+    assert not thinking.can_pause  # reasoning streamed: it finishes in flight
+
+
+def interleaved(client, ask: dict, other_after_s: float, chat: bool) -> tuple[list, float, float]:
+    """``ask`` streamed on ``a`` while ``b`` is asked ``other_after_s`` later: the chunks, when the stream ended and
+    when ``b`` was answered."""
+    got: dict[str, float] = {}
+
+    def other() -> None:
+        time.sleep(other_after_s)
+        client.completions.create(model="b", prompt="x", max_tokens=2, temperature=0)
+        got["b"] = time.monotonic()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    create = client.chat.completions.create if chat else client.completions.create
+    chunks = list(create(**ask, stream=True, stream_options={"include_usage": True}))
+    ended = time.monotonic()
+    thread.join()
+    return chunks, ended, got["b"]
+
+
+@pytest.mark.slow
+def test_a_stream_paused_for_another_models_turn_arrives_whole_and_the_same(tmp_path):
+    """One engine at a time (``--max-awake 1``) and ``--preempt``: a stream on ``a`` is paused when ``b``'s
+    request has waited its turn, ``b`` is answered, and ``a``'s stream continues on ``a``'s next wake. Its client
+    reads one stream: the same greedy text as unpaused (a completion, then a chat answer), one id, and the usage of
+    the whole answer."""
+    from hotweights.demo_model import write_demo_model
+
+    models = {"a": write_demo_model(tmp_path / "a", "tiny"), "b": write_demo_model(tmp_path / "b", "tiny", seed=1)}
+    with private_keeper("hwpre-") as sock:
+        f = wait_started(Front(tmp_path, models, "--max-awake", "1", "--preempt", "--turn-s", "0.1", socket_dir=sock,
+                               engine_args=("--max-model-len", "512")))
+        try:
+            client = f.client()
+            ask = {"model": "a", "prompt": "The weight cache", "max_tokens": 480, "temperature": 0}
+            began = time.monotonic()
+            plain = client.completions.create(**ask).choices[0].text
+            alone_s = time.monotonic() - began
+            chunks, ended, b_done = interleaved(client, ask, min(1.0, alone_s / 5), chat=False)
+            talk = {"model": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 460,
+                    "temperature": 0}
+            said = client.chat.completions.create(**talk).choices[0].message.content
+            chat, chat_ended, chat_b_done = interleaved(client, talk, min(1.0, alone_s / 5), chat=True)
+        finally:
+            f.interrupt()
+    log = f.log.read_text()
+    assert log.count("a: a stream paused after") >= 2 and "leaves for b" in log, log[-3000:]
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == plain  # greedy: token for token
+    assert {c.id for c in chunks} == {chunks[0].id} and chunks[-1].usage.completion_tokens == 480
+    assert chunks[-1].usage.prompt_tokens == len("The weight cache")  # byte-level: a token a byte
+    assert b_done < ended and chat_b_done < chat_ended, (alone_s, log[-3000:])  # b answered during the pauses
+    assert "".join(c.choices[0].delta.content or "" for c in chat if c.choices) == said
+    assert {c.id for c in chat} == {chat[0].id} and chat[-1].usage.completion_tokens == 460
+    assert sum(1 for c in chat if c.choices and c.choices[0].delta.role) == 1  # one opening chunk
+    assert "tokens, paused 1 time(s)" in log
