@@ -6,8 +6,11 @@
 #   1. three 8B (the front's defaults, --gpu-memory-utilization 0.25): start-up until every model serves (target
 #      60 s), then 30 s at 2 req/s;
 #   2. ten 8B, six on the GPU tier and four in host memory, KV caches pinned to 2 GiB: start-up (target 180 s;
-#      1,014.6 s on 2026-12-04 with the whole-start preloads), then per-model 0.1 req/s for 60 s;
-#   3. while time is left, seven 8B all on the GPU tier at 0.1 req/s each (does the box serve seven at >= 90%?).
+#      1,014.6 s with the whole-start preloads, 581.6 s with the loader-alone ones, 2026-12-04), then per-model
+#      0.1 req/s for 60 s; then the same with preempt = true, its front started on the keeper the first one left
+#      (its start-up: issue 55's restart with every model cached);
+#   3. while time is left, seven 8B all on the GPU tier at 0.1 req/s each, without and with preempt (does the box
+#      serve seven at >= 90%?).
 #   first call:  bash benchmarks/gpu_models_bg.sh /tmp/hw-models 10 8b     (while the next calls stage vLLM)
 #   then:        W=/tmp/hw-models OUT=DIR BUDGET_S=1400 [RUNS="fill3 fill10 seven"] bash benchmarks/gpu_fill_session.sh
 #                (RUNS: the runs to make, in this order; RUNS=fill3 needs only three models written)
@@ -34,13 +37,13 @@ if runs fill3; then
 fi
 if runs fill10; then
   cold
-  trace fill10 --models 10 "${TRACE[@]}" --engine-args "$TEN" --modes mixed --gpu-tier 6 --per-model-rate 0.1 \
-    --duration-s 60 --socket-dir "$SOCK"
+  trace fill10 --models 10 "${TRACE[@]}" --engine-args "$TEN" --modes mixed,mixed_preempt --gpu-tier 6 \
+    --per-model-rate 0.1 --duration-s 60 --socket-dir "$SOCK"
 fi
 if runs seven && [ "$(left)" -gt 420 ]; then
   cold
-  trace seven --models 7 "${TRACE[@]}" --engine-args "$TEN" --modes park --per-model-rate 0.1 --duration-s 60 \
-    --socket-dir "$SOCK"
+  trace seven --models 7 "${TRACE[@]}" --engine-args "$TEN" --modes park,preempt --per-model-rate 0.1 \
+    --duration-s 60 --socket-dir "$SOCK"
 fi
 python3 -m hotweights stop --socket-dir "$SOCK" > /dev/null 2>&1
 step done
