@@ -2,7 +2,8 @@
 may be paused, the events cut at their ends, the continuation's body for completions and chat, and the
 continuation's events as the client gets them (one id, the usage over the whole answer, no second opening chunk);
 then a real front with two embedded engines on the CPU, one at a time (``--max-awake 1 --preempt``): a long stream
-paused for the other model's request arrives whole and the same as unpaused, the other answered while it waits.
+paused for the other model's request arrives whole and the same as unpaused, the other answered while it waits; a
+client that leaves while its stream is paused gives its place back.
 
 Run: pytest tests/test_preempt.py
 """
@@ -161,3 +162,51 @@ def test_a_stream_paused_for_another_models_turn_arrives_whole_and_the_same(tmp_
     assert {c.id for c in chat} == {chat[0].id} and chat[-1].usage.completion_tokens == 460
     assert sum(1 for c in chat if c.choices and c.choices[0].delta.role) == 1  # one opening chunk
     assert "tokens, paused 1 time(s)" in log
+
+
+@pytest.mark.slow
+def test_a_client_that_leaves_while_its_stream_is_paused_gives_its_place_back(tmp_path):
+    """A paused stream waits for its model as a request of its own: its client leaving then is a request given up
+    (the ledger's ``gone``), not a place held for nobody. ``b``'s streams, busy enough to hold the turn, finish whole,
+    and ``a`` answers the next request."""
+    import httpx
+
+    from hotweights.demo_model import write_demo_model
+
+    models = {"a": write_demo_model(tmp_path / "a", "tiny"), "b": write_demo_model(tmp_path / "b", "tiny", seed=1)}
+    with private_keeper("hwpre-") as sock:
+        f = wait_started(Front(tmp_path, models, "--max-awake", "1", "--preempt", "--turn-s", "0.1", socket_dir=sock,
+                               engine_args=("--max-model-len", "512")))
+        try:
+            long = {"prompt": "The weight cache", "max_tokens": 480, "temperature": 0, "stream": True}
+            ends: list[str] = []
+
+            def b_stream() -> None:
+                with httpx.stream("POST", f.url + "/v1/completions", json={"model": "b", **long}, timeout=120) as r:
+                    ends.extend(line for line in r.iter_lines() if '"finish_reason":"length"' in
+                                line.replace(" ", ""))
+
+            with httpx.stream("POST", f.url + "/v1/completions", json={"model": "a", **long}, timeout=120) as r:
+                lines = r.iter_lines()
+                next(lines)  # a's answer is under way
+                others = [threading.Thread(target=b_stream) for _ in range(6)]
+                for t in others:
+                    t.start()
+                deadline = time.monotonic() + 30
+                while not (f.state("a")["waiting"] and f.state("a")["state"] != "awake"):  # paused, waiting for a
+                    assert time.monotonic() < deadline, f.log.read_text()[-3000:]
+                    time.sleep(0.01)
+            # the client of a is gone, its stream paused
+            deadline = time.monotonic() + 10
+            while f.state("a")["waiting"] or f.state("a")["inflight"]:
+                assert time.monotonic() < deadline, (f.status(), f.log.read_text()[-3000:])
+                time.sleep(0.05)
+            for t in others:
+                t.join(120)
+            got = f.client().completions.create(model="a", prompt="x", max_tokens=4, temperature=0)
+            rows = {m["name"]: m for m in f.status()["models"]}
+        finally:
+            f.interrupt()
+    assert len(ends) == 6  # every one of b's streams ended whole
+    assert got.choices[0].finish_reason == "length" and rows["a"]["inflight"] == rows["b"]["inflight"] == 0
+    assert "a: a stream paused after" in f.log.read_text()
