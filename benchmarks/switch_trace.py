@@ -342,6 +342,7 @@ def mode_config(mode: str, models: dict[str, Path], args: argparse.Namespace) ->
     text = "[switch]\n" + (f"max_awake = {awake}\n" if awake else "")
     text += f"schedule = \"{'fifo' if mode == 'park_fifo' else 'fair'}\"\n"
     text += f"request_timeout_s = {args.request_timeout_s}\n" + ("preempt = true\n" if preempt else "")
+    text += f"turn_s = {args.turn_s}\n" if args.turn_s is not None else ""
     text += "".join(model_table(name, path, [], args.engine, engine_args, name in host) for name, path in
                     models.items())
     return text, ["--no-parking"] if mode == "restart" else []
@@ -444,6 +445,7 @@ def main() -> int:  # noqa: PLR0915
     parser.add_argument("--probe-every", type=int, default=5)
     parser.add_argument("--slo-s", type=float, default=2.0, help="the time to first token a request must meet")
     parser.add_argument("--request-timeout-s", type=float, default=120.0)
+    parser.add_argument("--turn-s", type=float, default=None, help="the fronts' turn_s (default: the front's own)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--url", default="", help="a running front: run the trace against it once (mode given)")
     parser.add_argument("--names", default="", help="with --url: its models, most popular first")
