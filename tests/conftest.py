@@ -268,19 +268,40 @@ def ask(port: int, model: Path) -> str:
 ENGINE_IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
+def serves(port: int, model: Path) -> bool:
+    """Whether the server on ``port`` serves ``model``: a port picked free may be taken by another test's server
+    (the other xdist worker's fronts and engines) in the minute a vLLM start takes to bind it, and that server's
+    ``/health`` then answers for it (a TP=2 start on CI was asked its completion there: 404, no such model)."""
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30) as r:
+            return str(model) in {m.get("id") for m in json.loads(r.read()).get("data", [])}
+    except (OSError, ValueError):
+        return False
+
+
 def serve_vllm(label: str, model: Path, out: Path, *args: str, expect_ready: bool = True,
                env: dict[str, str] | None = None, python: str | None = None, launcher: bool = False):
-    """A vLLM server (``vllm_command``) started, asked once, stopped: ``(its Observed, the answer)``."""
+    """A vLLM server (``vllm_command``) started, asked once, stopped: ``(its Observed, the answer)``. Started
+    again on another port, once, where another server took the one picked (``serves``)."""
     from hotweights.observe import Observed
 
-    port = free_port()
-    obs = Observed(label, vllm_command(model, port, *args, python=python, launcher=launcher), out_dir=out,
-                   health_url=f"http://127.0.0.1:{port}/health", env={"VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})})
-    receipt = obs.wait_ready(timeout_s=300, interval_s=0.5)
-    answer = ask(port, model) if receipt.ready else None
-    obs.stop(grace_s=20)
-    assert receipt.ready == expect_ready, obs.log_text()[-3000:]
-    return obs, answer
+    for attempt in (1, 2):
+        port = free_port()
+        obs = Observed(label, vllm_command(model, port, *args, python=python, launcher=launcher), out_dir=out,
+                       health_url=f"http://127.0.0.1:{port}/health",
+                       env={"VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})})
+        receipt = obs.wait_ready(timeout_s=300, interval_s=0.5)
+        if receipt.ready and not serves(port, model) and attempt == 1:
+            obs.stop(grace_s=20)  # another server answered on its port: this one could not bind it
+            continue
+        answer = ask(port, model) if receipt.ready else None
+        obs.stop(grace_s=20)
+        assert receipt.ready == expect_ready, obs.log_text()[-3000:]
+        return obs, answer
+    raise AssertionError("unreachable: the second attempt returns")
 
 
 def serve_vllm_in_process(*args, **kwargs):
