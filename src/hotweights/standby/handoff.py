@@ -117,6 +117,16 @@ def _is_open(fd: int) -> bool:
     return True
 
 
+def _trusted(directory: Path) -> None:
+    """The standby's directory is a private one of this user (StandbyUnusable says why not)."""
+    try:
+        check_socket_dir(directory)
+    except FileNotFoundError:
+        raise StandbyUnusable(f"no standby prepared yet (no {directory})") from None
+    except TrustError as exc:
+        raise StandbyUnusable(f"untrusted socket dir: {exc}") from None
+
+
 def _hello(engine: EngineSpec, directory: Path, connect_timeout_s: float,
            reply_timeout_s: float) -> tuple[Any, Ready, list[str]]:
     """A trusted connection to the standby of this engine and interpreter, its ``Ready`` and the fields where
@@ -124,12 +134,7 @@ def _hello(engine: EngineSpec, directory: Path, connect_timeout_s: float,
     import socket
 
     paths = standby_paths(directory, engine.name)
-    try:
-        check_socket_dir(directory)
-    except FileNotFoundError:
-        raise StandbyUnusable(f"no standby prepared yet (no {directory})") from None
-    except TrustError as exc:
-        raise StandbyUnusable(f"untrusted socket dir: {exc}") from None
+    _trusted(directory)
     _wait_while_importing(paths.lock, paths.socket)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     sock.settimeout(connect_timeout_s)
@@ -186,12 +191,7 @@ def _claimed(engine: EngineSpec, directory: Path) -> Generator[None, None, None]
     beside it (``hotweights switch`` starting several engines at once) is a plain start at once, rather than one
     that waits up to ``IMPORT_WAIT_S`` for a standby another start takes (on an H200, the third of three 8B
     starts begun together waited the whole 60 s, then imported vLLM itself)."""
-    try:
-        check_socket_dir(directory)
-    except FileNotFoundError:
-        raise StandbyUnusable(f"no standby prepared yet (no {directory})") from None
-    except TrustError as exc:
-        raise StandbyUnusable(f"untrusted socket dir: {exc}") from None
+    _trusted(directory)
     claim = standby_paths(directory, engine.name).claim
     try:
         fd = take_pid_lock(claim)

@@ -277,22 +277,24 @@ async def relay(f: FrontState, m: Model, upstream: httpx.Response, events: bool,
     finally:
         await upstream.aclose()
         f.switcher.requests.release(m)
-        if said.first:
-            f.metrics.first_byte(said.name, said.first - said.arrived)
-        m.relayed(said.first - said.arrived if said.first else None)
-        logger.info(said.line())
+        _told(f, m, said)
 
 
 async def told(f: FrontState, m: Model, stream: AsyncIterator[bytes], said: Said) -> AsyncIterator[bytes]:
-    """``stream``'s bytes, then the request's line (``Said``) and its first byte's time in the metrics."""
+    """``stream``'s bytes, then what ``relay`` does at an answer's end (``_told``)."""
     try:
         async for chunk in stream:
             yield chunk
     finally:
-        if said.first:
-            f.metrics.first_byte(said.name, said.first - said.arrived)
-        m.relayed(said.first - said.arrived if said.first else None)
-        logger.info(said.line())
+        _told(f, m, said)
+
+
+def _told(f: FrontState, m: Model, said: Said) -> None:
+    """An answer relayed: its first byte's time in the metrics and the model's pace, the request's line."""
+    if said.first:
+        f.metrics.first_byte(said.name, said.first - said.arrived)
+    m.relayed(said.first - said.arrived if said.first else None)
+    logger.info(said.line())
 
 
 async def disconnected(request: Request) -> None:

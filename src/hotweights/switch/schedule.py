@@ -259,5 +259,7 @@ def preload_fits(m: Model, own: GpuNeed, gpu: int, mem: GpuMemory, p: Preloading
 def start_to_reserve_for(models: Sequence[Model], config: SwitchConfig, default: Model) -> tuple[Model, ...]:
     """The starts a preload leaves room for: those in progress, else the one the scheduler takes next."""
     starting = tuple(x for x in models if x.started and x.state is S.STARTING)
+    if starting:
+        return starting
     following = next_model(models, config, default)
-    return starting or ((following,) if following is not None else ())
+    return (following,) if following is not None else ()
