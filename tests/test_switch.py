@@ -230,6 +230,41 @@ def test_weights_parked_in_host_memory_leave_the_keepers_gpu_tier_and_a_request_
         f.interrupt()
 
 
+@pytest.mark.slow
+def test_a_front_started_again_makes_the_device_copy_of_a_host_tier_model_from_its_host_copy_with_no_preload(
+        two_models, tmp_path):
+    """A host-tier model that the front before parked has only its host copy left in the keeper. A front started
+    again counts it cached (no preload process: for vLLM a whole start per model) and makes its device copy again
+    from the host copy (``hotweights promote``) for its start to map; it answers as it did."""
+    args = ("--parked-weights", "host", "--max-awake", "1")
+    with private_keeper("hwpr-") as keeper:
+        (tmp_path / "1").mkdir()
+        first = wait_started(Front(tmp_path / "1", two_models, *args, socket_dir=keeper))
+        try:
+            before = answer(first.client(), "coder")  # coder awake, chat parked
+            answer(first.client(), "chat")  # and back: coder parked, its weights to host memory
+            assert first.state("coder")["state"] == "deep-parked"
+        finally:
+            first.interrupt()
+
+        def rows() -> dict[str, dict]:
+            return {r["model"]: r for r in json.loads(run_cli("status", "--json", "--socket-dir", str(keeper)).stdout)
+                    ["entries"]}
+
+        assert rows()["coder"]["nbytes"] == 0 and rows()["coder"]["host_nbytes"] > 0  # only the host copy is left
+        (tmp_path / "2").mkdir()
+        second = wait_started(Front(tmp_path / "2", two_models, *args, socket_dir=keeper))
+        try:
+            text = second.log.read_text()
+            assert re.search(r"coder ready in [\d.]+ s \(cached already \(its GPU copy made from its host copy, "
+                             r"[\d.]+ s\)", text), text
+            assert re.search(r"chat ready in [\d.]+ s \(cached already", text), text  # no preload process either
+            assert answer(second.client(), "coder") == before
+        finally:
+            second.interrupt()
+        assert rows()["coder"]["nbytes"] > 0  # the device copy published again
+
+
 def _load(tmp_path: Path, text: str) -> switch_config.SwitchConfig:
     path = tmp_path / "switch.toml"
     path.write_text(text)
@@ -325,6 +360,7 @@ def test_a_host_tier_model_gets_its_host_copy_after_its_preload_not_at_its_first
         e.parks = True
         e.keeper.cached = lambda: True  # the keeper holds it: no preload process ("cached already")
         e.keeper.host_copy_ahead = copies
+        e.keeper.promote = lambda: 0  # its device copy is there (a front started again may make it: the test above)
         return e
 
     def copies() -> int:
@@ -338,6 +374,9 @@ def test_a_host_tier_model_gets_its_host_copy_after_its_preload_not_at_its_first
     assert str(engine("g", "gpu", copies).preload()) == "cached already" and made == ["host"]
     said = engine("f", "host", fails).preload()
     assert not said.failed and str(said) == "cached already (no host copy yet: no keeper answers)"
+    back = engine("b", "host", copies)
+    back.keeper.promote = lambda: 1  # only the host copy was left: its device copy made again, no copy to make
+    assert re.fullmatch(r"cached already \(its GPU copy made from its host copy, [\d.]+ s\)", str(back.preload()))
 
 
 def test_a_parking_vllm_engine_is_preloaded_with_the_flags_it_starts_with(tmp_path):

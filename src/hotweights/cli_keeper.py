@@ -129,6 +129,26 @@ def cmd_demote(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_promote(args: argparse.Namespace) -> int:
+    import time
+
+    from .client import connect
+    from .paths import daemon_paths
+
+    start = time.perf_counter()
+    with connect(daemon_paths(args.socket_dir)) as client:
+        if (key := _one_key(args, client, {"promoted": ""})) is None:
+            return 1
+        from .loading import resident
+
+        uploaded = resident.promote(client, client.describe(key))
+    seconds = time.perf_counter() - start
+    done = f"its device copy made from its host copy, {uploaded / 1e9:.2f} GB in {seconds:.2f} s" if uploaded else \
+        "its device copy is there already"
+    _emit(args, {"promoted": key, "device_bytes": uploaded, "seconds": round(seconds, 3)}, f"{key}: {done}")
+    return 0
+
+
 def cmd_stop(args: argparse.Namespace) -> int:
     import time
 
@@ -252,6 +272,12 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--json", action="store_true")
     socket_dir_option(p)
     p.set_defaults(run=cmd_demote)
+
+    p = sub.add_parser("promote", help="make an entry's device copy again from its host copy (engines then map it)")
+    p.add_argument("key", help="short key (or a unique prefix) from `hotweights status`")
+    p.add_argument("--json", action="store_true")
+    socket_dir_option(p)
+    p.set_defaults(run=cmd_promote)
 
     p = sub.add_parser("stop", help="stop the daemon (engines that attached keep their weights)")
     socket_dir_option(p)

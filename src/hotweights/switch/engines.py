@@ -106,9 +106,9 @@ class Engine:
             return PreloadOutcome("skipped", skip)
         try:
             if self.keeper.cached():
-                return PreloadOutcome("already", self.host_copy_after())  # no preload process
-        except (OSError, HotweightsError):  # no keeper yet (the preload starts one), or a checkpoint it reports
-            pass
+                return PreloadOutcome("already", self.device_copy_back() or self.host_copy_after())  # no preload
+        except (OSError, HotweightsError, EngineError):  # no keeper yet (the preload starts one), a checkpoint it
+            pass  # reports, or a device copy not made again from the host copy: the preload publishes it
         try:
             done = subprocess.run([sys.executable, "-m", "hotweights", *self.preload_command()], capture_output=True,
                                   text=True, env=self.keeper.env, timeout=timeout_s)
@@ -117,6 +117,14 @@ class Engine:
         if done.returncode == 0:
             return PreloadOutcome("cached", self.host_copy_after())
         return PreloadOutcome("failed", one_line((done.stderr.strip().splitlines() or ["no output"])[-1], 200))
+
+    def device_copy_back(self) -> str:
+        """Where the keeper holds only the host copy of this model's weights (a host-tier model that a front before
+        this one parked), their device copy made again from it (an upload of seconds, not a preload of a whole
+        start), for its engine's start to map. What it did, in a few words ("" where nothing was to do)."""
+        began = time.monotonic()
+        made = self.keeper.promote()
+        return f"its GPU copy made from its host copy, {time.monotonic() - began:.1f} s" if made else ""
 
     def host_copy_after(self) -> str:
         """Where this model's parked weights go to host memory, their host copy made now, after its preload (its GPU

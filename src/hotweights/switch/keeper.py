@@ -1,6 +1,6 @@
 """What the switch asks the keeper about one model: its entries (typed rows), whether the engine layout of every
 rank is cached already, and moving the weights of a parked engine to the keeper's host copy (``hotweights
-demote``: a process with a CUDA context makes it; the keeper has none). Torch-free.
+demote``: a process with a CUDA context makes it; the keeper has none) and back (``hotweights promote``). Torch-free.
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ class KeeperView:
 
     def cached(self) -> bool:
         """Whether what this model's preload would publish is in the keeper already (a front started again then
-        runs no preload process): for an engine layout an entry of every rank; else the checkpoint's key."""
+        runs no preload process): for an engine layout an entry of every rank; else the checkpoint's key. An entry
+        of which only the host copy is left (a host-tier model parked by the front before) counts: ``promote``
+        makes its device copy again before the start."""
         if self.kind.engine_layout:
             return self.layout_cached()
         return self.checkpoint_cached(self.kind.preload_dtype(self.model))
@@ -51,7 +53,7 @@ class KeeperView:
         """Whether an entry of every rank is on its device already: a front started again skips the preload (for
         vLLM a whole start per model; the engine's attach checks the key)."""
         size = self.kind.ranks(self.model)
-        have = {r.rank for r in self.own() if r.nbytes}
+        have = {r.rank for r in self.own() if r.nbytes or r.host_nbytes}
         return all((rank, size) in have for rank in range(size))
 
     def checkpoint_cached(self, dtype: str) -> bool:
@@ -60,7 +62,7 @@ class KeeperView:
         come from the digest cache by file identity (a file that changed is read again, as the preload would)."""
         from ..loading.checkpoint import checkpoint_key, open_checkpoint
 
-        rows = [r for r in self.own() if r.nbytes]
+        rows = [r for r in self.own() if r.nbytes or r.host_nbytes]
         if not rows:
             return False
         ckpt = open_checkpoint(self.model.checkpoint, validate=False)
@@ -79,6 +81,14 @@ class KeeperView:
             self._demote(row.key, keep=True)
         return len(todo)
 
+    def promote(self) -> int:
+        """The device copy of each of this model's entries of which only the host copy is left, made again from it
+        (``hotweights promote``: an upload, not a preload): its engine's start maps it. The entries promoted."""
+        todo = [r for r in self.own() if r.host_nbytes and not r.nbytes]
+        for row in todo:
+            self._run("promote", row.key)
+        return len(todo)
+
     def weights_to_host(self, pids: set[int]) -> str:
         """Let the GPU copies of the entries the engine ``pids`` are parked on go, keeping a host copy of each (made
         here if there is none yet): its next wake uploads them. What happened, in a few words."""
@@ -95,8 +105,13 @@ class KeeperView:
         return f"{size_text(sum(r.nbytes for r in rows))} to host memory{made}"
 
     def _demote(self, key: str, keep: bool = False) -> None:
-        cmd = [sys.executable, "-m", "hotweights", "demote", key, "--json", *(["--keep"] if keep else [])]
+        self._run("demote", key, *(["--keep"] if keep else []))
+
+    def _run(self, verb: str, key: str, *extra: str) -> None:
+        """``hotweights demote|promote KEY``: a process with a CUDA context moves the bytes (the keeper has none)."""
+        cmd = [sys.executable, "-m", "hotweights", verb, key, "--json", *extra]
         done = subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=600)
         if done.returncode != 0:
-            raise EngineError(f"{self.model.name}: no host copy of {key}: "
+            what = "no host copy" if verb == "demote" else "no device copy"
+            raise EngineError(f"{self.model.name}: {what} of {key}: "
                               f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
