@@ -37,8 +37,10 @@ if runs fill3; then
 fi
 if runs fill10; then
   cold
+  export HOTWEIGHTS_PROFILE_WAKE=1  # vLLM's own wake_up profiled into the engines' logs (its slow mode)
   trace fill10 --models 10 "${TRACE[@]}" --engine-args "$TEN" --modes mixed,mixed_preempt --gpu-tier 6 \
     --per-model-rate 0.1 --duration-s 60 --socket-dir "$SOCK"
+  unset HOTWEIGHTS_PROFILE_WAKE
 fi
 if runs seven && [ "$(left)" -gt 420 ]; then
   cold

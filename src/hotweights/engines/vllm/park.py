@@ -20,6 +20,7 @@ parked engine counts it (``budget.py``). Evidence: ``evidence.parked`` and ``evi
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -29,6 +30,7 @@ from ... import evidence
 from ...loading import resident
 
 logger = logging.getLogger(__name__)
+PROFILE_WAKE_ENV = "HOTWEIGHTS_PROFILE_WAKE"  # "1": vLLM's own wake_up profiled into the log (``_profiled``)
 
 
 def _name(worker: Any) -> str:
@@ -68,7 +70,7 @@ def wake_up(worker: Any, original: Any, tags: list[str] | None = None) -> Any:
     if weights and any(not h.mapped for h in resident.held()):
         again = resident.map_again()  # WeightsGone: nothing was mapped or allocated; it stays parked
     mapped = time.perf_counter()
-    result = original(worker, tags)
+    result = _profiled(original, worker, tags) if level and os.environ.get(PROFILE_WAKE_ENV) else original(worker, tags)
     if level:  # where a wake's time goes (issue 55: a wake from host memory at the PCIe floor)
         logger.info("hotweights: the wake of %s: room check %.3f s, weights %.3f s, vLLM's own wake_up %.3f s",
                     _name(worker), checked - start, mapped - checked, time.perf_counter() - mapped)
@@ -78,6 +80,21 @@ def wake_up(worker: Any, original: Any, tags: list[str] | None = None) -> Any:
                               again.rate() if again else ""))
     if resident.held() and not getattr(worker, "_hotweights_parked", (0,))[0]:
         resident.announce(0, 0)
+    return result
+
+
+def _profiled(original: Any, worker: Any, tags: list[str] | None) -> Any:
+    """vLLM's own wake_up under cProfile, its 12 costliest calls logged (``HOTWEIGHTS_PROFILE_WAKE=1``, a
+    diagnostic: on an H200 that wake took 0.012-0.08 s or 0.25-0.70 s, and the slow mode was not understood)."""
+    import cProfile
+    import io
+    import pstats
+
+    profile = cProfile.Profile()
+    result = profile.runcall(original, worker, tags)
+    out = io.StringIO()
+    pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(12)
+    logger.info("hotweights: vLLM's own wake_up of %s, profiled:\n%s", _name(worker), out.getvalue())
     return result
 
 
