@@ -9,6 +9,8 @@
 #      1,014.6 s with the whole-start preloads, 581.6 s with the loader-alone ones, 2026-12-04), then per-model
 #      0.1 req/s for 60 s; then the same with preempt = true, its front started on the keeper the first one left
 #      (its start-up: issue 55's restart with every model cached);
+#   one3 (not by default): three 8B on the GPU tier, one engine awake at a time (max_awake 1), at 1 and 2 req/s,
+#      without and with preempt (issue 52: a busy engine's requests paused and continued, measured on the GPU);
 #   3. while time is left, seven 8B all on the GPU tier at 0.1 req/s each, without and with preempt (does the box
 #      serve seven at >= 90%?).
 #   first call:  bash benchmarks/gpu_models_bg.sh /tmp/hw-models 10 8b     (while the next calls stage vLLM)
@@ -30,6 +32,13 @@ cd benchmarks
 step models
 need=3; runs seven && need=7; runs fill10 && need=10
 models_written $need || { step "models failed"; cp "$W/models.log" "$OUT/" 2>/dev/null; }
+if runs one3; then  # issue 52's preempt on the GPU: three 8B, one awake at a time, without and with preempt
+  cold
+  export HOTWEIGHTS_PROFILE_WAKE=1
+  trace one3 --models 3 "${TRACE[@]}" --engine-args "$TEN" --modes one,one_preempt --rates 1,2 --duration-s 30 \
+    --socket-dir "$SOCK"
+  unset HOTWEIGHTS_PROFILE_WAKE
+fi
 if runs fill3; then
   cold
   trace fill3 --models 3 "${TRACE[@]}" --engine-args "--max-model-len 4096 --gpu-memory-utilization 0.25" \

@@ -10,6 +10,7 @@ nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader 2>/dev/nul
 free -g | sed -n 2p
 df -h /tmp | tail -1
 [ -n "$W" ] && mkdir -p "$D/fronts" && cp "$W"/trace-*/trace-front-*.log "$W"/drills/front.log "$D/fronts/" 2>/dev/null
+[ -n "$W" ] && tar czf "$D/engines.tgz" "$W"/trace-*/trace-logs-* 2>/dev/null  # engines' logs so far (a lost machine)
 tar czf "$OUT/hwout.tgz" -C "$D" --exclude=all.tgz . 2>/dev/null
 ls -la "$OUT"
 [ -f "$D/done" ] && echo DONE
