@@ -256,13 +256,17 @@ def test_a_front_started_again_makes_the_device_copy_of_a_host_tier_model_from_i
         second = wait_started(Front(tmp_path / "2", two_models, *args, socket_dir=keeper))
         try:
             text = second.log.read_text()
-            assert re.search(r"coder ready in [\d.]+ s \(cached already \(its GPU copy made from its host copy, "
-                             r"[\d.]+ s\)", text), text
-            assert re.search(r"chat ready in [\d.]+ s \(cached already", text), text  # no preload process either
+            # no preload process for either; chat, awake when the first front stopped, had both copies: its GPU copy
+            # is let go until its start (the switch counts a host-tier model's weights only while it is resident)
+            assert re.search(r"coder ready in [\d.]+ s \(cached already; started", text), text
+            assert re.search(r"chat ready in [\d.]+ s \(cached already \(its GPU copy let go until its start, "
+                             r"[\d.]+ (KiB|MiB|bytes)\); started", text), text
+            for name in ("chat", "coder"):  # each start made its GPU copy again, from the host copy
+                assert re.search(rf"switch: {name}: its GPU copy made from its host copy, [\d.]+ s", text), text
             assert answer(second.client(), "coder") == before
+            assert rows()["coder"]["nbytes"] > 0  # awake: the device copy published again
         finally:
             second.interrupt()
-        assert rows()["coder"]["nbytes"] > 0  # the device copy published again
 
 
 def _load(tmp_path: Path, text: str) -> switch_config.SwitchConfig:
@@ -360,7 +364,7 @@ def test_a_host_tier_model_gets_its_host_copy_after_its_preload_not_at_its_first
         e.parks = True
         e.keeper.cached = lambda: True  # the keeper holds it: no preload process ("cached already")
         e.keeper.host_copy_ahead = copies
-        e.keeper.promote = lambda: 0  # its device copy is there (a front started again may make it: the test above)
+        e.keeper.device_copy_off = lambda: 0  # no GPU copy left over by a front before (the test above has one)
         return e
 
     def copies() -> int:
@@ -374,9 +378,11 @@ def test_a_host_tier_model_gets_its_host_copy_after_its_preload_not_at_its_first
     assert str(engine("g", "gpu", copies).preload()) == "cached already" and made == ["host"]
     said = engine("f", "host", fails).preload()
     assert not said.failed and str(said) == "cached already (no host copy yet: no keeper answers)"
-    back = engine("b", "host", copies)
-    back.keeper.promote = lambda: 1  # only the host copy was left: its device copy made again, no copy to make
-    assert re.fullmatch(r"cached already \(its GPU copy made from its host copy, [\d.]+ s\)", str(back.preload()))
+    both = engine("b", "host", lambda: 0)
+    both.keeper.device_copy_off = lambda: 15 << 30  # a front before left both copies: the GPU one goes until its start
+    assert str(both.preload()) == "cached already (its GPU copy let go until its start, 15.00 GiB)"
+    both.keeper.device_copy_off = lambda: 0
+    assert str(both.preload()) == "cached already"
 
 
 def test_a_parking_vllm_engine_is_preloaded_with_the_flags_it_starts_with(tmp_path):

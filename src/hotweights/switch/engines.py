@@ -6,6 +6,7 @@ switcher runs them on worker threads. Torch-free.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from typing import Protocol
 
 from .. import evidence
 from ..errors import HotweightsError
+from ..evidence import size_text
 from ..unix import DIE_WITH_ENV
 from .config import ModelConfig
 from .gpus import gpu_mib_by_pid
@@ -28,6 +30,7 @@ from .states import PreloadOutcome, WakeSource
 # that cannot (a dead server's orphan holding its port waited out 300 s before)
 WAKE_TIMEOUT_S = 60.0
 
+logger = logging.getLogger("hotweights.switch")
 __all__ = ["Engine", "EngineError", "EngineLike", "WakeRefused", "gpu_mib_by_pid"]
 
 
@@ -106,9 +109,10 @@ class Engine:
             return PreloadOutcome("skipped", skip)
         try:
             if self.keeper.cached():
-                return PreloadOutcome("already", self.device_copy_back() or self.host_copy_after())  # no preload
-        except (OSError, HotweightsError, EngineError):  # no keeper yet (the preload starts one), a checkpoint it
-            pass  # reports, or a device copy not made again from the host copy: the preload publishes it
+                done = (self.host_copy_after(), self.device_copy_off())  # no preload process
+                return PreloadOutcome("already", "; ".join(note for note in done if note))
+        except (OSError, HotweightsError):  # no keeper yet (the preload starts one), or a checkpoint it reports
+            pass
         try:
             done = subprocess.run([sys.executable, "-m", "hotweights", *self.preload_command()], capture_output=True,
                                   text=True, env=self.keeper.env, timeout=timeout_s)
@@ -118,12 +122,32 @@ class Engine:
             return PreloadOutcome("cached", self.host_copy_after())
         return PreloadOutcome("failed", one_line((done.stderr.strip().splitlines() or ["no output"])[-1], 200))
 
+    def device_copy_off(self) -> str:
+        """Where this model's parked weights go to host memory and the keeper holds both copies of them (a front
+        before this one stopped while it was awake), the GPU copy let go until its start: the switch counts such a
+        model's weights on the GPU only while its engine is resident, and 15 GiB it does not count made other
+        starts fail (H200, ten 8B, a front started again). What it did, in a few words ("" where nothing was
+        to do)."""
+        if self.model.parked_weights != "host" or not self.parks:
+            return ""
+        try:
+            let_go = self.keeper.device_copy_off()
+        except (OSError, HotweightsError) as exc:
+            return f"its GPU copy kept ({one_line(str(exc), 120)})"
+        return f"its GPU copy let go until its start, {size_text(let_go)}" if let_go else ""
+
     def device_copy_back(self) -> str:
-        """Where the keeper holds only the host copy of this model's weights (a host-tier model that a front before
-        this one parked), their device copy made again from it (an upload of seconds, not a preload of a whole
-        start), for its engine's start to map. What it did, in a few words ("" where nothing was to do)."""
+        """Where the keeper holds only the host copy of this model's weights (a host-tier model parked before, by a
+        front before this one or by a deep park whose engine died since), their GPU copy made again from it (an
+        upload, not a preload of a whole start) for its engine's start to map. What it did, in a few words ("" where
+        nothing was to do, or no keeper answers: the start says what it maps)."""
         began = time.monotonic()
-        made = self.keeper.promote()
+        try:
+            made = self.keeper.promote()
+        except (OSError, HotweightsError):
+            return ""
+        except EngineError as exc:
+            return f"its GPU copy not made from its host copy ({one_line(str(exc), 160)})"
         return f"its GPU copy made from its host copy, {time.monotonic() - began:.1f} s" if made else ""
 
     def host_copy_after(self) -> str:
@@ -141,7 +165,13 @@ class Engine:
         return f"its host copy made, {time.monotonic() - began:.1f} s" if made else ""
 
     def start(self, timeout_s: float = 900.0) -> float:
-        return self.process.start(self.command, timeout_s)
+        """Start its engine; the seconds it took. Where the keeper holds only the host copy of its weights, their GPU
+        copy is made again first, within those seconds (``device_copy_back``)."""
+        began = time.monotonic()
+        back = self.device_copy_back()
+        if back:
+            logger.info("switch: %s: %s", self.model.name, back)
+        return self.process.start(self.command, timeout_s) + (time.monotonic() - began if back else 0.0)
 
     def park(self, level: int) -> None:
         """Park at ``level``; where the engine cannot park, stop it."""

@@ -89,6 +89,15 @@ class KeeperView:
             self._run("promote", row.key)
         return len(todo)
 
+    def device_copy_off(self) -> int:
+        """The GPU copy of each of this model's entries that has a host copy too, and no engine parked on it, let go
+        (its start makes it again: ``promote``). The bytes let go."""
+        rows = [r for r in self.own() if r.nbytes and r.host_nbytes and not r.parked_on]
+        with connect(daemon_paths(self.socket_dir or None)) as client:
+            for row in rows:
+                client.release(row.key, tier="device")
+        return sum(r.nbytes for r in rows)
+
     def weights_to_host(self, pids: set[int]) -> str:
         """Let the GPU copies of the entries the engine ``pids`` are parked on go, keeping a host copy of each (made
         here if there is none yet): its next wake uploads them. What happened, in a few words."""
