@@ -109,8 +109,8 @@ class Engine:
             return PreloadOutcome("skipped", skip)
         try:
             if self.keeper.cached():
-                done = (self.host_copy_after(), self.device_copy_off())  # no preload process
-                return PreloadOutcome("already", "; ".join(note for note in done if note))
+                notes = (self.host_copy_after(), self.device_copy_off())  # no preload process
+                return PreloadOutcome("already", "; ".join(note for note in notes if note))
         except (OSError, HotweightsError):  # no keeper yet (the preload starts one), or a checkpoint it reports
             pass
         try:
