@@ -45,6 +45,11 @@ class SlowPreload(FakeEngine):
         self.spans.append((f"start {self.name}", began, time.monotonic()))
         return took
 
+    already = False  # the keeper holds it: no preload process (a front started again)
+
+    def cached_already(self) -> PreloadOutcome | None:
+        return PreloadOutcome("already") if self.already else None
+
     def preload(self) -> PreloadOutcome:
         began = time.monotonic()
         running = [s for s in self.spans if s[2] == 0.0]
@@ -345,6 +350,29 @@ def test_starts_whose_kv_cache_is_pinned_go_together_beside_the_preloads(monkeyp
         assert loads["e"][0] < starts["a"][1], spans  # e's preload went beside a's start
         assert states(s) == {"a": "awake", "b": "parked", "c": "parked", "d": "parked", "e": "parked"}
         assert s.life.ready.is_set()
+        task.cancel()
+    asyncio.run(main())
+
+
+def test_a_front_started_again_on_a_full_keeper_runs_no_preload_job_and_starts_its_models_together(monkeypatch):
+    """Models the keeper holds already need no preload and no memory for one. Admitted as preloads, they waited one
+    by one for room for a whole preload on a GPU the keeper's entries filled, behind the starts, so no start went
+    beside another (H200, ten 8B, a front started again)."""
+    from hotweights.switch import preloads
+
+    monkeypatch.setattr(preloads, "kind_need", lambda m: PINNED)
+    monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(140_000, 20_000)})  # no room for a preload
+
+    async def main():
+        names = ["a", "b", "c", "d"]
+        s, engines, log, spans = switcher(names, jobs=4, start_jobs=4, totals={0: 140_000})
+        for e in engines.values():
+            e.need, e.delay_s, e.already = PINNED, PRELOAD_S, True
+        task = await started(s)
+        assert not [n for n, _, _ in spans if not n.startswith("start ")], spans  # no preload ran
+        assert overlapping(spans, "start ") == 3, spans  # b, c, d together, after a
+        assert states(s) == {"a": "awake", "b": "parked", "c": "parked", "d": "parked"}
+        assert all(m.cached == "cached already" for m in s.models.values())
         task.cancel()
     asyncio.run(main())
 

@@ -48,6 +48,9 @@ class FakeEngine:
     def preload(self) -> PreloadOutcome:
         return PreloadOutcome("cached")
 
+    def cached_already(self) -> PreloadOutcome | None:
+        return None  # a preload runs (tests/test_preloads.py has models the keeper holds already)
+
     def start(self) -> float:
         time.sleep(self.delay_s)
         self.log.append(f"start {self.name}")

@@ -53,6 +53,7 @@ class EngineLike(Protocol):
     def pids(self) -> list[int]: ...
     def alive(self) -> bool: ...
     def preload(self) -> PreloadOutcome: ...
+    def cached_already(self) -> PreloadOutcome | None: ...
     def start(self) -> float: ...
     def park(self, level: int) -> None: ...
     def wake(self) -> WakeSource: ...
@@ -104,15 +105,9 @@ class Engine:
     def preload(self, timeout_s: float = 1800.0) -> PreloadOutcome:
         """The model's weights into the keeper (``hotweights preload`` starts a keeper when none runs), once; with
         ``parked_weights = "host"``, their host copy too (``host_copy_after``)."""
-        skip = self.kind.not_preloaded(self.model)
-        if skip:
-            return PreloadOutcome("skipped", skip)
-        try:
-            if self.keeper.cached():
-                notes = (self.host_copy_after(), self.device_copy_off())  # no preload process
-                return PreloadOutcome("already", "; ".join(note for note in notes if note))
-        except (OSError, HotweightsError):  # no keeper yet (the preload starts one), or a checkpoint it reports
-            pass
+        already = self.cached_already()
+        if already is not None:
+            return already
         try:
             done = subprocess.run([sys.executable, "-m", "hotweights", *self.preload_command()], capture_output=True,
                                   text=True, env=self.keeper.env, timeout=timeout_s)
@@ -149,6 +144,21 @@ class Engine:
         except EngineError as exc:
             return f"its GPU copy not made from its host copy ({one_line(str(exc), 160)})"
         return f"its GPU copy made from its host copy, {time.monotonic() - began:.1f} s" if made else ""
+
+    def cached_already(self) -> PreloadOutcome | None:
+        """Its preload's outcome where no preload process runs (its engine reads its checkpoint itself, or the keeper
+        holds its weights already: what is left is bookkeeping of its copies), or None where one must: start-up asks
+        this of every model first, with no GPU memory admitted for it."""
+        skip = self.kind.not_preloaded(self.model)
+        if skip:
+            return PreloadOutcome("skipped", skip)
+        try:
+            if self.keeper.cached():
+                notes = (self.host_copy_after(), self.device_copy_off())
+                return PreloadOutcome("already", "; ".join(note for note in notes if note))
+        except (OSError, HotweightsError):  # no keeper yet (the preload starts one), or a checkpoint it reports
+            pass
+        return None
 
     def host_copy_after(self) -> str:
         """Where this model's parked weights go to host memory, their host copy made now, after its preload (its GPU
