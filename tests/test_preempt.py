@@ -85,6 +85,27 @@ def test_a_completion_continues_from_its_prompts_token_ids_and_those_it_generate
     assert asked.relayed(raw) == raw  # asked for: relayed byte for byte
 
 
+def test_a_stream_pauses_only_where_every_token_relayed_has_its_text():
+    """A detokenizer holds a token's text back (a character's bytes not whole yet, a stop string's start); the
+    continuation's, primed with those tokens as its prompt, never gives it (vLLM 0.26's gave the prompt's whole text
+    instead). So a pause waits for the held text."""
+    r = resumable(COMPLETIONS, body(prompt="x", max_tokens=50))
+    r.relayed(completion("S", [83], prompt_token_ids=[9]))
+    assert r.clean and r.can_pause
+    r.relayed(completion("", [214]))
+    r.relayed(completion("", [214]))
+    assert not r.clean and r.pending == 2 and r.can_pause  # two bytes of a character: no pause here
+    r.relayed(completion("\u00d6\u00d6", [159]))
+    assert r.clean
+    chat = resumable(CHAT, body(messages=[{"role": "user", "content": "hi"}], max_tokens=9))
+    chat.relayed(event({"prompt_token_ids": [1], "choices": [{"index": 0, "delta": {"role": "assistant"},
+                                                              "token_ids": []}]}))
+    chat.relayed(event({"choices": [{"index": 0, "delta": {}, "token_ids": [7]}]}))
+    assert not chat.clean
+    chat.relayed(event({"choices": [{"index": 0, "delta": {"content": "é"}, "token_ids": [8]}]}))
+    assert chat.clean
+
+
 def test_a_chat_answer_continues_as_a_completion_relayed_as_chat_chunks():
     r = resumable(CHAT, body(messages=[{"role": "user", "content": "hi"}], max_completion_tokens=9, top_k=3,
                              stream_options={"include_usage": True}))

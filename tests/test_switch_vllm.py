@@ -1,7 +1,8 @@
 """``hotweights switch`` with vLLM's CPU build behind it (real vLLM 0.32, in its own venv): vLLM's CPU build has no
 sleep mode, so a switch away from its model stops the engine and a request for it starts it again (from the
 warm standby); the status says so, and it answers as before. Its preload runs beside the embedded model's
-(``preload_jobs = 2``), its KV cache pinned.
+(``preload_jobs = 2``), its KV cache pinned. With ``preempt``, a stream of vLLM's paused for the other model is
+continued by vLLM's next start from its token ids (``return_token_ids``), the same greedy text.
 
 Run: HOTWEIGHTS_VLLM_PYTHON=~/.cache/hotweights/vllm-venv/bin/python pytest tests/test_switch_vllm.py
 """
@@ -14,6 +15,7 @@ import re
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -36,6 +38,26 @@ def completion(url: str, model: str) -> str:
     return got["choices"][0]["text"]
 
 
+def preempted(url: str) -> tuple[str, str]:
+    """A stream of ``v`` alone, then the same stream with ``e`` asked once it has begun (``preempt``: ``v`` leaves
+    at once, its stream paused; with no sleep mode in vLLM's CPU build ``v`` stops, and its next start continues
+    the stream): the two texts."""
+    import openai
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
+    ask = {"model": "v", "prompt": "The weight cache", "max_tokens": 96, "temperature": 0, "stream": True}
+    plain = "".join(c.choices[0].text for c in client.completions.create(**ask) if c.choices)
+    other = threading.Thread(target=lambda: completion(url, "e"))
+    chunks = []
+    for chunk in client.completions.create(**ask):
+        chunks.append(chunk)
+        if len(chunks) == 2:
+            other.start()
+    other.join()
+    assert {c.id for c in chunks} == {chunks[0].id}  # one stream, as the client sees it
+    return plain, "".join(c.choices[0].text for c in chunks if c.choices)
+
+
 @pytest.mark.timeout(900)
 def test_with_vllms_cpu_build_a_switch_stops_its_engine_and_a_request_starts_it_again(tmp_path):
     from hotweights.demo_model import write_demo_model
@@ -48,6 +70,8 @@ def test_with_vllms_cpu_build_a_switch_stops_its_engine_and_a_request_starts_it_
 port = {port}
 preload_jobs = 2
 max_awake = 1
+preempt = true
+turn_s = 0.1
 [[model]]
 name = "v"
 checkpoint = "{small}"
@@ -90,7 +114,13 @@ args = ["--max-model-len", "64"]
                                      headers={"content-type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as r:  # every path vLLM serves is relayed (issue 53)
             assert json.loads(r.read())["tokens"]
+        plain, paused = preempted(url)
+        assert paused == plain  # greedy: continued from its token ids on vLLM started again, token for token
+        deadline = time.monotonic() + 10
+        while "paused 1 time(s)" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)  # the request's line comes once its relay has ended, just after its client read the end
         text = log.read_text()
+        assert re.search(r"v: a stream paused after \d+ token\(s\)", text) and "paused 1 time(s)" in text, text
         assert re.search(r"v ready in [\d.]+ s \(cached, [\d.]+ s; started from a warm standby, [\d.]+ s; awake\)",
                          text), text
         assert "v awake in" in text and "(weights start;" in text

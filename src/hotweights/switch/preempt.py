@@ -18,6 +18,9 @@ again, as a request of its own. On the engine's next wake it continues the answe
 With ``temperature = 0`` the answer is the one an unpaused request gets (up to the numerics of a batch); sampled, it
 is a sample of the same distribution (a ``seed`` is not resumed mid-stream).
 
+A stream pauses only where every token relayed has had its text relayed (``Resumable.clean``): not in the middle
+of a character's bytes, nor of a stop string the engine holds back.
+
 Paused only: streamed, one choice (``n`` and ``best_of`` at most 1), without ``echo``, ``suffix``, logprobs, tools or
 structured output (their state is not resumable); a chat answer that streams anything but content (reasoning, tool
 calls) is not paused from then on. Any other request finishes in flight, as before.
@@ -56,6 +59,7 @@ class Resumable:
     created: int = 0
     paused: int = 0  # how many times it was paused
     before: int = 0  # tokens relayed before the continuation now streaming began
+    pending: int = 0  # tokens relayed since the last text: their text is held back by the engine's detokenizer
     pause: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -69,6 +73,14 @@ class Resumable:
     @property
     def can_pause(self) -> bool:
         return not self.finished and not self.other and self.prompt_ids is not None
+
+    @property
+    def clean(self) -> bool:
+        """Whether every token relayed has had its text relayed: a pause waits for that. A detokenizer holds the
+        text of a token back (bytes of a character not whole yet, the start of a stop string) and a continuation's
+        detokenizer, primed with those tokens as its prompt, never gives it: vLLM 0.26's gave the whole prompt's
+        text instead, where the prompt ended in bytes of a character not whole (its CPU build, a demo model)."""
+        return self.pending == 0
 
     def first_body(self) -> bytes:
         """The request as the front sends it to the engine: its token ids asked for."""
@@ -86,8 +98,10 @@ class Resumable:
                                                           if c.get("prompt_token_ids")), None)
             self.prompt_ids = list(given) if given else None
         for choice in data.get("choices") or ():
-            self.ids += choice.get("token_ids") or []
+            ids = choice.get("token_ids") or []
+            self.ids += ids
             delta = choice.get("delta") or {}
+            self.pending = 0 if choice.get("text") or delta.get("content") else self.pending + len(ids)
             self.other |= any(delta.get(k) for k in ("reasoning_content", "reasoning", "tool_calls"))
             self.finished |= bool(choice.get("finish_reason"))
         if self.paused:

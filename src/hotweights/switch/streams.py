@@ -97,6 +97,8 @@ async def relay_resumable(requests: Admission, client: httpx.AsyncClient, stoppi
             if relay.ended:
                 return
             if relay.r.pause.is_set() and relay.r.can_pause:
+                if not relay.r.clean:
+                    continue  # its text held back: it pauses once that is relayed (``Resumable.clean``)
                 failed = await relay.resume()
                 if failed:
                     yield failed
@@ -126,7 +128,7 @@ class _Resumed:
         """The events to relay next ([] where a pause came first); None at the answer's end. The front stopping
         ends the stream with an error event."""
         step: asyncio.Future[bytes] = asyncio.ensure_future(anext(self.chunks))
-        pausing = asyncio.ensure_future(self.r.pause.wait())
+        pausing = asyncio.ensure_future(self.r.pause.wait() if self.r.clean else asyncio.Event().wait())
         racing: set[asyncio.Future[Any]] = {step, pausing, stopping.halted()}
         await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
         pausing.cancel()
