@@ -124,3 +124,27 @@ def test_publish_on_the_gpu_repoints_to_the_published_pools(models, daemon):
     fresh = attach_tensors(key, config)
     assert fresh.ok and all(torch.equal(fresh.tensors[n], w) for n, w in expected.items())
     assert entry_nbytes(key, config) == fresh.manifest.nbytes
+
+
+@pytest.mark.cuda
+def test_the_gpu_originals_go_back_to_the_driver_as_their_pools_are_sealed(models, daemon):
+    """A loader-alone vLLM preload held two copies of an 8B to its end: the originals the pools replaced stayed in
+    torch's allocator cache beside the pools. Given back as each pool is sealed, the peak is one copy and one pool,
+    and more preloads fit beside each other."""
+    from hotweights.pools.devices import resolve_device
+
+    dev = resolve_device("cuda:0")
+    config = AttachConfig(socket_dir=str(daemon.paths.directory), fallback=False)
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved(dev.index)
+    tensors = {f"layer{i}.weight": torch.ones(16 << 20, dtype=torch.float32, device=dev.torch_device) for i in range(4)}
+    engine = dict(tensors)
+
+    def repoint(name: str, view: torch.Tensor) -> None:
+        engine[name] = view
+
+    key = checkpoint_key(open_checkpoint(models["tiny"]), dtype="float32", device=dev, layout="vllm/released")
+    assert torch.cuda.memory_reserved(dev.index) - before >= 256 << 20  # four originals of 64 MiB
+    assert publish_tensors(tensors, key, config, device=dev, repoint=repoint, pool_bytes=64 << 20).accepted
+    assert torch.cuda.memory_reserved(dev.index) - before < 64 << 20  # the originals back to the driver
+    assert all(torch.equal(v, torch.ones_like(v)) for v in engine.values())

@@ -7,9 +7,10 @@
 - **pool by pool** (write-through of an engine's own tensors, ``publish_tensors``):
   each pool is created when first written, checked for room then, and sealed as soon as
   it is full; its read-only mapping goes to ``repoint`` (the engine swaps its tensor for
-  the view), so the engine's original is freed before the next pool is written. The
-  peak extra memory is one pool, not a second copy of the model, and the engine keeps
-  running on the published bytes.
+  the view), so the engine's original is freed before the next pool is written (on a
+  GPU given back to the driver at once: torch's allocator would keep it cached, and
+  the process would hold both copies to its end). The peak extra memory is one pool,
+  not a second copy of the model, and the engine keeps running on the published bytes.
 
 Tensors may be non-contiguous when they are a permutation of a dense layout (a
 transposed weight, say): the bytes are stored in memory order and the manifest keeps
@@ -211,6 +212,8 @@ def publish_tensors(tensors: dict[str, torch.Tensor], key: CacheKey, config: Att
                     views[n] = view
                     if repoint is not None:
                         repoint(n, view)
+            if device.kind == "cuda":  # the originals this pool replaced, back to the driver: torch's allocator
+                torch.cuda.empty_cache()  # would keep them cached beside the pools (the peak then two copies)
         with connect_for(config, start=True) as client:
             manifest = publish(client, writer, key, load_s=time.perf_counter() - start, aliases=aliases)
     except HotweightsError as exc:
@@ -224,6 +227,8 @@ def publish_tensors(tensors: dict[str, torch.Tensor], key: CacheKey, config: Att
     seconds = time.perf_counter() - start
     logger.info(evidence.published(len(manifest.tensors), manifest.tensor_nbytes, key.model, key.short, key.device,
                                    seconds))
-    logger.info("write-through peak extra memory: one pool of at most %.2f GiB (entry %.2f GiB in %d pools)",
-                max(p.nbytes for p in writer.pool_specs) / GIB, manifest.nbytes / GIB, len(writer.pool_specs))
+    logger.info("write-through peak extra memory: one pool of at most %.2f GiB (entry %.2f GiB in %d pools)%s",
+                max(p.nbytes for p in writer.pool_specs) / GIB, manifest.nbytes / GIB, len(writer.pool_specs),
+                "" if device.kind != "cuda" else
+                f"; torch holds {torch.cuda.memory_reserved(device.index) / GIB:.2f} GiB after it")
     return Published(views, manifest, True, seconds)
