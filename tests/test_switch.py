@@ -385,6 +385,26 @@ def test_a_host_tier_model_gets_its_host_copy_after_its_preload_not_at_its_first
     assert str(both.preload()) == "cached already"
 
 
+def test_a_host_tier_start_that_fails_lets_the_gpu_copy_made_for_it_go(tmp_path):
+    """The front counts a host-tier model's weights on the GPU only while its engine is resident: a GPU copy made
+    for a start that then failed would be held uncounted (on an H200, such copies made five starts beside fail)."""
+    from hotweights.switch.engines import Engine
+    from hotweights.switch.process import EngineError
+
+    e = Engine(switch_config.ModelConfig("h", tmp_path / "h", engine="vllm", parked_weights="host"), tmp_path)
+    e.parks, let_go = True, []
+    e.keeper.promote = lambda: 1
+    e.keeper.device_copy_off = lambda: let_go.append("h") or 1
+
+    def fails(command, timeout_s):
+        raise EngineError("h: its engine exited with code 1 while starting: no room")
+
+    e.process.start = fails
+    with pytest.raises(EngineError, match="no room"):
+        e.start()
+    assert let_go == ["h"]
+
+
 def test_a_parking_vllm_engine_is_preloaded_with_the_flags_it_starts_with(tmp_path):
     """``--enable-sleep-mode`` is in vLLM's compile-cache key: a preload without it left the first start of each
     parking engine compiling again (23-31 s on an H200). The load format's own flags stay the start's."""

@@ -181,7 +181,12 @@ class Engine:
         back = self.device_copy_back()
         if back:
             logger.info("switch: %s: %s", self.model.name, back)
-        return self.process.start(self.command, timeout_s) + (time.monotonic() - began if back else 0.0)
+        try:
+            return self.process.start(self.command, timeout_s) + (time.monotonic() - began if back else 0.0)
+        except EngineError:
+            if back:  # failed: not resident, so the GPU copy made for it is not counted either: let it go
+                self.device_copy_off()
+            raise
 
     def park(self, level: int) -> None:
         """Park at ``level``; where the engine cannot park, stop it."""
