@@ -38,24 +38,33 @@ def completion(url: str, model: str) -> str:
     return got["choices"][0]["text"]
 
 
-def preempted(url: str) -> tuple[str, str]:
+def preempted(url: str, log: Path) -> tuple[str, list[str]]:
     """A stream of ``v`` alone, then the same stream with ``e`` asked once it has begun (``preempt``: ``v`` leaves
     at once, its stream paused; with no sleep mode in vLLM's CPU build ``v`` stops, and its next start continues
-    the stream): the two texts."""
+    the stream), until a pause happened (a small model on a loaded machine may end its stream before ``e``'s
+    request is in; at most three tries): the text alone and each try's."""
     import openai
 
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
-    ask = {"model": "v", "prompt": "The weight cache", "max_tokens": 96, "temperature": 0, "stream": True}
+    ask = {"model": "v", "prompt": "The weight cache", "max_tokens": 200, "temperature": 0, "stream": True}
     plain = "".join(c.choices[0].text for c in client.completions.create(**ask) if c.choices)
-    other = threading.Thread(target=lambda: completion(url, "e"))
-    chunks = []
-    for chunk in client.completions.create(**ask):
-        chunks.append(chunk)
-        if len(chunks) == 2:
-            other.start()
-    other.join()
-    assert {c.id for c in chunks} == {chunks[0].id}  # one stream, as the client sees it
-    return plain, "".join(c.choices[0].text for c in chunks if c.choices)
+    tries = []
+    for _ in range(3):
+        other = threading.Thread(target=lambda: completion(url, "e"))
+        chunks = []
+        for chunk in client.completions.create(**ask):
+            chunks.append(chunk)
+            if len(chunks) == 1:
+                other.start()
+        other.join()
+        assert {c.id for c in chunks} == {chunks[0].id}  # one stream, as the client sees it
+        tries.append("".join(c.choices[0].text for c in chunks if c.choices))
+        deadline = time.monotonic() + 10
+        while "paused 1 time(s)" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)  # the request's line comes once its relay has ended, just after its client read the end
+        if "paused 1 time(s)" in log.read_text():
+            break
+    return plain, tries
 
 
 @pytest.mark.timeout(900)
@@ -114,11 +123,8 @@ args = ["--max-model-len", "64"]
                                      headers={"content-type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as r:  # every path vLLM serves is relayed (issue 53)
             assert json.loads(r.read())["tokens"]
-        plain, paused = preempted(url)
-        assert paused == plain  # greedy: continued from its token ids on vLLM started again, token for token
-        deadline = time.monotonic() + 10
-        while "paused 1 time(s)" not in log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.1)  # the request's line comes once its relay has ended, just after its client read the end
+        plain, tries = preempted(url, log)
+        assert tries == [plain] * len(tries)  # greedy: continued from its token ids on vLLM started again, the same
         text = log.read_text()
         assert re.search(r"v: a stream paused after \d+ token\(s\)", text) and "paused 1 time(s)" in text, text
         assert re.search(r"v ready in [\d.]+ s \(cached, [\d.]+ s; started from a warm standby, [\d.]+ s; awake\)",
