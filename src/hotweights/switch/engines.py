@@ -136,6 +136,8 @@ class Engine:
         front before this one or by a deep park whose engine died since), their GPU copy made again from it (an
         upload, not a preload of a whole start) for its engine's start to map. What it did, in a few words ("" where
         nothing was to do, or no keeper answers: the start says what it maps)."""
+        if self.kind.not_preloaded(self.model):
+            return ""  # its engine reads its checkpoint: nothing of it in the keeper to ask about
         began = time.monotonic()
         try:
             made = self.keeper.promote()

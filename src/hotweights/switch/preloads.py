@@ -141,21 +141,28 @@ class Preloads:
 
     async def _already(self) -> None:
         """The models whose preload runs no process (the keeper holds them already, or their engine reads its
-        checkpoint itself): done at once, in start-up order, with no GPU memory admitted for a preload they do not
-        run. A front started again on a full keeper otherwise ran them one by one behind the starts, each waiting
-        for room for a whole preload (H200, ten 8B: no start went beside another)."""
-        for m in self.models:
+        checkpoint itself): done at once, all asked together (a host copy still to make takes seconds), with no GPU
+        memory admitted for a preload they do not run. A front started again on a full keeper otherwise ran them one
+        by one behind the starts, each waiting for room for a whole preload (H200, ten 8B: no start went beside
+        another)."""
+        async def ask(m: Model) -> None:
             began = time.monotonic()
             try:
                 said = await asyncio.to_thread(m.engine.cached_already)
             except Exception as exc:  # its preload says what is wrong
                 logger.warning("switch: %s: cannot tell whether the keeper holds it: %s", m.name, exc)
-                continue
+                return
             if said is not None:
-                self.done.setdefault(m.name, asyncio.get_running_loop().create_future())
-                if not self.done[m.name].done():
-                    self.done[m.name].set_result((said, time.monotonic() - began))
+                self._finish(m, said, time.monotonic() - began)
+
+        await asyncio.gather(*(ask(m) for m in self.models))
         self._look.set()
+
+    def _finish(self, m: Model, said: PreloadOutcome, seconds: float) -> None:
+        """``m``'s preload is done: what it did and its seconds, for its start (``result``)."""
+        self.done.setdefault(m.name, asyncio.get_running_loop().create_future())
+        if not self.done[m.name].done():
+            self.done[m.name].set_result((said, seconds))
 
     def snapshot(self) -> Preloading:
         """The preloads now, as ``next_preload`` reads them."""
@@ -179,6 +186,4 @@ class Preloads:
             logger.warning("switch: %s: its preload failed beside others (%s); trying again alone", m.name, said)
             self.failed_beside.add(m.name)
             return
-        self.done.setdefault(m.name, asyncio.get_running_loop().create_future())
-        if not self.done[m.name].done():
-            self.done[m.name].set_result((said, seconds))
+        self._finish(m, said, seconds)
