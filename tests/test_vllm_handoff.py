@@ -277,6 +277,37 @@ def test_a_standby_for_a_python_named_by_its_bare_name_starts_and_one_that_canno
     assert time.monotonic() - began < 5
 
 
+def test_a_standby_changing_its_note_is_never_seen_without_its_pid_or_its_note(tmp_path):
+    """A start reads the standby's lock while the standby rewrites what it does (waiting, importing, ready). It
+    read an empty file once (CI, 2026-12-04: the note was rewritten in place), took the pid for 0, and did
+    not wait for a standby that was importing. Every read here sees the holder's pid and one whole note."""
+    import threading
+
+    from hotweights.unix import lock_holder, lock_note, take_pid_lock, write_lock_note
+
+    lock = tmp_path / "s.lock"
+    fd = take_pid_lock(lock)
+    notes = [("waiting", "123", "http://127.0.0.1:9/health"), ("importing",), ("ready",)]
+    write_lock_note(lock, *notes[0])
+    stop = threading.Event()
+
+    def rewrite() -> None:
+        while not stop.is_set():
+            for note in notes:
+                write_lock_note(lock, *note)
+
+    writer = threading.Thread(target=rewrite)
+    writer.start()
+    try:
+        for _ in range(3000):
+            assert lock_holder(lock) == os.getpid()
+            assert tuple(lock_note(lock)) in notes
+    finally:
+        stop.set()
+        writer.join()
+        os.close(fd)
+
+
 @pytest.fixture
 def health():
     """A start in progress (a process) and its health URL, which answers 200 once ``ready`` is set."""

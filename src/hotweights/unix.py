@@ -85,30 +85,43 @@ def take_pid_lock(path: Path, *, wait_s: float = 0.0) -> int:
                 continue
             os.close(fd)
             raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    pid = f"{os.getpid()}\n".encode()
+    os.pwrite(fd, pid.ljust(os.fstat(fd).st_size, b" "), 0)  # over the last holder's: never read empty
+    os.ftruncate(fd, len(pid))
     return fd
 
 
-def write_lock_note(fd: int, *fields: str) -> None:
-    """What the holder of a pid lock (``take_pid_lock``'s fd) says of itself, after its pid: ``lock_note`` reads it."""
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, " ".join([str(os.getpid()), *fields]).encode() + b"\n", 0)
+def _note_path(lock: Path) -> Path:
+    return lock.with_name(lock.name + ".note")
+
+
+def write_lock_note(lock: Path, *fields: str) -> None:
+    """What the holder of ``lock`` (``take_pid_lock``) says of itself: ``lock_note`` reads it.
+
+    A file of its own beside the lock, replaced whole (a rename): a reader sees the old note or the new one,
+    never a part. Rewritten in place, it was read empty once (CI, 2026-12-04), and a start did not wait for a
+    standby that was importing."""
+    note = _note_path(lock)
+    staged = note.with_name(f"{note.name}.{os.getpid()}")
+    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, " ".join([str(os.getpid()), *fields]).encode() + b"\n")
+    finally:
+        os.close(fd)
+    os.rename(staged, note)
 
 
 def lock_note(path: Path) -> list[str]:
-    """The fields the holder of ``path``'s lock wrote after its pid; [] when nobody holds it."""
+    """The fields the holder of ``path``'s lock wrote (``write_lock_note``); [] when nobody holds it, or its
+    holder has written none (a note left by an earlier holder is not its)."""
+    holder = lock_holder(path)
+    if not holder:
+        return []
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fields = _note_path(path).read_text(errors="replace").split()
     except OSError:
         return []
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return []
-    except BlockingIOError:
-        return os.pread(fd, 4096, 0).decode(errors="replace").split()[1:]
-    finally:
-        os.close(fd)
+    return fields[1:] if fields[:1] == [str(holder)] else []
 
 
 def lock_holder(path: Path) -> int | None:

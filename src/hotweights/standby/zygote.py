@@ -107,10 +107,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915
         logger.info("another standby holds %s; exiting", standby.paths.lock)
         return 0
     if args.after_pid:  # what it does now, for a start that asks (``handoff._wait_while_importing``)
-        write_lock_note(standby.lock, "waiting", str(args.after_pid), args.after_url or "-")
+        write_lock_note(standby.paths.lock, "waiting", str(args.after_pid), args.after_url or "-")
         logger.info("waiting for the start in progress (pid %d) to be ready: %s", args.after_pid,
                     _wait_for(args.after_pid, args.after_url))
-    write_lock_note(standby.lock, "importing")
+    write_lock_note(standby.paths.lock, "importing")
     stamp = standby.engine.fingerprint()  # before the imports: what they were made from
     start = time.perf_counter()
     missing = _preimport(standby.engine)
@@ -118,13 +118,17 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915
     with contextlib.suppress(FileNotFoundError):
         standby.paths.socket.unlink()  # a stale one: only the lock holder removes it
     listener = standby.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    listener.bind(str(standby.paths.socket))
-    os.chmod(standby.paths.socket, 0o600)
+    staged = standby.paths.socket.with_name(standby.paths.socket.name + ".new")
+    with contextlib.suppress(FileNotFoundError):
+        staged.unlink()
+    listener.bind(str(staged))  # bound and listening before it has the socket's name: no refused connection
+    os.chmod(staged, 0o600)
     listener.listen(8)
+    os.rename(staged, standby.paths.socket)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     standby.ready = Ready(os.getpid(), standby.engine.name, stamp.to_wire(), imports_s, missing, False, 0, 0)
     standby.move("imported")
-    write_lock_note(standby.lock, "ready")
+    write_lock_note(standby.paths.lock, "ready")
     logger.info("%s standby READY: socket=%s pid=%d imports=%.1fs (not in this build: %s)", standby.engine.name,
                 standby.paths.socket, os.getpid(), imports_s, ", ".join(missing) or "none")
     listener.settimeout(30.0)
