@@ -113,7 +113,8 @@ def test_a_model_a_request_waits_for_is_preloaded_next():
     async def main():
         s, _, _, spans = switcher(["a", "b", "c", "d"], jobs=2)
         task = asyncio.create_task(s.run())
-        await asyncio.sleep(PRELOAD_S / 4)  # a and b preload
+        while len(spans) < 2:  # a and b preload (a fixed sleep was too short under a loaded make test)
+            await asyncio.sleep(0.002)
         asking = asyncio.create_task(s.requests.acquire("d"))
         m = await asking
         s.requests.release(m)

@@ -429,6 +429,25 @@ def test_a_parking_vllm_engine_is_preloaded_with_the_flags_it_starts_with(tmp_pa
     assert tp2.preload_command()[5:] == ["--tensor-parallel-size", "2", "--vllm-arg=--dtype", "--vllm-arg=bfloat16"]
 
 
+def test_vllm_engines_whose_starts_go_together_keep_a_standby_for_each_start(tmp_path):
+    """Starts of a batch (``start_jobs``, where no start profiles the GPU) each take a warm standby: with one kept,
+    the others imported vLLM themselves (H200, 33.7-36.9 s against 16.3-18.6 s). One start at a time keeps one."""
+    from hotweights.standby.handoff import PLACES_ENV
+    from hotweights.switch.engines import Engine
+    from hotweights.switch.memory import GpuNeed
+
+    def env(start_jobs: int, need: GpuNeed, engine: str = "vllm") -> dict[str, str]:
+        e = Engine(switch_config.ModelConfig("a", tmp_path / "m", engine=engine), tmp_path, start_jobs=start_jobs)
+        e._need = need  # as read on a GPU box (here vLLM's CPU build, or none: no GPU need)
+        return e.env("")
+
+    pinned, profiles = GpuNeed((0,), 0.25, 15000, engine_kv_mib=2048), GpuNeed((0,), 0.25, 15000)
+    assert env(3, pinned)[PLACES_ENV] == "3"
+    assert PLACES_ENV not in env(3, profiles)  # its starts go one at a time
+    assert PLACES_ENV not in env(1, pinned)
+    assert PLACES_ENV not in env(3, pinned, engine="hotweights")  # no standby: nothing imports ahead
+
+
 def test_a_vllm_model_with_its_own_load_format_in_either_spelling_is_started_with_it_and_not_preloaded(tmp_path):
     """The review's bug: ``--load-format=auto`` was not preloaded, yet started with ``--load-format hotweights``."""
     from hotweights.switch.engines import Engine

@@ -277,6 +277,35 @@ def test_a_standby_for_a_python_named_by_its_bare_name_starts_and_one_that_canno
     assert time.monotonic() - began < 5
 
 
+@pytest.mark.slow
+def test_starts_begun_together_each_take_a_standby_of_their_own_where_several_are_kept(socket_dir, work, monkeypatch):
+    """``HOTWEIGHTS_STANDBYS=2`` (``hotweights switch`` sets its ``start_jobs``): two prepares at once fill two
+    places (each standby takes the first free one), a third finds both held; two starts begun together each take
+    one (on an H200 the second of a batch imported vLLM itself: 33.7-36.9 s against 16.3-18.6 s); the status
+    names the second; a stop retires both."""
+    monkeypatch.setenv(handoff.PLACES_ENV, "2")
+    env = dict(os.environ)
+    try:
+        assert [handoff.prepare(SPEC, socket_dir, env) for _ in range(2)] == ["prepared", "prepared"]
+        deadline = time.monotonic() + 120
+        while not all(handoff.status(SPEC, socket_dir, place=k)["ready"] for k in (0, 1)):
+            assert time.monotonic() < deadline, "the two standbys did not become ready"
+            time.sleep(0.2)
+        assert handoff.prepare(SPEC, socket_dir, env) == "ready"
+        assert [(o["place"], o["doing"]) for o in handoff.others(SPEC, socket_dir)] == [(1, "ready")]
+        launchers = [launch(socket_dir, work, "--wait") for _ in range(2)]
+        said = [until_waiting(launcher) for launcher in launchers]
+        assert all("unusable" not in text for text in said), said
+        for launcher in launchers:
+            launcher.send_signal(signal.SIGTERM)
+            assert launcher.wait(30) == 0
+        out, _ = launch(socket_dir, work).communicate(timeout=60)
+        assert "unusable: no standby ready" in out, out  # both taken, none prepared since (the launcher's run does)
+    finally:
+        stopped = handoff.stop(SPEC, socket_dir)
+    assert stopped == []  # nothing left to stop: both were handed over
+
+
 def test_a_standby_changing_its_note_is_never_seen_without_its_pid_or_its_note(tmp_path):
     """A start reads the standby's lock while the standby rewrites what it does (waiting, importing, ready). It
     read an empty file once (CI, 2026-12-04: the note was rewritten in place), took the pid for 0, and did

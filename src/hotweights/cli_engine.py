@@ -197,13 +197,16 @@ def cmd_standby(args: argparse.Namespace) -> int:
 
     directory = resolve_socket_dir(args.socket_dir)
     if args.stop:
-        pid = handoff.stop(SPEC, directory)
-        _emit(args, {"stopped": pid}, f"stopped the standby (pid {pid})" if pid else "no standby to stop")
+        pids = handoff.stop(SPEC, directory)
+        _emit(args, {"stopped": pids}, f"stopped {len(pids)} standby(s) (pid {', '.join(map(str, pids))})" if pids
+              else "no standby to stop")
         return 0
     state = handoff.status(SPEC, directory)
+    state["others"] = handoff.others(SPEC, directory)
     text = (f"standby pid {state['pid']} ready (vLLM imported in {state['imports_s']} s); "
             + ("fits this environment" if state["fits"] else f"stale: {'; '.join(state['differs'])}")
             if state["ready"] else f"no standby ready at {state['socket']} ({state.get('reason', '')})")
+    text += "".join(f"\nstandby pid {o['pid']} in place {o['place']}: {o['doing']}" for o in state["others"])
     _emit(args, state, text)
     return 0 if state["ready"] else 1
 
@@ -253,9 +256,10 @@ def register(sub: Subparsers) -> None:
 
     p = sub.add_parser("standby", help="the warm vLLM standby of this interpreter: is it ready, does it fit",
                        description="hotweights vllm serve starts from a warm standby (vLLM imported) when one fits, "
-                                   "and prepares one for the next start; HOTWEIGHTS_VLLM_STANDBY=off turns that off")
+                                   "and prepares one for the next start; HOTWEIGHTS_VLLM_STANDBY=off turns that off, "
+                                   "HOTWEIGHTS_STANDBYS=N keeps up to N (one per start at once)")
     socket_dir_option(p)
-    p.add_argument("--stop", action="store_true", help="retire it (also one still importing vLLM)")
+    p.add_argument("--stop", action="store_true", help="retire them (also those still importing vLLM)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_standby)
     _serving(sub)

@@ -20,8 +20,8 @@ from ..key import FieldDiff
 # what changes an engine's imports or its start, whatever the engine
 ENV_PREFIXES = ("CUDA_", "NCCL_", "NVIDIA_", "TORCH", "PYTORCH_", "PYTHON", "LD_", "HF_", "TRANSFORMERS_",
                 "TOKENIZERS_", "OMP_", "MKL_", "TRITON_", "HOTWEIGHTS_")
-# turn standbys off, or say when the next one imports: no effect on what one imported
-IGNORED = ("HOTWEIGHTS_VLLM_STANDBY", "HOTWEIGHTS_STANDBY_IMPORT")
+# turn standbys off, say when the next one imports, or how many are kept: no effect on what one imported
+IGNORED = ("HOTWEIGHTS_VLLM_STANDBY", "HOTWEIGHTS_STANDBY_IMPORT", "HOTWEIGHTS_STANDBYS")
 
 
 @dataclass(frozen=True, slots=True)

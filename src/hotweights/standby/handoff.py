@@ -8,6 +8,13 @@ pins a standby: engines on GPUs of their own, as ``hotweights switch`` places th
 socket directory is the daemon's: the same trust rules hold (a private directory of this user; the peer's
 uid is checked both ways).
 
+``HOTWEIGHTS_STANDBYS=N`` (1 by default, at most ``MAX_PLACES``) keeps up to N standbys of an engine, interpreter and
+``CUDA_VISIBLE_DEVICES``, each in a place of its own (place 0 has the names above, place K ``...-<tag>-K.sock``):
+``hotweights switch`` starts several engines at once, and with one standby the others imported the engine
+themselves (on an H200, 33.7-36.9 s per 8B start against 16.3-18.6 s from the standby). A start takes a ready
+standby first, else waits for one importing that no other start has claimed; each start prepares one in the first
+free place.
+
 A standby is used only when its fingerprint equals this launcher's (``fingerprint.py``); otherwise,
 or when none answers in time, the start is a plain one and says why in one line, naming the fields
 that differ. A standby that crashed, hung or was killed costs at most that plain start.
@@ -42,6 +49,8 @@ from .messages import Exited, Hello, Ready, Start, Started, Stop, receive, send
 logger = logging.getLogger(__name__)
 DISABLE_ENV = "HOTWEIGHTS_VLLM_STANDBY"  # "off": never use or prepare a standby
 IMPORT_ENV = "HOTWEIGHTS_STANDBY_IMPORT"  # "now": the next start's standby imports beside this start, not after it
+PLACES_ENV = "HOTWEIGHTS_STANDBYS"  # how many standbys are kept, each in a place of its own (``places``)
+MAX_PLACES = 8
 
 
 class StandbyUnusable(HotweightsError):
@@ -57,13 +66,22 @@ class StandbyPaths:
 
 
 def standby_paths(directory: Path, engine: str = "vllm", python: str | None = None,
-                  devices: str | None = None) -> StandbyPaths:
-    """The standby's files for ``python`` (this one by default) and ``devices`` (``CUDA_VISIBLE_DEVICES``,
-    this process's by default; "" for unset)."""
+                  devices: str | None = None, place: int = 0) -> StandbyPaths:
+    """The files of the standby in ``place`` for ``python`` (this one by default) and ``devices``
+    (``CUDA_VISIBLE_DEVICES``, this process's by default; "" for unset)."""
     devices = os.environ.get("CUDA_VISIBLE_DEVICES", "") if devices is None else devices
     seed = os.path.realpath(python or sys.executable) + (f"\0{devices}" if devices else "")
-    tag = hashlib.blake2b(seed.encode(), digest_size=4).hexdigest()
+    tag = hashlib.blake2b(seed.encode(), digest_size=4).hexdigest() + (f"-{place}" if place else "")
     return StandbyPaths(*(directory / f"{engine}-standby-{tag}.{ext}" for ext in ("sock", "lock", "log", "claim")))
+
+
+def places(environ: dict[str, str]) -> int:
+    """How many standbys are kept (``HOTWEIGHTS_STANDBYS``): 1 where it is unset or not a number, at most
+    ``MAX_PLACES``."""
+    try:
+        return min(MAX_PLACES, max(1, int(environ.get(PLACES_ENV, "1"))))
+    except ValueError:
+        return 1
 
 
 @dataclass(slots=True)
@@ -128,12 +146,12 @@ def _trusted(directory: Path) -> None:
 
 
 def _hello(engine: EngineSpec, directory: Path, connect_timeout_s: float,
-           reply_timeout_s: float) -> tuple[Any, Ready, list[str]]:
-    """A trusted connection to the standby of this engine and interpreter, its ``Ready`` and the fields where
-    its fingerprint differs from this launcher's; StandbyUnusable says why there is none."""
+           reply_timeout_s: float, place: int = 0) -> tuple[Any, Ready, list[str]]:
+    """A trusted connection to the standby of this engine and interpreter in ``place``, its ``Ready`` and the
+    fields where its fingerprint differs from this launcher's; StandbyUnusable says why there is none."""
     import socket
 
-    paths = standby_paths(directory, engine.name)
+    paths = standby_paths(directory, engine.name, place=place)
     _trusted(directory)
     _wait_while_importing(paths.lock, paths.socket)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -186,13 +204,13 @@ def _wait_while_importing(lock: Path, sock: Path, timeout_s: float = IMPORT_WAIT
 
 
 @contextlib.contextmanager
-def _claimed(engine: EngineSpec, directory: Path) -> Generator[None, None, None]:
-    """This launcher is the one taking the standby (and waiting for it, while it imports): a start that comes
-    beside it (``hotweights switch`` starting several engines at once) is a plain start at once, rather than one
-    that waits up to ``IMPORT_WAIT_S`` for a standby another start takes (on an H200, the third of three 8B
-    starts begun together waited the whole 60 s, then imported vLLM itself)."""
+def _claimed(engine: EngineSpec, directory: Path, place: int = 0) -> Generator[None, None, None]:
+    """This launcher is the one taking the standby in ``place`` (and waiting for it, while it imports): a start
+    that comes beside it (``hotweights switch`` starting several engines at once) takes another place, or is a
+    plain start at once, rather than one that waits up to ``IMPORT_WAIT_S`` for a standby another start takes (on
+    an H200, the third of three 8B starts begun together waited the whole 60 s, then imported vLLM itself)."""
     _trusted(directory)
-    claim = standby_paths(directory, engine.name).claim
+    claim = standby_paths(directory, engine.name, place=place).claim
     try:
         fd = take_pid_lock(claim)
     except BlockingIOError:
@@ -211,15 +229,32 @@ def imports_at_once(environ: dict[str, str]) -> bool:
 
 def hand_over(engine: EngineSpec, directory: Path, module: str, args: list[str], env: dict[str, str], *,
               connect_timeout_s: float = 1.0, reply_timeout_s: float = 10.0) -> Server:
-    """Give the start (``python -m MODULE ARGS`` with ``env``, this cwd and stdio) to the standby of this
-    engine and interpreter; StandbyUnusable says why not. Nothing has started when it raises."""
-    with _claimed(engine, directory):
-        return _hand_over(engine, directory, module, args, env, connect_timeout_s, reply_timeout_s)
+    """Give the start (``python -m MODULE ARGS`` with ``env``, this cwd and stdio) to a standby of this
+    engine and interpreter (``places``: a ready one first, then one importing); StandbyUnusable says why not
+    (the first place's reason). Nothing has started when it raises."""
+    reasons: list[StandbyUnusable] = []
+    for place in _places_in_order(engine, directory, places(env)):
+        try:
+            with _claimed(engine, directory, place):
+                return _hand_over(engine, directory, module, args, env, connect_timeout_s, reply_timeout_s, place)
+        except StandbyUnusable as exc:
+            reasons.append(exc)
+    raise reasons[0]
+
+
+def _places_in_order(engine: EngineSpec, directory: Path, count: int) -> list[int]:
+    """The places to try, those whose standby is ready (its socket there) first, then those importing (their lock
+    held), then the rest: each in place order."""
+    def rank(place: int) -> int:
+        paths = standby_paths(directory, engine.name, place=place)
+        return 0 if paths.socket.exists() else 1 if is_locked(paths.lock) else 2
+
+    return sorted(range(count), key=lambda place: (rank(place), place))
 
 
 def _hand_over(engine: EngineSpec, directory: Path, module: str, args: list[str], env: dict[str, str],
-               connect_timeout_s: float, reply_timeout_s: float) -> Server:
-    sock, ready, changed = _hello(engine, directory, connect_timeout_s, reply_timeout_s)
+               connect_timeout_s: float, reply_timeout_s: float, place: int) -> Server:
+    sock, ready, changed = _hello(engine, directory, connect_timeout_s, reply_timeout_s, place)
     with _unusable_on_failure(sock, "standby failed the hand-off"):
         unsafe = ("CUDA is initialized in it" if ready.cuda_initialized else
                   f"it runs {ready.threads} Python threads" if ready.threads != 1 else "")
@@ -287,42 +322,63 @@ def prepare(engine: EngineSpec, directory: Path, environ: dict[str, str], *,
     python = shutil.which(python, path=environ.get("PATH", os.defpath)) if python else sys.executable
     if python is None:
         raise FileNotFoundError("the Python for the standby is not on PATH")
-    paths = standby_paths(directory, engine.name, python, environ.get("CUDA_VISIBLE_DEVICES", ""))
-    if is_locked(paths.lock):
-        return Prepared.READY  # one is alive (or importing, or waiting)
-    cmd = [python, "-m", "hotweights.standby.zygote", "--engine", engine.name, "--socket-dir", str(directory)]
+    count = places(environ)
+    every = [standby_paths(directory, engine.name, python, environ.get("CUDA_VISIBLE_DEVICES", ""), place)
+             for place in range(count)]
+    held = sum(is_locked(paths.lock) for paths in every)
+    if held == count:
+        return Prepared.READY  # each place holds one alive (or importing, or waiting)
+    free = next(paths for paths in every if not is_locked(paths.lock))
+    cmd = [python, "-m", "hotweights.standby.zygote", "--engine", engine.name, "--socket-dir", str(directory),
+           "--places", str(count)]  # it takes the first free place: starts that end together prepare one each
     if after is not None:
         cmd += ["--after-pid", str(after[0]), "--after-url", after[1]]
-    spawn_detached(cmd, environ, paths.log)
+    spawn_detached(cmd, environ, free.log)
     deadline = time.monotonic() + settle_s
-    while settle_s and not is_locked(paths.lock):
+    while settle_s and sum(is_locked(paths.lock) for paths in every) <= held:
         if time.monotonic() > deadline:
-            logger.warning("the warm standby did not take its place within %.0f s; see %s", settle_s, paths.log)
+            logger.warning("the warm standby did not take its place within %.0f s; see %s", settle_s, free.log)
             return Prepared.FAILED
         time.sleep(0.02)
     return Prepared.PREPARED
 
 
-def stop(engine: EngineSpec, directory: Path) -> int | None:
-    """Retire the standby of this engine and interpreter, also one still importing (SIGTERM to the lock
-    holder's pid, which it writes into the lock file); its pid, or None if there is none."""
+def stop(engine: EngineSpec, directory: Path) -> list[int]:
+    """Retire the standbys of this engine and interpreter, in every place, also those still importing (SIGTERM to
+    each lock holder's pid, which it writes into the lock file); their pids."""
     try:
         check_socket_dir(directory)
     except (OSError, TrustError):
-        return None
-    pid = lock_holder(standby_paths(directory, engine.name).lock)
-    if pid:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)
-    return pid or None
+        return []
+    stopped = []
+    for place in range(MAX_PLACES):
+        pid = lock_holder(standby_paths(directory, engine.name, place=place).lock)
+        if pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
+            stopped.append(pid)
+    return stopped
 
 
-def status(engine: EngineSpec, directory: Path, *, timeout_s: float = 2.0) -> dict[str, Any]:
-    """What the standby of this engine and interpreter says of itself, and whether it fits this environment."""
-    paths = standby_paths(directory, engine.name)
-    out: dict[str, Any] = {"socket": str(paths.socket), "log": str(paths.log), "ready": False}
+def others(engine: EngineSpec, directory: Path) -> list[dict[str, Any]]:
+    """The standbys of this engine and interpreter in places other than the first, as their locks say (no hello:
+    nothing waits): place, pid, and what each does (waiting, importing, ready)."""
+    found = []
+    for place in range(1, MAX_PLACES):
+        lock = standby_paths(directory, engine.name, place=place).lock
+        pid = lock_holder(lock)
+        if pid:
+            found.append({"place": place, "pid": pid, "doing": " ".join(lock_note(lock)) or "starting"})
+    return found
+
+
+def status(engine: EngineSpec, directory: Path, *, timeout_s: float = 2.0, place: int = 0) -> dict[str, Any]:
+    """What the standby of this engine and interpreter in ``place`` says of itself, and whether it fits this
+    environment."""
+    paths = standby_paths(directory, engine.name, place=place)
+    out: dict[str, Any] = {"place": place, "socket": str(paths.socket), "log": str(paths.log), "ready": False}
     try:
-        sock, ready, changed = _hello(engine, directory, timeout_s, timeout_s)
+        sock, ready, changed = _hello(engine, directory, timeout_s, timeout_s, place)
     except StandbyUnusable as exc:
         out["reason"] = str(exc)
         return out

@@ -1,11 +1,11 @@
 """The standby process: an engine's Python with the engine imported, no CUDA, waiting for one start.
 
 ``python -m hotweights.standby.zygote --engine NAME --socket-dir D``, started detached by the launcher
-(``handoff.prepare``). It takes the lock ``<engine>-standby-<tag>.lock`` (one standby per engine,
-interpreter, ``CUDA_VISIBLE_DEVICES`` and socket directory), waits until the start it follows is ready (``--after-pid``,
-``--after-url``: the two must not compete for the CPU, and a niceness would be inherited by the server
-it forks), imports what the engine's ``EngineSpec`` names, then answers on its socket (the peer's uid
-must be its own).
+(``handoff.prepare``). It takes the lock ``<engine>-standby-<tag>.lock`` (one standby per engine, interpreter,
+``CUDA_VISIBLE_DEVICES``, socket directory and place: with ``--places N``, the first free of N), waits until the
+start it follows is ready (``--after-pid``, ``--after-url``: the two must not compete for the CPU, and a niceness
+would be inherited by the server it forks), imports what the engine's ``EngineSpec`` names, then answers on its
+socket (the peer's uid must be its own).
 
 States (``TRANSITIONS``): importing -> ready -> handed_over (it forked the server, having given up its
 socket and lock so the launcher can prepare the next standby; it stays as the server's supervisor,
@@ -66,8 +66,8 @@ TRANSITIONS = {(State.IMPORTING, "imported"): State.READY, (State.READY, "start"
 
 
 class Standby:
-    def __init__(self, engine: EngineSpec, directory: Path) -> None:
-        self.engine, self.paths = engine, standby_paths(directory, engine.name)
+    def __init__(self, engine: EngineSpec, directory: Path, place: int = 0) -> None:
+        self.engine, self.paths = engine, standby_paths(directory, engine.name, place=place)
         self.state = State.IMPORTING
         self.ready: Ready | None = None
         self.lock = -1
@@ -96,15 +96,13 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915
     parser.add_argument("--socket-dir", required=True)
     parser.add_argument("--after-pid", type=int, default=0, help="import only once this start is ready or gone")
     parser.add_argument("--after-url", default="", help="that start's health URL")
+    parser.add_argument("--places", type=int, default=1, help="take the first free of this many places")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     directory = Path(args.socket_dir)
     ensure_socket_dir(directory)
-    standby = Standby(spec(args.engine), directory)
-    try:
-        standby.lock = take_pid_lock(standby.paths.lock)  # the pid in it: who to stop while still importing
-    except BlockingIOError:
-        logger.info("another standby holds %s; exiting", standby.paths.lock)
+    standby = _take_a_place(spec(args.engine), directory, args.places)
+    if standby is None:
         return 0
     if args.after_pid:  # what it does now, for a start that asks (``handoff._wait_while_importing``)
         write_lock_note(standby.paths.lock, "waiting", str(args.after_pid), args.after_url or "-")
@@ -151,6 +149,20 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915
         if standby.state is not State.HANDED_OVER:
             with contextlib.suppress(FileNotFoundError):
                 standby.paths.socket.unlink()
+
+
+def _take_a_place(engine: EngineSpec, directory: Path, count: int) -> Standby | None:
+    """The standby in the first of ``count`` places whose lock it could take (the pid in it: who to stop while still
+    importing); None where every place holds one already."""
+    for place in range(max(1, count)):
+        standby = Standby(engine, directory, place)
+        try:
+            standby.lock = take_pid_lock(standby.paths.lock)
+        except BlockingIOError:
+            continue
+        return standby
+    logger.info("every place of %d holds a standby (%s); exiting", count, standby.paths.lock)
+    return None
 
 
 def _wait_for(pid: int, url: str) -> str:

@@ -17,6 +17,7 @@ from typing import Protocol
 from .. import evidence
 from ..errors import HotweightsError
 from ..evidence import size_text
+from ..standby.handoff import PLACES_ENV
 from ..unix import DIE_WITH_ENV
 from .config import ModelConfig
 from .gpus import gpu_mib_by_pid
@@ -67,13 +68,15 @@ class EngineLike(Protocol):
 class Engine:
     """The real one: a server process per model, on a loopback port of its own."""
 
-    def __init__(self, model: ModelConfig, log_dir: Path, socket_dir: str = "", parking: bool = True) -> None:
+    def __init__(self, model: ModelConfig, log_dir: Path, socket_dir: str = "", parking: bool = True,
+                 start_jobs: int = 1) -> None:
         self.model, self.kind = model, KINDS[model.engine]
         self.parks = self.kind.parks(parking)
         self.log_path = log_dir / f"{model.name.replace('/', '_')}.log"
         self.process = EngineProcess(model.name, self.log_path)
-        self.keeper = KeeperView(model, self.kind, socket_dir, self.env(socket_dir))
         self._need: GpuNeed | None = None
+        self.start_jobs = start_jobs
+        self.keeper = KeeperView(model, self.kind, socket_dir, self.env(socket_dir))
 
     url = property(lambda self: self.process.url)
     pid = property(lambda self: self.process.pid)
@@ -92,7 +95,17 @@ class Engine:
         env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}  # the front checks keys, not engines
         if self.model.gpus:  # the cache keys name GPUs by UUID: any order of them finds its entries
             env["CUDA_VISIBLE_DEVICES"] = self.model.cuda_visible_devices()
+        if self.start_jobs > 1 and self.kind.keeps_standbys and self._starts_together():
+            env[PLACES_ENV] = str(self.start_jobs)  # a standby for each start of a batch (schedule.startup_batch)
         return {**env, "HOTWEIGHTS_SOCKET_DIR": socket_dir} if socket_dir else env
+
+    def _starts_together(self) -> bool:
+        """Whether its start may go with others (it does not profile the GPU's memory); False where what it needs
+        cannot be read (the start says why)."""
+        try:
+            return not self.gpu_need().profiles
+        except (OSError, ValueError):
+            return False
 
     def command(self, port: int) -> tuple[list[str], dict[str, str]]:
         """Its server's command and environment: it dies with this front (``unix.die_with_parent``)."""

@@ -49,7 +49,9 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
     keeps a note of their processes for the next front, should this one die (``leftovers.py``)."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="hotweights-switch-"))
     metrics = SwitchMetrics()
-    switcher = Switcher(config, metrics, engines or (lambda m: Engine(m, log_dir, config.socket_dir, config.parking)),
+    starts = min(config.start_jobs, len(config.models))  # so many standbys where starts go together
+    switcher = Switcher(config, metrics, engines or (lambda m: Engine(m, log_dir, config.socket_dir, config.parking,
+                                                                      starts)),
                         {gpu: mem.total_mib for gpu, mem in gpu_memory().items()})
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
     stopping = Stopping()

@@ -65,6 +65,7 @@ class EngineKind:
     parked_mib: int  # what a parked engine keeps on its GPU, read on an H200 (8B, CUDA graphs; KINDS below)
     deepens_when_idle: bool = True  # a parked engine idle past deep_park_after_s parks deeper (level 2)
     engine_layout: bool = False  # its preload publishes the engine's layout (per rank), not the checkpoint's
+    keeps_standbys: bool = False  # its starts go through warm standbys (``standby/handoff.py``)
 
     def ranks_of(self, args: Sequence[str]) -> int:
         """The tensor parallelism its ``args`` ask for (ValueError where they are malformed)."""
@@ -176,4 +177,5 @@ def _sleep_mode(m: Spec, parks: bool) -> list[str]:
 
 # parked: vLLM 1,898-1,912 MiB (context 0.6 GiB, graphs 1.0), the embedded engine 712-892 MiB
 KINDS: dict[str, EngineKind] = {"hotweights": EngineKind("hotweights", 900),
-                                "vllm": VllmKind("vllm", 1950, deepens_when_idle=False, engine_layout=True)}
+                                "vllm": VllmKind("vllm", 1950, deepens_when_idle=False, engine_layout=True,
+                                                 keeps_standbys=True)}
