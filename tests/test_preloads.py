@@ -50,11 +50,13 @@ class SlowPreload(FakeEngine):
     def cached_already(self) -> PreloadOutcome | None:
         return PreloadOutcome("already") if self.already else None
 
+    preload_s = PRELOAD_S
+
     def preload(self) -> PreloadOutcome:
         began = time.monotonic()
         running = [s for s in self.spans if s[2] == 0.0]
         self.spans.append((self.name, began, 0.0))
-        time.sleep(PRELOAD_S)
+        time.sleep(self.preload_s)
         self.spans[self.spans.index((self.name, began, 0.0))] = (self.name, began, time.monotonic())
         return PreloadOutcome("failed", "out of memory") if self.beside_fails and running else PreloadOutcome("cached")
 
@@ -351,6 +353,31 @@ def test_starts_whose_kv_cache_is_pinned_go_together_beside_the_preloads(monkeyp
         assert loads["e"][0] < starts["a"][1], spans  # e's preload went beside a's start
         assert states(s) == {"a": "awake", "b": "parked", "c": "parked", "d": "parked", "e": "parked"}
         assert s.life.ready.is_set()
+        task.cancel()
+    asyncio.run(main())
+
+
+def test_a_model_whose_preload_ends_while_others_start_joins_their_starts(monkeypatch):
+    """On an H200 (ten 8B, KV caches pinned) the first model's cold start took 74.9 s, and the second, its preload
+    done 58 s before that start ended, waited for it: each batch of starts ran to its end before the next began. A
+    model whose preload ends meanwhile now starts at once beside them, within ``start_jobs`` and memory."""
+    from hotweights.switch import preloads
+
+    monkeypatch.setattr(preloads, "kind_need", lambda m: PINNED)
+    monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(400_000, 400_000)})
+
+    async def main():
+        s, engines, log, spans = switcher(["a", "b", "c"], jobs=3, start_jobs=2, totals={0: 400_000})
+        for e in engines.values():
+            e.need, e.delay_s = PINNED, PRELOAD_S
+        engines["a"].delay_s = 8 * PRELOAD_S  # a cold start
+        engines["b"].preload_s = engines["c"].preload_s = 2 * PRELOAD_S
+        task = await started(s)
+        starts = {n[6:]: (b, e) for n, b, e in spans if n.startswith("start ")}
+        assert starts["b"][0] < starts["a"][1] - 4 * PRELOAD_S, spans  # b joined a's start
+        assert starts["c"][0] >= starts["b"][1] - PRELOAD_S / 2, spans  # start_jobs = 2: c after b
+        assert overlapping(spans, "start ") == 2, spans
+        assert states(s) == {"a": "awake", "b": "parked", "c": "parked"}
         task.cancel()
     asyncio.run(main())
 

@@ -23,7 +23,9 @@ beside the peaks of those running and what the starts going on, or the one the s
 Start-up's starts (``startup_batch``): one at a time where a start profiles the GPU's memory (``GpuNeed.profiles``);
 where none does (vLLM with ``--kv-cache-memory-bytes``), up to ``start_jobs`` models whose preloads are done start
 together, as many as fit the GPU's memory all resident at once (an 8B vLLM start is ~20 s, most of it imports,
-torch.compile's cache and CUDA graphs: ten one after another are over three minutes).
+torch.compile's cache and CUDA graphs: ten one after another are over three minutes). A model whose preload ends
+while they start joins them (``joining``), on the same terms, unless requests wait for a model that has started:
+the switches they need go first.
 """
 
 from __future__ import annotations
@@ -199,9 +201,18 @@ def startup_batch(first: Model, models: Sequence[Model], totals: Mapping[int, in
     start-up order (``models``' order), up to ``jobs`` in all, each only where every GPU of its holds it and all
     those before it resident (``memory.over_mib``) beside the others as they are and the peaks of the preloads
     running (``preloading``: MiB per GPU). Just ``first`` otherwise."""
-    batch = [first]
     if first.started or first.engine.gpu_need().profiles:
-        return batch
+        return [first]
+    return [first, *joining([first], models, totals, jobs, preloaded, preloading)]
+
+
+def joining(starting: Sequence[Model], models: Sequence[Model], totals: Mapping[int, int], jobs: int,
+            preloaded: Callable[[Model], bool], preloading: Mapping[int, int]) -> list[Model]:
+    """The models whose starts join ``starting`` (start-up's starts going on, or about to): as ``startup_batch``
+    says, up to ``jobs`` starts in all; none where one of ``starting`` profiles the GPU's memory."""
+    if any(x.engine.gpu_need().profiles for x in starting):
+        return []
+    batch = list(starting)
     for m in models:
         if len(batch) >= jobs:
             break
@@ -212,7 +223,7 @@ def startup_batch(first: Model, models: Sequence[Model], totals: Mapping[int, in
         holders = [holder(x, S.STARTING if x in batch or x is m else None) for x in models]
         if all(over_mib(g, totals[g], holders) + preloading.get(g, 0) <= 0 for g in need.gpus if g in totals):
             batch.append(m)
-    return batch
+    return batch[len(starting):]
 
 
 def queued_preloads(models: Sequence[Model], p: Preloading) -> list[Model]:

@@ -29,11 +29,12 @@ from .engines import EngineError, EngineLike
 from .lifecycle import Lifecycle
 from .metrics import SwitchMetrics
 from .model import Model
-from .schedule import Room, retried, startup_batch, startup_next, startup_order, wanted
+from .schedule import Room, joining, retried, startup_batch, startup_next, startup_order, wanted
 from .states import SERVING, Failure, FailureKind, ModelState
 
 S = ModelState
 logger = logging.getLogger("hotweights.switch")
+JOIN_LOOK_S = 0.25  # while start-up's starts go on, whether a model whose preload ended may join them: this often
 
 
 class Switcher:
@@ -65,7 +66,7 @@ class Switcher:
                     if len(together) > 1:
                         logger.info("switch: starting %s together (no start profiles the GPU's memory)",
                                     ", ".join(x.name for x in together))
-                    await asyncio.gather(*(self._go(x, room) for x in together))
+                    await self._starts(together, room)
             if m is None:
                 try:
                     await asyncio.wait_for(kick.wait(), look)
@@ -88,6 +89,36 @@ class Switcher:
         if m.config is self.config.default or all(x.started and x.state is not S.STARTING
                                                   for x in self.models.values()):
             life.ready.set()
+
+    async def _starts(self, together: list[Model], room: Room) -> None:
+        """Start (or switch to) ``together``; a start-up's starts are joined by models whose preloads end meanwhile
+        (``schedule.joining``): on an H200 the second of ten 8B had its preload done 58 s before the first's cold
+        start ended, and waited for it."""
+        tasks = {asyncio.create_task(self._go(x, room)): x for x in together}
+        try:
+            while tasks:
+                done, _ = await asyncio.wait(tasks, timeout=JOIN_LOOK_S, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    del tasks[task]
+                for x in self._joining(list(tasks.values())):
+                    logger.info("switch: %s starts beside %s (its preload done; no start profiles the GPU's memory)",
+                                x.name, ", ".join(y.name for y in tasks.values()))
+                    tasks[asyncio.create_task(self._go(x, Room()))] = x
+        finally:  # the front stops: as gather did, what goes on is cancelled with it
+            for task in tasks:
+                task.cancel()
+
+    def _joining(self, starting: list[Model]) -> list[Model]:
+        """The models whose starts join ``starting`` now (``schedule.joining``): none where those are not start-up's
+        starts, or requests wait for a model that has started (the switch they need goes first)."""
+        life = self.life
+        if (not starting or any(x.state is not S.STARTING for x in starting) or self.config.start_jobs <= 1
+                or life.preloads is None
+                or any(x.started and x not in starting for x in wanted(self.models.values(), self.config))):
+            return []
+        order = startup_order(list(self.models.values()), self.models[self.config.default.name])
+        return joining(starting, order, life.totals, self.config.start_jobs, life.preloads.preloaded,
+                       life.preloads.peaks_mib(life.totals))
 
     def _startup_batch(self, m: Model) -> list[Model]:
         """``m`` and the models start-up starts beside it (``schedule.startup_batch``): only ``m`` unless it is a
