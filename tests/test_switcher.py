@@ -48,6 +48,9 @@ class FakeEngine:
     def preload(self) -> PreloadOutcome:
         return PreloadOutcome("cached")
 
+    def host_copy_after(self) -> str:
+        return ""  # its weights stay on the GPU (tests/test_preloads.py has a host copy that takes its time)
+
     def cached_already(self) -> PreloadOutcome | None:
         return None  # a preload runs (tests/test_preloads.py has models the keeper holds already)
 

@@ -54,6 +54,7 @@ class EngineLike(Protocol):
     def pids(self) -> list[int]: ...
     def alive(self) -> bool: ...
     def preload(self) -> PreloadOutcome: ...
+    def host_copy_after(self) -> str: ...
     def cached_already(self) -> PreloadOutcome | None: ...
     def start(self) -> float: ...
     def park(self, level: int) -> None: ...
@@ -116,8 +117,9 @@ class Engine:
         return self.kind.preload_command(self.model, self.parks)
 
     def preload(self, timeout_s: float = 1800.0) -> PreloadOutcome:
-        """The model's weights into the keeper (``hotweights preload`` starts a keeper when none runs), once; with
-        ``parked_weights = "host"``, their host copy too (``host_copy_after``)."""
+        """The model's weights into the keeper (``hotweights preload`` starts a keeper when none runs), once. Their
+        host copy (``parked_weights = "host"``) is the caller's next step (``preloads.preload_then_copy``): it
+        takes no GPU memory of a preload's, so the preloads' admission lets go of it first."""
         already = self.cached_already()
         if already is not None:
             return already
@@ -127,7 +129,7 @@ class Engine:
         except subprocess.TimeoutExpired:
             return PreloadOutcome("failed", f"the preload took over {timeout_s:.0f} s")
         if done.returncode == 0:
-            return PreloadOutcome("cached", self.host_copy_after())
+            return PreloadOutcome("cached")
         return PreloadOutcome("failed", one_line((done.stderr.strip().splitlines() or ["no output"])[-1], 200))
 
     def device_copy_off(self) -> str:

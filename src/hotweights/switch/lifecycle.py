@@ -18,7 +18,7 @@ from .config import ModelConfig, SwitchConfig
 from .engines import EngineError, EngineLike, WakeRefused
 from .metrics import SwitchMetrics
 from .model import Model, Switched
-from .preloads import Preloads
+from .preloads import Preloads, preload_then_copy
 from .schedule import Room, pick_victim, room_for, start_to_reserve_for, startup_order
 from .states import SERVING, TRANSITIONS, Failure, FailureKind, InvalidTransition, ModelState, WakeSource
 
@@ -114,7 +114,7 @@ class Lifecycle:
             if self.preloads is not None and m in self.preloads.models:
                 outcome, preloaded_s = await self.preloads.result(m)
             else:
-                outcome = await asyncio.to_thread(m.engine.preload)
+                outcome = await preload_then_copy(m)
                 preloaded_s = time.monotonic() - began
             m.cached = cached = str(outcome)
             stays = m.config is self.config.default or m.waiting > 0 or m.config.keep_awake

@@ -43,6 +43,18 @@ def kind_need(m: Model) -> GpuNeed:
     return m.engine.gpu_need()
 
 
+async def preload_then_copy(m: Model, ended: Callable[[], None] = lambda: None) -> PreloadOutcome:
+    """``m``'s preload, then (where its process ran) the host copy of a host-tier model's weights. ``ended`` is
+    called in between: the copy holds none of the GPU memory the preload was admitted for, and held inside the
+    preload's job it kept the next preloads out 17.5-18.3 s per host-tier model (H200, ten 8B)."""
+    said = await asyncio.to_thread(m.engine.preload)
+    ended()
+    if said.kind == "cached":  # "already": its bookkeeping, the host copy among it, is done (``cached_already``)
+        note = await asyncio.to_thread(m.engine.host_copy_after)
+        said = PreloadOutcome("cached", note) if note else said
+    return said
+
+
 @dataclass
 class Job:
     need: GpuNeed
@@ -63,6 +75,7 @@ class Preloads:
         self.done: dict[str, asyncio.Future[tuple[PreloadOutcome, float]]] = {}
         self.running: dict[str, Job] = {}
         self.failed_beside: set[str] = set()  # failed beside others: tried again with none running
+        self.copying: set[str] = set()  # preloaded, their host copy being made: out of the queue, no memory held
         self.wanted: list[str] = []  # a start waits for these
         self.starting: dict[str, GpuNeed] = {}  # engines that profile starting, or waiting to: no preload there
         self._look = asyncio.Event()
@@ -168,19 +181,25 @@ class Preloads:
         """The preloads now, as ``next_preload`` reads them."""
         return Preloading(self.jobs, {n: job.need for n, job in self.running.items()},
                           frozenset(n for n, f in self.done.items() if f.done()), tuple(self.wanted),
-                          tuple(self.starting.values()), frozenset(self.failed_beside))
+                          tuple(self.starting.values()), frozenset(self.failed_beside), frozenset(self.copying))
 
     async def _preload(self, m: Model) -> None:
         job = self.running[m.name]
         beside = len(self.running) - 1
         logger.info("switch: %s: preloading%s", m.name, f" beside {beside} other preload(s)" if beside else "")
+
+        def ended() -> None:
+            if self.running.pop(m.name, None) is not None:
+                self.copying.add(m.name)
+                self._look.set()
+
         try:
-            said = await asyncio.to_thread(m.engine.preload)
+            said = await preload_then_copy(m, ended)
         except Exception as exc:  # a preload that broke is a start without a cache, not a dead front
             said = PreloadOutcome("failed", f"{type(exc).__name__}: {exc}")
         finally:
-            del self.running[m.name]
-            self._look.set()
+            ended()
+            self.copying.discard(m.name)
         seconds = time.monotonic() - job.began
         if said.failed and job.beside and m.name not in self.failed_beside:
             logger.warning("switch: %s: its preload failed beside others (%s); trying again alone", m.name, said)

@@ -24,8 +24,8 @@ Start-up's starts (``startup_batch``): one at a time where a start profiles the 
 where none does (vLLM with ``--kv-cache-memory-bytes``), up to ``start_jobs`` models whose preloads are done start
 together, as many as fit the GPU's memory all resident at once (an 8B vLLM start is ~20 s, most of it imports,
 torch.compile's cache and CUDA graphs: ten one after another are over three minutes). A model whose preload ends
-while they start joins them (``joining``), on the same terms, unless requests wait for a model that has started:
-the switches they need go first.
+while they start joins them (``joining``), on the same terms, once the front's first engine is up (the first start
+compiles), unless requests wait for a model that has started: the switches they need go first.
 """
 
 from __future__ import annotations
@@ -192,6 +192,7 @@ class Preloading:
     wanted: tuple[str, ...] = ()  # a start waits for these
     starting: tuple[GpuNeed, ...] = ()  # engines starting: no preload begins on their GPUs
     failed_beside: frozenset[str] = frozenset()  # failed beside others: tried again with none running
+    copying: frozenset[str] = frozenset()  # preloaded, their host copy being made (no GPU memory of a preload's)
 
 
 def startup_batch(first: Model, models: Sequence[Model], totals: Mapping[int, int], jobs: int,
@@ -229,7 +230,7 @@ def joining(starting: Sequence[Model], models: Sequence[Model], totals: Mapping[
 def queued_preloads(models: Sequence[Model], p: Preloading) -> list[Model]:
     """Models whose preload has not begun, the next first: one a start waits for, one a request waits for, then
     start-up order (``models``' order)."""
-    left = [m for m in models if m.name not in p.running and m.name not in p.done]
+    left = [m for m in models if m.name not in p.running and m.name not in p.done and m.name not in p.copying]
     return sorted(left, key=lambda m: (m.name not in p.wanted, not m.waiting, models.index(m)))
 
 
@@ -248,7 +249,8 @@ def next_preload(models: Sequence[Model], p: Preloading, need: Callable[[Model],
     m, own = queued[0], need(queued[0])
     if (m.name in p.failed_beside and p.running) or any(set(o.gpus) & set(own.gpus) for o in p.starting):
         return None
-    if m.name not in p.wanted and any(not x.started and x.config.start == "eager" and x.name in p.done
+    preloaded = p.done | p.copying  # a host copy after a preload holds its start back, not the rule
+    if m.name not in p.wanted and any(not x.started and x.config.start == "eager" and x.name in preloaded
                                       and need(x).profiles and set(need(x).gpus) & set(own.gpus) for x in models):
         return None
     fits = all(preload_fits(m, own, g, memory[g], p, need, reserve_for) for g in own.gpus if g in memory)
