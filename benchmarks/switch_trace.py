@@ -379,9 +379,31 @@ def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock:
     finally:
         front.send_signal(signal.SIGINT)
         front.wait(120)
-    result["switch_lines"] = [x.split("switch: ", 1)[1] for x in log.read_text().splitlines()
+    text = log.read_text()
+    result["switch_lines"] = [x.split("switch: ", 1)[1] for x in text.splitlines()
                               if re.search(r"switch: \S+ (awake in|ready in|leaves for)", x)][:60]
+    result["startup_timeline"] = startup_timeline(text)
     return result
+
+
+STARTUP_RE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ \S+ switch: (.*(?:preloading|ready in|together|"
+                        r"starts beside|unavailable|host copy|GPU copy|starting again).*)$")
+
+
+def startup_timeline(log: str) -> list[str]:
+    """The front's start-up as ``+SECONDS what`` (since its first line): the preloads begun, the batches, the starts
+    that joined, the host and GPU copies, each model's ready line, and any start again later (the first 80 such
+    lines). The fill is read from it, not pieced together from the log by hand."""
+    import datetime
+
+    def at(stamp: str) -> float:
+        return datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+    lines = log.splitlines()
+    first = next((m.group(1) for x in lines if (m := re.match(r"^(\S+ \S+,\d{3}) ", x))), None)
+    if first is None:
+        return []
+    return [f"+{at(m.group(1)) - at(first):.1f} s {m.group(2)}" for x in lines if (m := STARTUP_RE.match(x))][:80]
 
 
 FIGURES = ("goodput_rps", "slo_attainment", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",

@@ -55,6 +55,8 @@ def test_under_load_the_default_front_serves_as_static_partitioning_does_and_nev
     # the benchmark's medians: 1.26 of static (a saturated 2-core box, both noisy): one run here, a looser bound
     assert park["goodput_rps"] >= 0.8 * static["goodput_rps"], (park["goodput_rps"], static["goodput_rps"])
     assert result["park"]["roll_call"]["answered"] == 3  # every model, once more after it
+    timeline = result["park"]["startup_timeline"]  # the fill, read from the front's log: one ready line per model
+    assert sum(" ready in " in x for x in timeline) == 3 and all(x.startswith("+") for x in timeline), timeline
     if before:
         old = result["before"]["rates"][RATE]["runs"][0]
         assert old["goodput_rps"] < park["goodput_rps"], (old["goodput_rps"], park["goodput_rps"])
