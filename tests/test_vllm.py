@@ -76,6 +76,19 @@ def test_baseline_cold_warm_preload_and_stream_answer_identically(vllm_model, so
         wait_for_standby(socket_dir)
         answers.append(warm("after_preload_engine_vllm", launcher=True))
 
+        # the next preload runs vLLM's loader in the standby that start left (vLLM imported already)
+        assert run_cli("release", "--all", "--socket-dir", sock).returncode == 0
+        wait_for_standby(socket_dir)
+        again = run_cli("preload", "--engine", "vllm", "--model", str(vllm_model), "--dtype", "bfloat16",
+                        "--socket-dir", sock, "--vllm-python", VLLM_PYTHON, "--vllm-arg=--enforce-eager",
+                        "--vllm-arg=--max-model-len=256", "--json",
+                        env={"VLLM_CPU_KVCACHE_SPACE": "1", **ENGINE_IN_PROCESS}, timeout=400)
+        assert again.returncode == 0, again.stderr
+        assert [r["num_tensors"] for r in json.loads(again.stdout)["published"]] == [52]
+        again_log = (socket_dir / "vllm-preload-small.log").read_text()
+        assert evidence.STANDBY_USED_RE.search(again_log) and "Published 52 tensors" in again_log, again_log[-3000:]
+        answers.append(warm("after_preload_from_a_standby", launcher=True))  # the one it prepared at once
+
         assert run_cli("release", "--all", "--socket-dir", sock).returncode == 0
         preloaded = run_cli("preload", "--model", str(vllm_model), "--dtype", "bfloat16", "--socket-dir", sock)
         assert preloaded.returncode == 0, preloaded.stderr

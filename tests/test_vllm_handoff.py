@@ -209,6 +209,35 @@ def test_sigterm_to_the_launcher_reaches_the_server_and_a_killed_launcher_takes_
 
 
 @pytest.mark.slow
+def test_a_module_run_from_a_standby_leaves_a_stale_one_in_place_and_prepares_the_next(socket_dir, work):
+    """``python -m hotweights.engines.vllm.launcher --socket-dir D MODULE ARGS`` (the preload's loader): from a
+    standby where one fits, exiting with the module's code, the next standby prepared at once; where the standby
+    is for another environment (a start's), it is left in place and the module runs here."""
+    def run() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "hotweights.engines.vllm.launcher", "--socket-dir",
+                               str(socket_dir), "probe_server", "--x"], cwd=work, text=True, capture_output=True,
+                              timeout=120, env={**os.environ, "HOTWEIGHTS_STANDBY_IMPORT": "now"})
+
+    try:
+        stale = start_standby(socket_dir, {"VLLM_PROBE_KNOB": "1"})
+        done = run()
+        assert done.returncode == 7 and "argv ['--x']" in done.stdout, (done.stdout, done.stderr)
+        assert "a standby for another environment (env VLLM_PROBE_KNOB" in done.stderr, done.stderr
+        assert stale.poll() is None  # left for the starts it was made for
+        handoff.stop(SPEC, socket_dir)
+        stale.wait(30)
+        start_standby(socket_dir)
+        done = run()
+        assert done.returncode == 7 and "Started vLLM from a warm standby" in done.stderr, done.stderr
+        deadline = time.monotonic() + 60
+        while not handoff.status(SPEC, socket_dir)["ready"]:  # the next one, prepared as it was taken
+            assert time.monotonic() < deadline, "no standby was prepared after the hand-over"
+            time.sleep(0.2)
+    finally:
+        handoff.stop(SPEC, socket_dir)
+
+
+@pytest.mark.slow
 def test_a_standby_made_under_another_environment_is_refused_and_retired(socket_dir, work):
     standby = start_standby(socket_dir, {"VLLM_PROBE_KNOB": "1"})
     launcher = launch(socket_dir, work)

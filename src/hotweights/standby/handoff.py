@@ -228,15 +228,18 @@ def imports_at_once(environ: dict[str, str]) -> bool:
 
 
 def hand_over(engine: EngineSpec, directory: Path, module: str, args: list[str], env: dict[str, str], *,
-              connect_timeout_s: float = 1.0, reply_timeout_s: float = 10.0) -> Server:
+              connect_timeout_s: float = 1.0, reply_timeout_s: float = 10.0, retire_stale: bool = True) -> Server:
     """Give the start (``python -m MODULE ARGS`` with ``env``, this cwd and stdio) to a standby of this
     engine and interpreter (``places``: a ready one first, then one importing); StandbyUnusable says why not
-    (the first place's reason). Nothing has started when it raises."""
+    (the first place's reason). Nothing has started when it raises. A standby whose fingerprint differs is
+    retired, unless ``retire_stale`` is False (a caller that is not a start, whose environment may differ from
+    the starts' for which the standby is right: the preload's loader)."""
     reasons: list[StandbyUnusable] = []
     for place in _places_in_order(engine, directory, places(env)):
         try:
             with _claimed(engine, directory, place):
-                return _hand_over(engine, directory, module, args, env, connect_timeout_s, reply_timeout_s, place)
+                return _hand_over(engine, directory, module, args, env, connect_timeout_s, reply_timeout_s, place,
+                                  retire_stale)
         except StandbyUnusable as exc:
             reasons.append(exc)
     raise reasons[0]
@@ -253,11 +256,13 @@ def _places_in_order(engine: EngineSpec, directory: Path, count: int) -> list[in
 
 
 def _hand_over(engine: EngineSpec, directory: Path, module: str, args: list[str], env: dict[str, str],
-               connect_timeout_s: float, reply_timeout_s: float, place: int) -> Server:
+               connect_timeout_s: float, reply_timeout_s: float, place: int, retire_stale: bool) -> Server:
     sock, ready, changed = _hello(engine, directory, connect_timeout_s, reply_timeout_s, place)
     with _unusable_on_failure(sock, "standby failed the hand-off"):
         unsafe = ("CUDA is initialized in it" if ready.cuda_initialized else
                   f"it runs {ready.threads} Python threads" if ready.threads != 1 else "")
+        if changed and not retire_stale and not unsafe:
+            raise StandbyUnusable(f"a standby for another environment ({'; '.join(changed[:4])}); left in place")
         if changed or unsafe:
             send(sock, Stop())  # retire it, and wait until it has let go of its lock: the launcher prepares one
             with contextlib.suppress(OSError):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
 from ... import evidence
 from ...argv import Option
@@ -64,6 +65,36 @@ def run(start: VllmStart, *, park: int = 0, park_idle_s: float = 3600.0) -> int:
     return 1  # not reached
 
 
+def run_module(directory: Path, module: str, args: list[str]) -> int:
+    """``python -m MODULE ARGS`` in a warm standby of this interpreter where one fits (vLLM imported already), else in
+    this process (exec); its exit code. The preload's loader runs so (``preload._publish_only``): each loader-alone
+    preload of an 8B imported vLLM itself (23-29 s a preload on an H200, beside the starts), though a standby waited
+    with vLLM imported. The standby taken, the next one is prepared at once, for the starts."""
+    environ = dict(os.environ)
+    if handoff.enabled(environ):
+        try:
+            server = handoff.hand_over(SPEC, directory, module, args, environ, retire_stale=False)
+        except handoff.StandbyUnusable as exc:
+            logger.info(evidence.standby_unused(str(exc)))
+        else:
+            logger.info(evidence.standby_used(server.pid, server.imports_s))
+            handoff.prepare(SPEC, directory, environ)
+            return server.wait()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", module, *args])
+    return 1  # not reached
+
+
+def main(argv: list[str]) -> int:
+    """``python -m hotweights.engines.vllm.launcher --socket-dir D MODULE ARGS...``: ``run_module``."""
+    if len(argv) < 3 or argv[0] != "--socket-dir":
+        print("usage: python -m hotweights.engines.vllm.launcher --socket-dir D MODULE [ARGS...]", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run_module(Path(argv[1]), argv[2], argv[3:])
+
+
 def explicit_log_error_stack(args: list[str], env: dict[str, str]) -> list[str]:
     """``args`` with vLLM's ``--log-error-stack`` made explicit: its default is ``VLLM_SERVER_DEV_MODE`` read
     when vLLM is imported, which for a standby start was the standby's environment, not this start's
@@ -95,3 +126,7 @@ def _run_parked(start: VllmStart, cmd: list[str], env: dict[str, str], level: in
     fingerprint = parked.start_fingerprint("vllm", {"argv": list(start.argv)}, SPEC.packages, SPEC.env_prefixes)
     return front.run_front(start.socket_dir, "vllm", fingerprint, url, cmd, {**env, "VLLM_SERVER_DEV_MODE": "1"},
                             level, idle_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -97,7 +97,9 @@ def _publish_only(model: str, dtype: str, paths: DaemonPaths, python: str, extra
     log = log_dir / f"{label}.log"
     rotate_log(log, keep_bytes=0)  # the run before's as .log.1, as the whole start's
     extra = {"publish": True, "layout": "engine", "socket_dir": str(paths.directory)}
-    cmd = [python, "-m", "hotweights.engines.vllm.publish", "--model", model, "--dtype", dtype,
+    # from a warm standby where one fits (``launcher.run_module``): vLLM imported already
+    cmd = [python, "-m", "hotweights.engines.vllm.launcher", "--socket-dir", str(paths.directory),
+           "hotweights.engines.vllm.publish", "--model", model, "--dtype", dtype,
            "--load-format", "hotweights", "--model-loader-extra-config", json.dumps(extra), *extra_args]
     start = time.monotonic()
     before = {row.key: row.num_attaches for row in _engine_rows(paths, Path(model).name, 1)}
