@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from test_switcher import FakeEngine, started, states
+from test_switcher import FakeEngine, request, started, states
 
 from hotweights.switch.config import ModelConfig, SwitchConfig
 from hotweights.switch.gpus import GpuMemory, gpu_memory
@@ -406,6 +406,35 @@ def test_a_model_whose_preload_ends_while_others_start_joins_their_starts(monkey
         assert starts["d"][0] < starts["b"][1], spans
         assert overlapping(spans, "start ") == 2, spans
         assert states(s) == {"a": "awake", "b": "parked", "c": "parked", "d": "parked"}
+        task.cancel()
+    asyncio.run(main())
+
+
+def test_no_start_joins_while_a_request_waits_for_a_model_that_has_started(monkeypatch):
+    """A request for a parked model waits for the starts going on to end (they hold the switch); a start joining them
+    meanwhile would make it wait longer still. Its switch goes first, then the start-up's next start."""
+    from hotweights.switch import preloads
+
+    monkeypatch.setattr(preloads, "kind_need", lambda m: PINNED)
+    monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(400_000, 400_000)})
+
+    async def main():
+        s, engines, log, spans = switcher(["a", "b", "c", "d"], jobs=4, start_jobs=2, totals={0: 400_000})
+        for e in engines.values():
+            e.need, e.delay_s = PINNED, PRELOAD_S / 4
+        engines["b"].preload_s = engines["c"].preload_s = PRELOAD_S / 2
+        engines["c"].delay_s = 8 * PRELOAD_S  # b and c start together after a; c's start is slow
+        engines["d"].preload_s = 5 * PRELOAD_S  # it ends during c's start
+        task = asyncio.create_task(s.run())
+        while "park b" not in log:
+            await asyncio.sleep(0.002)
+        asking = asyncio.create_task(request(s, "b"))  # b has started and parked: a request waits for it
+        await asking
+        while not all(m.started for m in s.models.values()) or s.life.busy.locked():
+            await asyncio.sleep(0.002)
+        starts = {n[6:]: (b, e) for n, b, e in spans if n.startswith("start ")}
+        assert starts["d"][0] >= starts["c"][1], spans  # d did not join c's start
+        assert log.index("wake b") < log.index("start d"), log  # b's switch first
         task.cancel()
     asyncio.run(main())
 
