@@ -333,6 +333,7 @@ def test_starts_begun_together_each_take_a_standby_of_their_own_where_several_ar
     finally:
         stopped = handoff.stop(SPEC, socket_dir)
     assert stopped == []  # nothing left to stop: both were handed over
+    assert not list(socket_dir.glob("*.note")), list(socket_dir.iterdir())  # each took its note with it
 
 
 def test_a_standby_changing_its_note_is_never_seen_without_its_pid_or_its_note(tmp_path):

@@ -111,6 +111,13 @@ def write_lock_note(lock: Path, *fields: str) -> None:
     os.rename(staged, note)
 
 
+def drop_lock_note(lock: Path) -> None:
+    """Remove the note of ``lock``'s holder: called by that holder only, while it holds the lock (so no next holder's
+    note is removed)."""
+    with contextlib.suppress(FileNotFoundError):
+        _note_path(lock).unlink()
+
+
 def lock_note(path: Path) -> list[str]:
     """The fields the holder of ``path``'s lock wrote (``write_lock_note``); [] when nobody holds it, or its
     holder has written none (a note left by an earlier holder is not its)."""

@@ -42,8 +42,8 @@ from pathlib import Path
 from ..errors import ProtocolError
 from ..observe import healthy
 from ..paths import ensure_socket_dir
-from ..unix import (peer_credentials, pid_alive, set_process_title, signal_group, stop_group, take_pid_lock,
-                    write_lock_note)
+from ..unix import (drop_lock_note, peer_credentials, pid_alive, set_process_title, signal_group, stop_group,
+                    take_pid_lock, write_lock_note)
 from ..wire import close_fds
 from .engine import EngineSpec, spec
 from .handoff import standby_paths
@@ -86,6 +86,7 @@ class Standby:
         if self.listener is not None:
             self.listener.close()
         if self.lock >= 0:
+            drop_lock_note(self.paths.lock)  # while it still holds the lock: the next holder writes its own
             os.close(self.lock)
             self.lock = -1
 
@@ -149,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915
         if standby.state is not State.HANDED_OVER:
             with contextlib.suppress(FileNotFoundError):
                 standby.paths.socket.unlink()
+            drop_lock_note(standby.paths.lock)  # it holds the lock until it exits
 
 
 def _take_a_place(engine: EngineSpec, directory: Path, count: int) -> Standby | None:
