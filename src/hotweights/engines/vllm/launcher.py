@@ -49,16 +49,30 @@ def run(start: VllmStart, *, park: int = 0, park_idle_s: float = 3600.0) -> int:
     if start.is_serve and handoff.enabled(environ):
         directory = start.socket_dir
         at_once = handoff.imports_at_once(environ)  # else the next standby imports once this start is ready
-        try:
-            server = handoff.hand_over(SPEC, directory, module, explicit_log_error_stack(args, env), env)
-        except handoff.StandbyUnusable as exc:
-            logger.info(evidence.standby_unused(str(exc)))
-        else:
-            logger.info(evidence.standby_used(server.pid, server.imports_s))
+        server = _handed_over(directory, module, explicit_log_error_stack(args, env), env)
+        if server is not None:
             handoff.prepare(SPEC, directory, environ, after=None if at_once else (server.pid, start.health_url))
             return server.wait()
         handoff.prepare(SPEC, directory, environ,  # this pid becomes vLLM
                         after=None if at_once else (os.getpid(), start.health_url))
+    return _exec(cmd, env)
+
+
+def _handed_over(directory: Path, module: str, args: list[str], env: dict[str, str],
+                 retire_stale: bool = True) -> handoff.Server | None:
+    """The server a standby started for ``python -m MODULE ARGS`` (``handoff.hand_over``), or None where none could;
+    the standby's line either way."""
+    try:
+        server = handoff.hand_over(SPEC, directory, module, args, env, retire_stale=retire_stale)
+    except handoff.StandbyUnusable as exc:
+        logger.info(evidence.standby_unused(str(exc)))
+        return None
+    logger.info(evidence.standby_used(server.pid, server.imports_s))
+    return server
+
+
+def _exec(cmd: list[str], env: dict[str, str]) -> int:
+    """This process becomes ``cmd`` (its output flushed first)."""
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(cmd[0], cmd, env)
@@ -72,18 +86,11 @@ def run_module(directory: Path, module: str, args: list[str]) -> int:
     with vLLM imported. The standby taken, the next one is prepared at once, for the starts."""
     environ = dict(os.environ)
     if handoff.enabled(environ):
-        try:
-            server = handoff.hand_over(SPEC, directory, module, args, environ, retire_stale=False)
-        except handoff.StandbyUnusable as exc:
-            logger.info(evidence.standby_unused(str(exc)))
-        else:
-            logger.info(evidence.standby_used(server.pid, server.imports_s))
+        server = _handed_over(directory, module, args, environ, retire_stale=False)
+        if server is not None:
             handoff.prepare(SPEC, directory, environ)
             return server.wait()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", module, *args])
-    return 1  # not reached
+    return _exec([sys.executable, "-m", module, *args], environ)
 
 
 def main(argv: list[str]) -> int:
