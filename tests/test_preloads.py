@@ -87,6 +87,15 @@ def switcher(names: list[str], jobs: int, start_jobs: int = 0, totals: dict[int,
     return Switcher(config, SwitchMetrics(), factory, totals), engines, log, spans
 
 
+def on_one_gpu(monkeypatch, need: GpuNeed, total_mib: int = 400_000, free_mib: int | None = None) -> None:
+    """Every model's preload needs ``need`` on GPU 0, whose memory reads ``total_mib`` (``free_mib`` of it free)."""
+    from hotweights.switch import preloads
+
+    monkeypatch.setattr(preloads, "kind_need", lambda m: need)
+    monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(total_mib, total_mib if free_mib is None
+                                                                      else free_mib)})
+
+
 def most_at_once(spans: list[tuple[str, float, float]]) -> int:
     preloads = [x for x in spans if not x[0].startswith(("start ", "copy "))]
     return max(sum(b <= t < e for _, b, e in preloads) for _, t, _ in preloads)
@@ -174,10 +183,7 @@ def test_a_start_whose_preload_is_done_goes_before_a_new_preload_on_its_gpu(monk
     """A start takes seconds and a vLLM preload minutes, and neither runs beside the other: a preload begun while
     a preloaded model waits its turn to start holds that start back a whole preload (on an H200, ten 8B: m7's
     18 s start waited 100 s behind m9's preload, begun while m6 parked)."""
-    from hotweights.switch import preloads
-
-    monkeypatch.setattr(preloads, "kind_need", lambda m: GpuNeed((0,), weights_mib=1))
-    monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(100_000, 100_000)})
+    on_one_gpu(monkeypatch, GpuNeed((0,), weights_mib=1), 100_000)
 
     async def main():
         slow_park = {"park_s": PRELOAD_S / 2}  # the window in which a preload was admitted
@@ -345,10 +351,7 @@ def test_starts_whose_kv_cache_is_pinned_go_together_beside_the_preloads(monkeyp
     """vLLM 0.26 skips its memory profile where --kv-cache-memory-bytes is given: such starts neither corrupt nor
     are corrupted by each other or a preload. On an H200 ten 8B took 581.6 s to serve, each ~20 s start alone and
     no preload beside it (gpu_load/fill_2026-12-04.json)."""
-    from hotweights.switch import preloads
-
-    monkeypatch.setattr(preloads, "kind_need", lambda m: PINNED)
-    monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(400_000, 400_000)})
+    on_one_gpu(monkeypatch, PINNED)
 
     async def main():
         names = ["a", "b", "c", "d", "e"]
@@ -387,10 +390,7 @@ def test_a_model_whose_preload_ends_while_others_start_joins_their_starts(monkey
     """On an H200 (ten 8B, KV caches pinned) each batch of start-up's starts ran to its end before the next began: a
     model whose preload was done waited for the slowest start of the batch before it. It now starts at once beside
     them, within ``start_jobs`` and memory, once the front's first engine is up (the first start compiles)."""
-    from hotweights.switch import preloads
-
-    monkeypatch.setattr(preloads, "kind_need", lambda m: PINNED)
-    monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(400_000, 400_000)})
+    on_one_gpu(monkeypatch, PINNED)
 
     async def main():
         s, engines, log, spans = switcher(["a", "b", "c", "d"], jobs=4, start_jobs=2, totals={0: 400_000})
@@ -413,10 +413,7 @@ def test_a_model_whose_preload_ends_while_others_start_joins_their_starts(monkey
 def test_no_start_joins_while_a_request_waits_for_a_model_that_has_started(monkeypatch):
     """A request for a parked model waits for the starts going on to end (they hold the switch); a start joining them
     meanwhile would make it wait longer still. Its switch goes first, then the start-up's next start."""
-    from hotweights.switch import preloads
-
-    monkeypatch.setattr(preloads, "kind_need", lambda m: PINNED)
-    monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(400_000, 400_000)})
+    on_one_gpu(monkeypatch, PINNED)
 
     async def main():
         s, engines, log, spans = switcher(["a", "b", "c", "d"], jobs=4, start_jobs=2, totals={0: 400_000})
@@ -442,10 +439,7 @@ def test_no_start_joins_while_a_request_waits_for_a_model_that_has_started(monke
 def test_no_start_joins_the_first_start_of_the_front(monkeypatch):
     """The first start compiles the engine's code (74.9 s for an 8B on an H200, against 16-37 s after it): a start
     beside it would compile too. Models whose preloads end during it wait for it."""
-    from hotweights.switch import preloads
-
-    monkeypatch.setattr(preloads, "kind_need", lambda m: PINNED)
-    monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(400_000, 400_000)})
+    on_one_gpu(monkeypatch, PINNED)
 
     async def main():
         s, engines, log, spans = switcher(["a", "b"], jobs=2, start_jobs=2, totals={0: 400_000})
@@ -464,10 +458,7 @@ def test_a_front_started_again_on_a_full_keeper_runs_no_preload_job_and_starts_i
     """Models the keeper holds already need no preload and no memory for one. Admitted as preloads, they waited one
     by one for room for a whole preload on a GPU the keeper's entries filled, behind the starts, so no start went
     beside another (H200, ten 8B, a front started again)."""
-    from hotweights.switch import preloads
-
-    monkeypatch.setattr(preloads, "kind_need", lambda m: PINNED)
-    monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(140_000, 20_000)})  # no room for a preload
+    on_one_gpu(monkeypatch, PINNED, 140_000, 20_000)  # no room for a preload
 
     async def main():
         names = ["a", "b", "c", "d"]
@@ -484,11 +475,8 @@ def test_a_front_started_again_on_a_full_keeper_runs_no_preload_job_and_starts_i
 
 
 def test_starts_that_profile_the_gpu_stay_one_at_a_time_whatever_start_jobs_says(monkeypatch):
-    from hotweights.switch import preloads
-
     need = GpuNeed((0,), share=0.17, weights_mib=15_000, parked_mib=1950)  # its KV cache from a profile
-    monkeypatch.setattr(preloads, "kind_need", lambda m: need)
-    monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(400_000, 400_000)})
+    on_one_gpu(monkeypatch, need)
 
     async def main():
         s, engines, _, spans = switcher(["a", "b", "c", "d"], jobs=4, start_jobs=4, totals={0: 400_000})

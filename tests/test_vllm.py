@@ -61,10 +61,7 @@ def test_baseline_cold_warm_preload_and_stream_answer_identically(vllm_model, so
         answers.append(warm("warm"))
 
         assert run_cli("release", "--all", "--socket-dir", sock).returncode == 0
-        pre = run_cli("preload", "--engine", "vllm", "--model", str(vllm_model), "--dtype", "bfloat16",
-                      "--socket-dir", sock, "--vllm-python", VLLM_PYTHON, "--vllm-arg=--enforce-eager",
-                      "--vllm-arg=--max-model-len=256", "--json",
-                      env={"VLLM_CPU_KVCACHE_SPACE": "1", **ENGINE_IN_PROCESS}, timeout=400)
+        pre = preload_engine_vllm(vllm_model, sock)
         assert pre.returncode == 0, pre.stderr
         assert [r["num_tensors"] for r in json.loads(pre.stdout)["published"]] == [52]
         assert json.loads(pre.stdout)["standby"] == "prepared"  # for the first start after it
@@ -79,10 +76,7 @@ def test_baseline_cold_warm_preload_and_stream_answer_identically(vllm_model, so
         # the next preload runs vLLM's loader in the standby that start left (vLLM imported already)
         assert run_cli("release", "--all", "--socket-dir", sock).returncode == 0
         wait_for_standby(socket_dir)
-        again = run_cli("preload", "--engine", "vllm", "--model", str(vllm_model), "--dtype", "bfloat16",
-                        "--socket-dir", sock, "--vllm-python", VLLM_PYTHON, "--vllm-arg=--enforce-eager",
-                        "--vllm-arg=--max-model-len=256", "--json",
-                        env={"VLLM_CPU_KVCACHE_SPACE": "1", **ENGINE_IN_PROCESS}, timeout=400)
+        again = preload_engine_vllm(vllm_model, sock)
         assert again.returncode == 0, again.stderr
         assert [r["num_tensors"] for r in json.loads(again.stdout)["published"]] == [52]
         again_log = (socket_dir / "vllm-preload-small.log").read_text()
@@ -103,6 +97,13 @@ def test_baseline_cold_warm_preload_and_stream_answer_identically(vllm_model, so
         run_cli("stop", "--socket-dir", sock)
         subprocess.run([VLLM_PYTHON, "-m", "hotweights", "standby", "--stop", "--socket-dir", sock],
                        capture_output=True, timeout=60)
+
+
+def preload_engine_vllm(model, sock: str) -> subprocess.CompletedProcess:
+    """``hotweights preload --engine vllm`` of the small model, eager, as the test's starts run it."""
+    return run_cli("preload", "--engine", "vllm", "--model", str(model), "--dtype", "bfloat16", "--socket-dir", sock,
+                   "--vllm-python", VLLM_PYTHON, "--vllm-arg=--enforce-eager", "--vllm-arg=--max-model-len=256",
+                   "--json", env={"VLLM_CPU_KVCACHE_SPACE": "1", **ENGINE_IN_PROCESS}, timeout=400)
 
 
 def wait_for_standby(sock, timeout_s: float = 240) -> None:
