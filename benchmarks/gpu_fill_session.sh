@@ -12,7 +12,9 @@
 #   one3 (not by default): three 8B on the GPU tier, one engine awake at a time (max_awake 1), at 1 and 2 req/s,
 #      without and with preempt (issue 52: a busy engine's requests paused and continued, measured on the GPU);
 #   3. while time is left, seven 8B all on the GPU tier at 0.1 req/s each, without and with preempt (does the box
-#      serve seven at >= 90%?).
+#      serve seven at >= 90%?), each engine also --max-num-seqs 32: vLLM then captures CUDA graphs for batches of up
+#      to 64 (11 sizes, not 51), which shrinks every parked engine's residue (1.9 GiB each in fill10's fit line) and
+#      each start's capture; at 0.1 req/s a model has a few requests at once at most.
 #   first call:  bash benchmarks/gpu_models_bg.sh /tmp/hw-models 10 8b     (while the next calls stage vLLM)
 #   then:        W=/tmp/hw-models OUT=DIR BUDGET_S=1400 [RUNS="fill3 fill10 seven"] bash benchmarks/gpu_fill_session.sh
 #                (RUNS: the runs to make, in this order; RUNS=fill3 needs only three models written)
@@ -57,7 +59,7 @@ if runs fill10; then
 fi
 if runs seven && [ "$(left)" -gt 420 ]; then
   cold
-  trace seven --models 7 "${TRACE[@]}" --engine-args "$TEN" --modes park,preempt --per-model-rate 0.1 \
+  trace seven --models 7 "${TRACE[@]}" --engine-args "$TEN --max-num-seqs 32" --modes park,preempt --per-model-rate 0.1 \
     --duration-s 60 --socket-dir "$SOCK"
 fi
 python3 -m hotweights stop --socket-dir "$SOCK" > /dev/null 2>&1
