@@ -5,6 +5,7 @@ Skipped without a GPU. Run on the GPU machine: PYTHONPATH=src pytest -m cuda tes
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -148,6 +149,8 @@ def test_a_deep_park_unmaps_and_maps_again_at_the_same_addresses_under_a_cuda_gr
     from hotweights.client import connect
     from hotweights.loading import resident
 
+    gc.collect()  # the entries earlier tests mapped in this process (a model's reference cycles) let go of
+    assert resident.mapped_bytes() == 0, [h.key.short for h in resident.held()]
     sock = str(daemon.paths.directory)
     assert run_cli("preload", "--model", str(models["small"]), "--device", "cuda", "--dtype", "float16",
                    "--socket-dir", sock).returncode == 0

@@ -7,6 +7,7 @@ Run: pytest tests/test_preload_attach.py
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -155,6 +156,27 @@ def test_copy_mode_owns_its_memory(models, daemon):
     name = "model.embed_tokens.weight"
     assert torch.equal(copy.tensors[name], zero.tensors[name])
     assert copy.tensors[name].data_ptr() != zero.tensors[name].data_ptr()
+
+
+def test_an_entry_attached_again_at_the_addresses_of_one_let_go_is_held_once(models, daemon):
+    """The kernel hands a new mapping the range a dropped one left: the dropped entry must not come back to
+    life with it, or a park would unmap the new one twice and a wake map it twice."""
+    from hotweights.loading import resident
+
+    sock = str(daemon.paths.directory)
+    preload(models["small"], dtype="float16", socket_dir=sock)
+    key = key_for(models["small"], "float16")
+    first = attach_tensors(key, AttachConfig(socket_dir=sock, fallback=False))
+    del first
+    gc.collect()
+    again = attach_tensors(key, AttachConfig(socket_dir=sock, fallback=False))
+    (held,) = [h for h in resident.held() if h.key == key]
+    w = again.tensors["model.embed_tokens.weight"]
+    expected = w.clone()
+    gc.collect()
+    assert resident.unmap_all() == held.manifest.nbytes
+    assert resident.map_again().source == "host"  # a CPU entry's bytes: the keeper's
+    assert torch.equal(w, expected) and [h for h in resident.held() if h.key == key] == [held]
 
 
 ENGINE = r"""

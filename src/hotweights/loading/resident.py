@@ -91,16 +91,28 @@ class Remapped:
 
 
 def record(key: CacheKey, manifest: Manifest, flat: list[torch.Tensor], config: AttachConfig) -> None:
-    """A zero-copy attach of ``key``: ``flat`` are its mapped pools, in manifest order."""
+    """A zero-copy attach of ``key``: ``flat`` are its mapped pools, in manifest order. An entry let go of
+    earlier whose address range the new one was given is dropped: it looks alive again at its old addresses."""
+    new = Held(key, manifest, [t.data_ptr() for t in flat], config)
     with _LOCK:
-        _HELD[:] = [h for h in _HELD if h.alive()]
-        _HELD.append(Held(key, manifest, [t.data_ptr() for t in flat], config))
+        _HELD[:] = [h for h in _HELD if h.alive() and not _overlap(h, new)]
+        _HELD.append(new)
+
+
+def _ranges(h: Held) -> list[tuple[int, int]]:
+    return [(a, a + spec.nbytes) for a, spec in zip(h.addresses, h.manifest.pools)]
+
+
+def _overlap(a: Held, b: Held) -> bool:
+    return any(lo < b_hi and b_lo < hi for lo, hi in _ranges(a) for b_lo, b_hi in _ranges(b))
 
 
 def held() -> list[Held]:
-    """The entries this process still maps (or keeps unmapped for a wake)."""
+    """The entries this process still maps (or keeps unmapped for a wake). Those let go of are forgotten
+    here, so that a later mapping at their addresses does not bring them back."""
     with _LOCK:
-        return [h for h in _HELD if h.alive()]
+        _HELD[:] = [h for h in _HELD if h.alive()]
+        return list(_HELD)
 
 
 def mapped_bytes() -> int:
