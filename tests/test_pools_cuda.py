@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -184,7 +185,7 @@ def test_a_deep_park_unmaps_and_maps_again_at_the_same_addresses_under_a_cuda_gr
         assert row.nbytes == 0 and row.host_nbytes == held.manifest.nbytes
         again = resident.map_again()
         assert again.source == "host" and again.host_bytes == held.manifest.nbytes and "GB/s" in again.rate()
-        assert held.pinned is None  # let go of once mapped again
+        assert held.pinned  # kept (the next test)
         (row,) = client.status().rows()
         assert row.nbytes == row.host_nbytes  # the wake published the entry back
     out.zero_()
@@ -193,6 +194,45 @@ def test_a_deep_park_unmaps_and_maps_again_at_the_same_addresses_under_a_cuda_gr
     # filled in place at the old address, and what it published is what the next engine maps
     again = attach_tensors(key, AttachConfig(socket_dir=sock, fallback=False))
     assert again.ok and torch.equal(again.tensors["model.layers.0.mlp.up_proj.weight"], w)
+
+
+def test_a_pinned_host_copy_stays_pinned_across_wakes_until_the_keeper_has_another(models, daemon):
+    """Letting go of 16 GiB of pinned pages while vLLM woke held its wake back, and the next deep park pins
+    them again: the pinning stays while the keeper's host copy is the same file, and goes once it is not."""
+    from hotweights.client import connect
+    from hotweights.loading import resident
+
+    gc.collect()
+    sock = str(daemon.paths.directory)
+    assert run_cli("preload", "--model", str(models["small"]), "--device", "cuda", "--dtype", "float16",
+                   "--socket-dir", sock).returncode == 0
+    key = gpu_key(models["small"], "float16")
+    got = attach_tensors(key, AttachConfig(socket_dir=sock, fallback=False))
+    w = got.tensors["model.layers.0.mlp.up_proj.weight"]
+    expected = w.clone()
+    (held,) = [h for h in resident.held() if h.key == key]
+    with connect(daemon.paths) as client:
+        assert resident.host_copy(client) == held.manifest.nbytes
+        pinned = None
+        for _ in range(2):  # two deep parks and wakes from the host copy: one pinning
+            assert resident.unmap_all() > 0
+            held.pinning.join()
+            assert held.pinned and (pinned is None or held.pinned is pinned)
+            pinned = held.pinned
+            client.release(key.short, tier="device")
+            assert resident.map_again().source == "host" and held.pinned is pinned
+            assert torch.equal(w, expected)
+        client.release(key.short, tier="host")  # the keeper's host copy made anew: the next park pins it
+        assert resident.host_copy(client) == held.manifest.nbytes
+        assert resident.unmap_all() > 0
+        held.pinning.join()
+        assert held.pinned and held.pinned is not pinned
+        for _ in range(100):  # the old one let go of, in a thread of its own
+            if all(p.host is None for p in pinned):
+                break
+            time.sleep(0.05)
+        assert all(p.host is None for p in pinned)
+        assert resident.map_again().source == "gpu" and torch.equal(w, expected)
 
 
 def test_a_wake_from_the_host_copy_uploads_every_byte_in_place_through_several_workers():

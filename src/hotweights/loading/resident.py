@@ -13,7 +13,11 @@ that captured a pointer into them, is valid again once ``map_again`` has mapped 
   so one key never stands for two copies): the source is ``host``. Where the host copy was there when the entry
   was unmapped, it was pinned then, in a thread (``upload.Pinned``: mapped shared, read-only, registered with
   CUDA; ~1 s per 16 GiB, off the wake's path), and the wake is one DMA from it; else the upload goes through
-  pinned stages. Either way the pinning is let go of once the entry is mapped again;
+  pinned stages. The pinning outlives the wake: letting go of 16 GiB of pinned pages while vLLM wakes held its
+  own wake back (0.03 s became 0.4-0.76 s on an H200), and the next deep park needs it again. Each deep park,
+  and each wake, checks that it is still the keeper's host copy (``upload.identity``); one that is not, or
+  that the keeper no longer has, is let go of then, so a host copy the keeper dropped stays alive in an engine
+  until that engine's next park or wake (or its stop) at most;
 - else ``WeightsGone``, and nothing was mapped: the caller stays parked and says what to do.
 
 ``host_copy`` makes the host copy of every entry this process maps, and ``promote`` the device copy of an entry
@@ -27,7 +31,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -94,9 +98,7 @@ def record(key: CacheKey, manifest: Manifest, flat: list[torch.Tensor], config: 
     """A zero-copy attach of ``key``: ``flat`` are its mapped pools, in manifest order. An entry let go of
     earlier whose address range the new one was given is dropped: it looks alive again at its old addresses."""
     new = Held(key, manifest, [t.data_ptr() for t in flat], config)
-    with _LOCK:
-        _HELD[:] = [h for h in _HELD if h.alive() and not _overlap(h, new)]
-        _HELD.append(new)
+    _keep(lambda h: h.alive() and not _overlap(h, new), new)
 
 
 def _ranges(h: Held) -> list[tuple[int, int]]:
@@ -110,9 +112,22 @@ def _overlap(a: Held, b: Held) -> bool:
 def held() -> list[Held]:
     """The entries this process still maps (or keeps unmapped for a wake). Those let go of are forgotten
     here, so that a later mapping at their addresses does not bring them back."""
+    return _keep(Held.alive)
+
+
+def _keep(alive: Callable[[Held], bool], new: Held | None = None) -> list[Held]:
+    """The held entries for which ``alive`` holds (and ``new``, added): the others are forgotten, and a host
+    copy pinned for one of them let go of."""
+    kept: list[Held] = []
+    gone: list[Held] = []
     with _LOCK:
-        _HELD[:] = [h for h in _HELD if h.alive()]
-        return list(_HELD)
+        for h in _HELD:
+            (kept if alive(h) else gone).append(h)
+        _HELD[:] = [*kept, new] if new is not None else kept
+        kept = list(_HELD)
+    for h in gone:
+        _unpin(h)
+    return kept
 
 
 def mapped_bytes() -> int:
@@ -145,14 +160,17 @@ def unmap_all() -> int:
 
 
 def _pin_ahead(h: Held, index: int) -> None:
-    """Pin ``h``'s host copy for its wake (``upload.Pinned``), or, where the keeper has none (or it cannot be
-    pinned), ready the upload's staging instead."""
+    """Pin ``h``'s host copy for its wake (``upload.Pinned``; kept where the one pinned before is still the
+    keeper's), or, where the keeper has none (or it cannot be pinned), ready the upload's staging instead."""
     import torch
 
     torch.cuda.set_device(index)
     began = time.perf_counter()
     try:
         with connect_for(h.config) as client, _attached(client, h, "host") as fds:
+            if fds is not None and _pinned_is(h, fds):
+                return
+            _unpin(h)
             if fds is not None:
                 pinned: list[upload.Pinned] = []
                 try:
@@ -172,9 +190,14 @@ def _pin_ahead(h: Held, index: int) -> None:
     upload.warm_stages(index)
 
 
+def _pinned_is(h: Held, fds: list[int]) -> bool:
+    """Whether ``h``'s pinned host copy is the one the keeper handed over now, as ``fds``."""
+    return h.pinned is not None and [p.identity for p in h.pinned] == [upload.identity(fd) for fd in fds]
+
+
 def _unpin(h: Held) -> None:
     """Let go of ``h``'s pinned host copy (unregistering 16 GiB takes a moment: in a thread, off the wake)."""
-    if h.pinning is not None:
+    if h.pinning is not None and h.pinning is not threading.current_thread():
         h.pinning.join()
         h.pinning = None
     pinned, h.pinned = h.pinned, None
@@ -215,11 +238,11 @@ def _map_again(h: Held) -> str:
             if copied is False and _from_entry(client, h):  # another engine brought it back first
                 return _source(h.manifest)
     except (HotweightsError, OSError) as exc:
+        _unpin(h)
         if isinstance(exc, WeightsGone):
             raise
         raise WeightsGone(f"cannot map {h.key.model} [{h.key.short}] again: {exc}") from None
-    finally:
-        _unpin(h)
+    _unpin(h)  # the keeper has no host copy left: the pinned one goes too
     raise WeightsGone(f"the keeper holds neither {h.key.model} [{h.key.short}] nor a host copy of it "
                       f"(released?): preload it again (hotweights preload) and wake this engine, or stop it")
 
@@ -264,6 +287,8 @@ def _from_host_copy(client: Client, h: Held) -> bool | None:
             return None
         device = backend(h.manifest.key.device)
         exported: list[int] = []
+        if h.pinned is not None and not _pinned_is(h, fds):
+            _unpin(h)  # pinned from a host copy the keeper has since replaced
         try:
             for i, (address, spec) in enumerate(zip(h.addresses, h.manifest.pools)):
                 cpu.check_size(fds[i], spec)  # read straight from the fd: no 16 GiB mapping to fault in and drop

@@ -71,6 +71,7 @@ class Pinned:
         import torch
 
         self.nbytes = nbytes
+        self.identity = identity(fd)
         self._map = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "not writable": it is only read
@@ -101,6 +102,13 @@ class Pinned:
             self._map.close()
         except BufferError:  # a view of it still lives: the mapping goes with it
             pass
+
+
+def identity(fd: int) -> tuple[int, int]:
+    """Which file ``fd`` is (device and inode): a host copy pinned earlier is the keeper's current one only if
+    the fd the keeper hands over now is the same file."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
 
 
 def _upload_range(src: torch.Tensor | int, dst: torch.Tensor, lo: int, hi: int) -> None:
