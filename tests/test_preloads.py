@@ -515,3 +515,33 @@ def test_the_starts_that_go_together_are_decided_from_memory_as_a_table():
     assert batch(room) == "a"  # a start again (after a failure): alone
     a.started, engines["a"].need = False, GpuNeed((0,), share=0.17, weights_mib=15_000)
     assert batch(room) == "a"  # a profiles the GPU: alone
+
+
+def test_fewer_sequences_per_vllm_engine_leave_room_for_two_host_tier_models_awake():
+    """Ten 8B on an H200 (six on the GPU tier, KV caches of 2 GiB): vLLM's CUDA graphs for batches of up to 512
+    stay on the GPU in every parked engine (1.9 GiB each, read there), so one host-tier model fits awake; with
+    ``--max-num-seqs 32`` its graphs are for batches of up to 64 (976 MiB parked, read there), and two fit."""
+    from hotweights.switch.fit import fits
+    from hotweights.switch.kinds import vllm_engine_mib
+    from hotweights.switch.memory import ACTIVATIONS_MIB
+
+    assert vllm_engine_mib([]) == (KINDS["vllm"].parked_mib, ACTIVATIONS_MIB)  # the defaults, as before
+    parked, activations = vllm_engine_mib(["--max-num-seqs", "32"])
+    assert 976 <= parked < 1400 and activations < ACTIVATIONS_MIB  # above what the H200 read, not far
+    assert vllm_engine_mib(["--max-num-seqs", "32", "--enforce-eager"])[0] < parked  # no graphs at all
+    assert vllm_engine_mib(["--max-num-seqs", "many"]) == vllm_engine_mib([])  # vLLM refuses it in its own words
+
+    def config(*extra: str) -> SwitchConfig:
+        args = ("--gpu-memory-utilization", "0.17", "--kv-cache-memory-bytes", "2G", *extra)
+        return SwitchConfig(tuple(ModelConfig(f"m{i}", Path(f"/m/m{i}"), "vllm", args,
+                                              parked_weights="host" if i >= 6 else "gpu") for i in range(10)))
+
+    def need(m: ModelConfig) -> GpuNeed:
+        parked, activations = vllm_engine_mib(m.args)
+        return GpuNeed((0,), 0.17, 15_626, kv_mib=2048, parked_mib=parked, engine_kv_mib=2048,
+                       activations_mib=activations)
+
+    h200 = {0: GpuMemory(143_771, 143_000)}
+    (default,) = fits(config(), need, h200)
+    (fewer,) = fits(config("--max-num-seqs", "32"), need, h200)
+    assert default.fit_awake == 1 and fewer.fit_awake == 2, (default.line(), fewer.line())

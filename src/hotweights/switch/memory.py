@@ -47,6 +47,7 @@ class GpuNeed:
     kv_mib: int = 0  # the KV cache its preload pins, or its arguments give (0: its engine sizes it from ``share``)
     parked_mib: int = 0  # what its engine keeps on the GPU while parked (context, CUDA graphs)
     engine_kv_mib: int = 0  # the KV cache its engine's arguments pin (0: sized from ``share``)
+    activations_mib: int = ACTIVATIONS_MIB  # its engine's activations beside a KV cache its arguments pin
 
     @property
     def profiles(self) -> bool:
@@ -72,7 +73,7 @@ class GpuNeed:
     def awake_mib(self, total_mib: int) -> int:
         """Its engine's own memory while it serves (its weights aside)."""
         if self.engine_kv_mib:
-            return self.engine_kv_mib + ACTIVATIONS_MIB + self.extra_mib + self.parked_mib
+            return self.engine_kv_mib + self.activations_mib + self.extra_mib + self.parked_mib
         return self.start_mib(total_mib) + self.parked_mib
 
 
