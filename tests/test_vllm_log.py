@@ -63,3 +63,51 @@ def test_the_facts_of_a_start_are_read_from_one_place():
                    "compiled": False, "compile_s": None, "mapped": True, "fallback": False}
     cpu = facts("INFO CPU KV cache size: 12,288 tokens\nCompiling a graph for dynamic shape\n")
     assert cpu["kv_cache_tokens"] == 12288 and cpu["compiled"] and cpu["weights_s"] is None
+
+
+def test_a_sampled_warm_up_names_what_took_the_time_after_graph_capture(caplog):
+    """``HOTWEIGHTS_PROFILE_START=1``'s sampler: the stacks after the last sample inside ``capture_model`` are the
+    post-capture ones, and the costliest is named with its seconds."""
+    import logging
+    import time
+
+    from hotweights.engines.vllm import startprofile
+
+    def capture_model() -> None:
+        time.sleep(0.5)
+
+    def sampler_warm_up() -> None:
+        time.sleep(1.0)
+
+    def compile_or_warm_up_model(worker: object) -> str:
+        capture_model()
+        sampler_warm_up()
+        return "times"
+
+    with caplog.at_level(logging.INFO, logger="hotweights.engines.vllm.startprofile"):
+        assert startprofile.sampled(compile_or_warm_up_model, object(), "m0") == "times"
+    (record,) = [r for r in caplog.records if "warm-up of m0" in r.getMessage()]
+    after, whole = record.getMessage().split("after graph capture, ")[1].split("the whole warm-up:")
+    seconds = float(after.split(" s:")[0])
+    assert 0.6 <= seconds <= 1.4 and "sampler_warm_up" in after.splitlines()[1], after
+    assert "capture_model" not in after and "capture_model" in whole
+
+
+def test_the_start_profile_hook_wraps_a_workers_warm_up_once(caplog):
+    import logging
+    import types
+
+    from hotweights.engines.vllm.patches import install_start_profile
+
+    class Worker:
+        vllm_config = types.SimpleNamespace(model_config=types.SimpleNamespace(served_model_name="m3"))
+
+        def compile_or_warm_up_model(self) -> int:
+            return 7
+
+    worker = types.ModuleType("worker")
+    worker.Worker = Worker  # type: ignore[attr-defined]
+    assert install_start_profile(worker) and not install_start_profile(worker)
+    with caplog.at_level(logging.INFO, logger="hotweights.engines.vllm.startprofile"):
+        assert Worker().compile_or_warm_up_model() == 7
+    assert any("vLLM's warm-up of m3" in r.getMessage() for r in caplog.records)

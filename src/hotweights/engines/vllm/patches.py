@@ -42,6 +42,10 @@ API server never imports the worker, so it should not pay for that import either
   ``HOTWEIGHTS_VLLM_COMPILE_KEY=path`` leaves vLLM's key alone. Needed by 0.26 and 0.32; can go when vLLM keys
   its compile cache by the model's configuration.
 
+- ``install_start_profile`` wraps ``Worker.compile_or_warm_up_model`` (``HOTWEIGHTS_PROFILE_START=1`` only, a
+  diagnostic) with ``startprofile.sampled``: its stacks sampled, the costliest logged. Why: 15-21 s pass after
+  graph capture in a cold box's first starts, and vLLM logs nothing there. Can go once that is understood.
+
 Not patches, though they run inside vLLM: ``register_model_loader`` (vLLM's own API) and
 ``preflight.check``, which exits the process at plugin load for a strict start that no
 entry can serve.
@@ -79,6 +83,10 @@ def install(*, gpu: bool) -> None:
     at once."""
     install_compile_key()
     hooks = [install_budget, install_heap_freeze, install_park] if gpu else [install_heap_freeze]
+    from . import startprofile
+
+    if startprofile.wanted():
+        hooks.append(install_start_profile)
     if WORKER in sys.modules:
         for hook in hooks:
             hook(sys.modules[WORKER])
@@ -176,6 +184,25 @@ def install_park(worker: ModuleType) -> bool:
     parked._hotweights = True  # type: ignore[attr-defined]
     worker.Worker.sleep, worker.Worker.wake_up = parked, woken
     _applied("Worker.sleep/wake_up park zero-copy weights (level 2 unmaps them at their addresses)")
+    return True
+
+
+def install_start_profile(worker: ModuleType) -> bool:
+    """Wrap ``Worker.compile_or_warm_up_model`` with ``startprofile.sampled``; True if done now."""
+    original = getattr(worker.Worker, "compile_or_warm_up_model", None)
+    if original is None or getattr(original, "_hotweights", False):
+        return False
+    from . import startprofile
+
+    @functools.wraps(original)
+    def warm_up(self: Any) -> Any:
+        config = getattr(self, "vllm_config", None)
+        name = getattr(getattr(config, "model_config", None), "served_model_name", None) or "the model"
+        return startprofile.sampled(original, self, str(name))
+
+    warm_up._hotweights = True  # type: ignore[attr-defined]
+    worker.Worker.compile_or_warm_up_model = warm_up
+    _applied("Worker.compile_or_warm_up_model sampled (HOTWEIGHTS_PROFILE_START=1)")
     return True
 
 
