@@ -6,22 +6,25 @@
 #   1. three 8B (the front's defaults, --gpu-memory-utilization 0.25): start-up until every model serves (target
 #      60 s), then 30 s at 2 req/s;
 #   2. ten 8B, six on the GPU tier and four in host memory, KV caches pinned to 2 GiB: start-up (target 180 s;
-#      1,014.6 s with the whole-start preloads, 581.6 s with the loader-alone ones, 2026-12-04), then per-model
-#      0.1 req/s for 60 s; then the same with preempt = true, its front started on the keeper the first one left
-#      (its start-up: issue 55's restart with every model cached);
+#      1,014.6 s with the whole-start preloads, 581.6 s with the loader-alone ones, 2026-12-04; 297.5 s on
+#      2026-12-05), then per-model 0.1 req/s for 60 s; then the same with preempt = true, its front started on the
+#      keeper the first one left (its start-up: issue 55's restart with every model cached); its engines' wakes
+#      profiled (HOTWEIGHTS_PROFILE_WAKE) and their warm-ups sampled (HOTWEIGHTS_PROFILE_START);
 #   one3 (not by default): three 8B on the GPU tier, one engine awake at a time (max_awake 1), at 1 and 2 req/s,
 #      without and with preempt (issue 52: a busy engine's requests paused and continued, measured on the GPU);
 #   3. while time is left, seven 8B all on the GPU tier at 0.1 req/s each, without and with preempt (does the box
-#      serve seven at >= 90%?), each engine also --max-num-seqs 32: vLLM then captures CUDA graphs for batches of up
-#      to 64 (11 sizes, not 51), which shrinks every parked engine's residue (1.9 GiB each in fill10's fit line) and
-#      each start's capture; at 0.1 req/s a model has a few requests at once at most.
+#      serve seven at >= 90%? it did on 2026-12-05: 100%).
+#   Every engine runs with --max-num-seqs 32 (since 2026-12-05; fill10 before that had vLLM's default): vLLM then
+#   captures CUDA graphs for batches of up to 64 (11 sizes, not 51), and a parked engine keeps 976 MiB on the GPU,
+#   not 1,902 (read there), so two host-tier models fit awake beside the rest, not one; at 0.1-0.5 req/s a model
+#   has a few requests at once at most.
 #   first call:  bash benchmarks/gpu_models_bg.sh /tmp/hw-models 10 8b     (while the next calls stage vLLM)
 #   then:        W=/tmp/hw-models OUT=DIR BUDGET_S=1400 [RUNS="fill3 fill10 seven"] bash benchmarks/gpu_fill_session.sh
 #                (RUNS: the runs to make, in this order; RUNS=fill3 needs only three models written)
 #   polls:       bash benchmarks/gpu_poll.sh DIR 540 /tmp/hw-models
 NO_POOLS_MODEL=1 source "$(dirname "$0")/gpu_session_start.sh"
 TRACE=(--engine vllm --link-shards --gen-device cuda --burst-size 0 --max-tokens 32,512)
-TEN="--max-model-len 4096 --gpu-memory-utilization 0.17 --kv-cache-memory-bytes 2G"
+TEN="--max-model-len 4096 --gpu-memory-utilization 0.17 --kv-cache-memory-bytes 2G --max-num-seqs 32"
 cold() {  # an empty keeper (a fresh socket directory) and no compile cache
   python3 -m hotweights stop --socket-dir "${SOCK:-/nonexistent}" > /dev/null 2>&1
   python3 -m hotweights standby --stop --socket-dir "${SOCK:-/nonexistent}" > /dev/null 2>&1  # the last preload's
@@ -53,13 +56,14 @@ fi
 if runs fill10; then
   cold
   export HOTWEIGHTS_PROFILE_WAKE=1  # vLLM's own wake_up profiled into the engines' logs (its slow mode)
+  export HOTWEIGHTS_PROFILE_START=1  # vLLM's warm-up sampled: what the 15-21 s after graph capture are
   trace fill10 --models 10 "${TRACE[@]}" --engine-args "$TEN" --modes mixed,mixed_preempt --gpu-tier 6 \
     --per-model-rate 0.1 --duration-s 60 --socket-dir "$SOCK"
-  unset HOTWEIGHTS_PROFILE_WAKE
+  unset HOTWEIGHTS_PROFILE_WAKE HOTWEIGHTS_PROFILE_START
 fi
 if runs seven && [ "$(left)" -gt 420 ]; then
   cold
-  trace seven --models 7 "${TRACE[@]}" --engine-args "$TEN --max-num-seqs 32" --modes park,preempt --per-model-rate 0.1 \
+  trace seven --models 7 "${TRACE[@]}" --engine-args "$TEN" --modes park,preempt --per-model-rate 0.1 \
     --duration-s 60 --socket-dir "$SOCK"
 fi
 python3 -m hotweights stop --socket-dir "$SOCK" > /dev/null 2>&1
