@@ -238,6 +238,26 @@ def test_a_module_run_from_a_standby_leaves_a_stale_one_in_place_and_prepares_th
 
 
 @pytest.mark.slow
+def test_a_module_run_where_no_standby_waits_prepares_one_beside_it(socket_dir, work):
+    """The first preloads of a cold box find no standby and run their loader themselves: one is prepared at once,
+    beside them, so that the start after the first preload finds it imported."""
+    launcher = subprocess.Popen([sys.executable, "-m", "hotweights.engines.vllm.launcher", "--socket-dir",
+                                 str(socket_dir), "probe_server", "--wait"], cwd=work, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert launcher.stdout.readline().startswith("argv ['--wait']")
+        deadline = time.monotonic() + 60
+        while not handoff.status(SPEC, socket_dir).get("ready"):  # while the module still runs
+            assert launcher.poll() is None and time.monotonic() < deadline, "no standby was prepared beside it"
+            time.sleep(0.2)
+        assert launcher.poll() is None
+    finally:
+        launcher.terminate()
+        launcher.wait(30)
+        handoff.stop(SPEC, socket_dir)
+
+
+@pytest.mark.slow
 def test_a_standby_made_under_another_environment_is_refused_and_retired(socket_dir, work):
     standby = start_standby(socket_dir, {"VLLM_PROBE_KNOB": "1"})
     launcher = launch(socket_dir, work)
