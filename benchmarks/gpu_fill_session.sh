@@ -7,13 +7,15 @@
 #      60 s), then 30 s at 2 req/s;
 #   2. ten 8B, six on the GPU tier and four in host memory, KV caches pinned to 2 GiB: start-up (target 180 s;
 #      1,014.6 s with the whole-start preloads, 581.6 s with the loader-alone ones, 2026-12-04; 297.5 s on
-#      2026-12-05), then per-model 0.1 req/s for 60 s; then the same with preempt = true, its front started on the
-#      keeper the first one left (its start-up: issue 55's restart with every model cached); its engines' wakes
-#      profiled (HOTWEIGHTS_PROFILE_WAKE) and their warm-ups sampled (HOTWEIGHTS_PROFILE_START);
+#      2026-12-05), then per-model 0.1 and 0.5 req/s for 60 s each; then the same with preempt = true, its front
+#      started on the keeper the first one left (its start-up: issue 55's restart with every model cached); its
+#      engines' wakes profiled (HOTWEIGHTS_PROFILE_WAKE) and their warm-ups sampled (HOTWEIGHTS_PROFILE_START);
 #   one3 (not by default): three 8B on the GPU tier, one engine awake at a time (max_awake 1), at 1 and 2 req/s,
 #      without and with preempt (issue 52: a busy engine's requests paused and continued, measured on the GPU);
 #   3. while time is left, seven 8B all on the GPU tier at 0.1 req/s each, without and with preempt (does the box
-#      serve seven at >= 90%? it did on 2026-12-05: 100%).
+#      serve seven at >= 90%? it did on 2026-12-05: 100%);
+#   eight (not by default): eight 8B, seven on the GPU tier and one in host memory, 0.1 req/s each, without and
+#      with preempt (the next step of "the most 8B models at >= 90%").
 #   Every engine runs with --max-num-seqs 32 (since 2026-12-05; fill10 before that had vLLM's default): vLLM then
 #   captures CUDA graphs for batches of up to 64 (11 sizes, not 51), and a parked engine keeps 976 MiB on the GPU,
 #   not 1,902 (read there), so two host-tier models fit awake beside the rest, not one; at 0.1-0.5 req/s a model
@@ -39,7 +41,7 @@ python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_publish.py tests/tes
 echo "pytest rc=$?" >> "$OUT/tests_cuda.txt"
 cd benchmarks
 step models
-need=3; runs seven && need=7; runs fill10 && need=10
+need=3; runs seven && need=7; runs eight && need=8; runs fill10 && need=10
 models_written $need || { step "models failed"; cp "$W/models.log" "$OUT/" 2>/dev/null; }
 if runs one3; then  # issue 52's preempt on the GPU: three 8B, one awake at a time, without and with preempt
   cold
@@ -58,13 +60,18 @@ if runs fill10; then
   export HOTWEIGHTS_PROFILE_WAKE=1  # vLLM's own wake_up profiled into the engines' logs (its slow mode)
   export HOTWEIGHTS_PROFILE_START=1  # vLLM's warm-up sampled: what the 15-21 s after graph capture are
   trace fill10 --models 10 "${TRACE[@]}" --engine-args "$TEN" --modes mixed,mixed_preempt --gpu-tier 6 \
-    --per-model-rate 0.1 --duration-s 60 --socket-dir "$SOCK"
+    --per-model-rate 0.1,0.5 --duration-s 60 --socket-dir "$SOCK"
   unset HOTWEIGHTS_PROFILE_WAKE HOTWEIGHTS_PROFILE_START
 fi
 if runs seven && [ "$(left)" -gt 420 ]; then
   cold
   trace seven --models 7 "${TRACE[@]}" --engine-args "$TEN" --modes park,preempt --per-model-rate 0.1 \
     --duration-s 60 --socket-dir "$SOCK"
+fi
+if runs eight && [ "$(left)" -gt 420 ]; then  # one more than seven: seven on the GPU tier, one in host memory
+  cold
+  trace eight --models 8 "${TRACE[@]}" --engine-args "$TEN" --modes mixed,mixed_preempt --gpu-tier 7 \
+    --per-model-rate 0.1 --duration-s 60 --socket-dir "$SOCK"
 fi
 python3 -m hotweights stop --socket-dir "$SOCK" > /dev/null 2>&1
 step done
