@@ -64,7 +64,8 @@ def test_baseline_cold_warm_preload_and_stream_answer_identically(vllm_model, so
         pre = preload_engine_vllm(vllm_model, sock)
         assert pre.returncode == 0, pre.stderr
         assert [r["num_tensors"] for r in json.loads(pre.stdout)["published"]] == [52]
-        assert json.loads(pre.stdout)["standby"] == "prepared"  # for the first start after it
+        # for the first start after it: prepared as its loader began, none being there, so in place as it ends
+        assert json.loads(pre.stdout)["standby"] == "ready"
         # vLLM's loader ran without a vLLM start (publish.py): no server, no KV cache, nothing compiled
         assert not json.loads(pre.stdout)["started_up"]
         preload_log = (socket_dir / "vllm-preload-small.log").read_text()
