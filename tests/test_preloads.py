@@ -521,7 +521,7 @@ def test_fewer_sequences_per_vllm_engine_leave_room_for_two_host_tier_models_awa
     """Ten 8B on an H200 (six on the GPU tier, KV caches of 2 GiB): vLLM's CUDA graphs for batches of up to 512
     stay on the GPU in every parked engine (1.9 GiB each, read there), so one host-tier model fits awake; with
     ``--max-num-seqs 32`` its graphs are for batches of up to 64 (976 MiB parked, read there), and two fit."""
-    from hotweights.switch.fit import fits
+    from hotweights.switch.fit import fits, say_fit, with_fewer_seqs
     from hotweights.switch.kinds import vllm_engine_mib
     from hotweights.switch.memory import ACTIVATIONS_MIB
 
@@ -545,3 +545,11 @@ def test_fewer_sequences_per_vllm_engine_leave_room_for_two_host_tier_models_awa
     (default,) = fits(config(), need, h200)
     (fewer,) = fits(config("--max-num-seqs", "32"), need, h200)
     assert default.fit_awake == 1 and fewer.fit_awake == 2, (default.line(), fewer.line())
+    # the start-up line says so, where the vLLM models' args leave vLLM's defaults
+    (said,) = say_fit(config(), need, lambda: h200)
+    assert said.line().endswith("1 of 10 fit awake at once (2 with --max-num-seqs 32 in each vLLM model's args: "
+                                "its CUDA graphs, which stay on the GPU while it is parked, then cover batches of "
+                                "up to 64)"), said.line()
+    (set_already,) = say_fit(config("--max-num-seqs", "32"), need, lambda: h200)
+    assert set_already.line().endswith("2 of 10 fit awake at once")
+    assert with_fewer_seqs(config("--enforce-eager")) is None

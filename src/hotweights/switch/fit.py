@@ -11,14 +11,18 @@ promise; torch-free.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from .config import ModelConfig, SwitchConfig
 from .gpus import GpuMemory
+from .kinds import EAGER, MAX_SEQS
 from .memory import RESERVE_MIB, GpuNeed, Holder, held_mib
 from .states import ModelState
+
+FEWER_SEQS = ("--max-num-seqs", "32")  # what the hint suggests: measured on an H200 (fill10_seven_2026-12-05.json)
 
 logger = logging.getLogger("hotweights.switch")
 
@@ -35,6 +39,7 @@ class GpuFit:
     parked: int
     models: int = 0  # on this GPU
     fit_awake: int = 0  # how many of them fit awake at once (the costliest first)
+    fewer_seqs_awake: int = 0  # as many, with FEWER_SEQS in each vLLM model's args (0: not said)
 
     @property
     def need_mib(self) -> int:
@@ -46,6 +51,9 @@ class GpuFit:
                 f"({self.kept} model(s)' weights kept on it {self.kept_mib / gib:.1f} GiB, {self.awake} awake "
                 f"{self.awake_mib / gib:.1f} GiB, {self.parked} parked about {self.parked_mib / gib:.1f} GiB); "
                 f"{self.fit_awake} of {self.models} fit awake at once")
+        if self.fewer_seqs_awake > self.fit_awake:
+            what += (f" ({self.fewer_seqs_awake} with {' '.join(FEWER_SEQS)} in each vLLM model's args: its CUDA "
+                     f"graphs, which stay on the GPU while it is parked, then cover batches of up to 64)")
         if self.need_mib <= self.total_mib:
             return what
         return (f"{what}: does not fit, and a start or wake that finds too little free fails or waits: keep fewer "
@@ -67,7 +75,7 @@ def _fit(config: SwitchConfig, needs: dict[str, GpuNeed], gpu: int, total_mib: i
     def holder(m: ModelConfig, state: ModelState) -> Holder:
         n = needs[m.name]
         if not config.parking:  # a park stops the engine: nothing stays behind it
-            n = GpuNeed(n.gpus, n.share, n.weights_mib, n.extra_mib, n.kv_mib, 0, n.engine_kv_mib)
+            n = dataclasses.replace(n, parked_mib=0)
         return Holder(n, state, m.parked_weights == "gpu" or not config.parking)
 
     def cost(m: ModelConfig) -> int:  # what waking it adds
@@ -95,11 +103,28 @@ def _fit(config: SwitchConfig, needs: dict[str, GpuNeed], gpu: int, total_mib: i
                   len(parked), len(on), fit_awake)
 
 
+def with_fewer_seqs(config: SwitchConfig) -> SwitchConfig | None:
+    """``config`` with ``FEWER_SEQS`` in the args of each vLLM model that sets neither ``--max-num-seqs`` nor
+    ``--enforce-eager``; None where there is none such."""
+    changed = [m.engine == "vllm" and not MAX_SEQS.present(m.args) and not EAGER.present(m.args)
+               for m in config.models]
+    if not any(changed):
+        return None
+    models = tuple(dataclasses.replace(m, args=(*m.args, *FEWER_SEQS)) if c else m
+                   for m, c in zip(config.models, changed))
+    return dataclasses.replace(config, models=models)
+
+
 def say_fit(config: SwitchConfig, need: Callable[[ModelConfig], GpuNeed],
             memory: Callable[[], dict[int, GpuMemory]]) -> list[GpuFit]:
-    """Log each GPU's worst moment (a warning where it does not fit); nothing where no GPU is seen."""
+    """Log each GPU's worst moment (a warning where it does not fit); nothing where no GPU is seen. Where more
+    would fit awake with ``FEWER_SEQS`` in the vLLM models' args, the line says how many."""
     seen = memory()
     found = fits(config, need, seen) if seen else []
+    fewer = with_fewer_seqs(config) if found else None
+    if fewer is not None:
+        alt = {f.gpu: f.fit_awake for f in fits(fewer, need, seen)}
+        found = [dataclasses.replace(f, fewer_seqs_awake=alt.get(f.gpu, 0)) for f in found]
     for fit in found:
         (logger.info if fit.need_mib <= fit.total_mib else logger.warning)("switch: %s", fit.line())
     return found
