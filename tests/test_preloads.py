@@ -522,14 +522,13 @@ def test_fewer_sequences_per_vllm_engine_leave_room_for_two_host_tier_models_awa
     stay on the GPU in every parked engine (1.9 GiB each, read there), so one host-tier model fits awake; with
     ``--max-num-seqs 32`` its graphs are for batches of up to 64 (976 MiB parked, read there), and two fit."""
     from hotweights.switch.fit import fits, say_fit, with_fewer_seqs
-    from hotweights.switch.kinds import vllm_engine_mib
     from hotweights.switch.memory import ACTIVATIONS_MIB
 
-    assert vllm_engine_mib([]) == (KINDS["vllm"].parked_mib, ACTIVATIONS_MIB)  # the defaults, as before
-    parked, activations = vllm_engine_mib(["--max-num-seqs", "32"])
+    assert KINDS["vllm"].engine_mib([]) == (KINDS["vllm"].parked_mib, ACTIVATIONS_MIB)  # the defaults, as before
+    parked, activations = KINDS["vllm"].engine_mib(["--max-num-seqs", "32"])
     assert 976 <= parked < 1400 and activations < ACTIVATIONS_MIB  # above what the H200 read, not far
-    assert vllm_engine_mib(["--max-num-seqs", "32", "--enforce-eager"])[0] < parked  # no graphs at all
-    assert vllm_engine_mib(["--max-num-seqs", "many"]) == vllm_engine_mib([])  # vLLM refuses it in its own words
+    assert KINDS["vllm"].engine_mib(["--max-num-seqs", "32", "--enforce-eager"])[0] < parked  # no graphs at all
+    assert KINDS["vllm"].engine_mib(["--max-num-seqs", "many"]) == KINDS["vllm"].engine_mib([])  # vLLM says why
 
     def config(*extra: str) -> SwitchConfig:
         args = ("--gpu-memory-utilization", "0.17", "--kv-cache-memory-bytes", "2G", *extra)
@@ -537,7 +536,7 @@ def test_fewer_sequences_per_vllm_engine_leave_room_for_two_host_tier_models_awa
                                               parked_weights="host" if i >= 6 else "gpu") for i in range(10)))
 
     def need(m: ModelConfig) -> GpuNeed:
-        parked, activations = vllm_engine_mib(m.args)
+        parked, activations = KINDS["vllm"].engine_mib(m.args)
         return GpuNeed((0,), 0.17, 15_626, kv_mib=2048, parked_mib=parked, engine_kv_mib=2048,
                        activations_mib=activations)
 

@@ -98,15 +98,16 @@ def record(key: CacheKey, manifest: Manifest, flat: list[torch.Tensor], config: 
     """A zero-copy attach of ``key``: ``flat`` are its mapped pools, in manifest order. An entry let go of
     earlier whose address range the new one was given is dropped: it looks alive again at its old addresses."""
     new = Held(key, manifest, [t.data_ptr() for t in flat], config)
-    _keep(lambda h: h.alive() and not _overlap(h, new), new)
+    taken = _ranges(new)
+    _keep(lambda h: h.alive() and not _overlap(_ranges(h), taken), new)
 
 
 def _ranges(h: Held) -> list[tuple[int, int]]:
     return [(a, a + spec.nbytes) for a, spec in zip(h.addresses, h.manifest.pools)]
 
 
-def _overlap(a: Held, b: Held) -> bool:
-    return any(lo < b_hi and b_lo < hi for lo, hi in _ranges(a) for b_lo, b_hi in _ranges(b))
+def _overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
+    return any(lo < b_hi and b_lo < hi for lo, hi in a for b_lo, b_hi in b)
 
 
 def held() -> list[Held]:

@@ -34,6 +34,9 @@ MAX_SEQS = argv.Option(("--max-num-seqs",))
 DEVICE = argv.Option(("--device",))
 GPU_SHARE = argv.Option(("--gpu-memory-utilization",))
 VLLM_SHARE = 0.92  # vLLM 0.26's default --gpu-memory-utilization
+VLLM_MAX_SEQS = 1024  # vLLM 0.26's default --max-num-seqs on an H200
+VLLM_GRAPHS_MIB = 1024  # its CUDA graphs at the default sizes (51, batches up to 512), 8B
+VLLM_MAX_GRAPH_BATCH = 512
 
 
 def weights_mib(checkpoint: os.PathLike[str] | str) -> int:
@@ -165,31 +168,27 @@ class VllmKind(EngineKind):
             share = VLLM_SHARE
         given = kv_given(m.args) or 0
         pinned = given or kv_pin(m.checkpoint, argv.strip(m.args, TENSOR_PARALLEL), ranks) or 0
-        parked, activations = vllm_engine_mib(m.args)
+        parked, activations = self.engine_mib(m.args)
         return GpuNeed(m.gpus[:ranks] or tuple(range(ranks)), share, weights_mib(m.checkpoint) // ranks,
                        kv_mib=pinned >> 20, parked_mib=parked, engine_kv_mib=given >> 20,
                        activations_mib=activations)
 
-
-VLLM_GRAPHS_MIB = 1024  # vLLM 0.26's CUDA graphs at its default sizes (51, batches up to 512), 8B
-VLLM_MAX_GRAPH_BATCH = 512
-
-
-def vllm_engine_mib(args: Sequence[str]) -> tuple[int, int]:
-    """What a vLLM engine started with ``args`` keeps on its GPU parked, and its activations beside a pinned KV
-    cache, in MiB. vLLM 0.26 captures CUDA graphs for batches of up to twice ``--max-num-seqs`` (at most 512), and
-    none with ``--enforce-eager``; its sampler's buffers grow with ``--max-num-seqs`` too. Read on an H200 (8B,
-    2026-12-05, ``gpu_load/fill10_seven_2026-12-05.json``): parked 1,902 MiB at the defaults, 976 MiB with
-    ``--max-num-seqs 32``; awake less parked less its 2 GiB KV cache, 1,690 MiB and 106-318 MiB. Estimates above
-    both: the context and the rest 926 MiB, the graphs in proportion to the largest batch captured; activations
-    1 GiB and 1 GiB per 1,024 sequences."""
-    seqs = 1024  # vLLM 0.26's default on an H200
-    try:
-        seqs = max(1, int(MAX_SEQS.value(args) or seqs))
-    except ValueError:  # vLLM refuses the start itself, in its own words
-        pass
-    graphs = 0 if EAGER.present(args) else VLLM_GRAPHS_MIB * min(2 * seqs, VLLM_MAX_GRAPH_BATCH) // VLLM_MAX_GRAPH_BATCH
-    return KINDS["vllm"].parked_mib - VLLM_GRAPHS_MIB + graphs, 1024 + 1024 * min(seqs, 1024) // 1024
+    def engine_mib(self, args: Sequence[str]) -> tuple[int, int]:
+        """What an engine started with ``args`` keeps on its GPU parked, and its activations beside a pinned KV
+        cache, in MiB. vLLM 0.26 captures CUDA graphs for batches of up to twice ``--max-num-seqs`` (at most 512),
+        and none with ``--enforce-eager``; its sampler's buffers grow with ``--max-num-seqs`` too. Read on an H200
+        (8B, 2026-12-05, ``gpu_load/fill10_seven_2026-12-05.json``): parked 1,902 MiB at the defaults, 976 MiB with
+        ``--max-num-seqs 32``; awake less parked less its 2 GiB KV cache, 1,690 MiB and 106-318 MiB. Estimates
+        above both: the graphs in proportion to the largest batch captured (``parked_mib`` holds them whole);
+        activations 1 GiB and 1 MiB per sequence."""
+        seqs = VLLM_MAX_SEQS
+        try:
+            seqs = max(1, int(MAX_SEQS.value(args) or seqs))
+        except ValueError:  # vLLM refuses the start itself, in its own words
+            pass
+        batch = 0 if EAGER.present(args) else min(2 * seqs, VLLM_MAX_GRAPH_BATCH)  # the largest captured
+        graphs = VLLM_GRAPHS_MIB * batch // VLLM_MAX_GRAPH_BATCH
+        return self.parked_mib - VLLM_GRAPHS_MIB + graphs, 1024 + min(seqs, VLLM_MAX_SEQS)
 
 
 def _common(m: Spec, port: int) -> list[str]:
