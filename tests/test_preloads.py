@@ -250,7 +250,7 @@ def test_the_next_preload_is_decided_from_one_snapshot_as_a_table():
     assert begins(100_000, needs=pinned, done=frozenset({"a"})) == "b"  # a's start profiles nothing: b goes beside
     assert begins(100_000, done=frozenset({"a"}), failed_beside=frozenset({"b"}), wanted=("b",)) == "b"
     assert begins(100_000, failed_beside=frozenset({"b"}), **{**running_a, "done": frozenset()}) is None  # alone
-    assert begins(100_000, wanted=("a",), **running_a) is None  # a start waits for a: a reads alone
+    assert begins(100_000, wanted=("a",), **running_a) is None  # the first start waits for a: a reads alone
     assert begins(100_000, wanted=("a", "b"), **running_a) == "b"  # unless one waits for b too
     assert begins(100_000, needs=cpu, wanted=("a",), **running_a) == "b"  # no GPU in common (cpu: none)
     c.ledger.arrive()  # a request waits for c: its preload goes first
@@ -258,6 +258,7 @@ def test_the_next_preload_is_decided_from_one_snapshot_as_a_table():
     assert start_to_reserve_for(models, s.config, a) == (c,)  # the scheduler's next start: c, a request waits for it
     a.started = b.started = True  # a and b starting (together): both, whatever comes next
     assert start_to_reserve_for(models, s.config, a) == (a, b)
+    assert begins(100_000, wanted=("c",), running={"c": need}) == "a"  # an engine started: side by side again
 
 
 def test_each_engine_kind_says_what_its_preload_and_start_take_on_the_gpu(tmp_path):

@@ -240,9 +240,10 @@ def next_preload(models: Sequence[Model], p: Preloading, need: Callable[[Model],
 
     Not on GPUs where an engine that profiles is starting (vLLM sizes its KV cache from a profile of the whole GPU),
     nor where a model whose preload is done and whose start profiles has yet to start (its start, seconds, goes
-    before a preload, minutes, which would hold it back), unless a start waits for it; nor beside a preload a start
-    waits for, unless one waits for this one too (the default's at start-up: an 8B's took 56.8 s beside two others
-    on an H200, and the front's ``/health`` waited for it, then for its start). Where none runs, it begins
+    before a preload, minutes, which would hold it back), unless a start waits for it; nor, while no engine has started,
+    beside a preload a start waits for, unless one waits for this one too (the default's: on an H200 an 8B's took
+    56.8 s beside two others and 28.8-29.5 s alone, and the front's ``/health`` waited for it, then for its start;
+    later, preloads side by side fill the box sooner). Where none runs, it begins
     when it fits or a start waits for it (vLLM's own check decides then); beside others, only when it fits
     (``preload_fits``); one that failed beside others, only alone."""
     queued = queued_preloads(models, p)
@@ -251,8 +252,9 @@ def next_preload(models: Sequence[Model], p: Preloading, need: Callable[[Model],
     m, own = queued[0], need(queued[0])
     if (m.name in p.failed_beside and p.running) or any(set(o.gpus) & set(own.gpus) for o in p.starting):
         return None
-    if m.name not in p.wanted and any(n in p.wanted and set(o.gpus) & set(own.gpus) for n, o in p.running.items()):
-        return None  # a start waits for that one: the disk and the CPU are its own
+    if (m.name not in p.wanted and not any(x.started for x in models)
+            and any(n in p.wanted and set(o.gpus) & set(own.gpus) for n, o in p.running.items())):
+        return None  # the front's first start (its /health) waits for that one: the disk and the CPU are its own
     preloaded = p.done | p.copying  # a host copy after a preload holds its start back, not the rule
     if m.name not in p.wanted and any(not x.started and x.config.start == "eager" and x.name in preloaded
                                       and need(x).profiles and set(need(x).gpus) & set(own.gpus) for x in models):
