@@ -93,21 +93,47 @@ def test_a_sampled_warm_up_names_what_took_the_time_after_graph_capture(caplog):
     assert "capture_model" not in after and "capture_model" in whole
 
 
-def test_the_start_profile_hook_wraps_a_workers_warm_up_once(caplog):
+def test_the_warm_up_hook_wraps_once_puts_tritons_cache_back_and_samples_where_asked(caplog, monkeypatch):
+    """vLLM's compile points ``TRITON_CACHE_DIR`` into its compile cache and leaves it there: the warm-up after it
+    (the sampler's Triton kernels) goes back to the engine's own, which the starts that load compiled code read."""
     import logging
+    import os
     import types
 
-    from hotweights.engines.vllm.patches import install_start_profile
+    from hotweights.engines.vllm.patches import install_warm_up
+
+    seen: list[str | None] = []
 
     class Worker:
         vllm_config = types.SimpleNamespace(model_config=types.SimpleNamespace(served_model_name="m3"))
 
         def compile_or_warm_up_model(self) -> int:
+            seen.append(os.environ.get("TRITON_CACHE_DIR"))
             return 7
 
     worker = types.ModuleType("worker")
     worker.Worker = Worker  # type: ignore[attr-defined]
-    assert install_start_profile(worker) and not install_start_profile(worker)
-    with caplog.at_level(logging.INFO, logger="hotweights.engines.vllm.startprofile"):
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/node/triton")
+    monkeypatch.setenv("HOTWEIGHTS_PROFILE_START", "1")
+    assert install_warm_up(worker) and not install_warm_up(worker)
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/cache/vllm/torch_compile_cache/x/triton_cache")  # vLLM's compile
+    with caplog.at_level(logging.INFO, logger="hotweights.engines.vllm"):
         assert Worker().compile_or_warm_up_model() == 7
-    assert any("vLLM's warm-up of m3" in r.getMessage() for r in caplog.records)
+    assert seen == ["/node/triton"]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("vLLM's warm-up of m3" in m for m in messages)  # sampled
+    assert any("m3's warm-up JIT-compiles its sampler's Triton kernels into /node/triton" in m for m in messages)
+
+    class Plain:
+        def compile_or_warm_up_model(self) -> None:
+            seen.append(os.environ.get("TRITON_CACHE_DIR"))
+
+    unset = types.ModuleType("worker")
+    unset.Worker = Plain  # type: ignore[attr-defined]
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    monkeypatch.delenv("HOTWEIGHTS_PROFILE_START")
+    assert install_warm_up(unset)
+    unset.Worker().compile_or_warm_up_model()  # nothing moved it: nothing to put back
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/cache/x/triton_cache")
+    unset.Worker().compile_or_warm_up_model()
+    assert seen[1:] == [None, None] and "TRITON_CACHE_DIR" not in os.environ  # unset, as the engine had it

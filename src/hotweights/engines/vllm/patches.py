@@ -42,9 +42,17 @@ API server never imports the worker, so it should not pay for that import either
   ``HOTWEIGHTS_VLLM_COMPILE_KEY=path`` leaves vLLM's key alone. Needed by 0.26 and 0.32; can go when vLLM keys
   its compile cache by the model's configuration.
 
-- ``install_start_profile`` wraps ``Worker.compile_or_warm_up_model`` (``HOTWEIGHTS_PROFILE_START=1`` only, a
-  diagnostic) with ``startprofile.sampled``: its stacks sampled, the costliest logged. Why: 15-21 s pass after
-  graph capture in a cold box's first starts, and vLLM logs nothing there. Can go once that is understood.
+- ``install_warm_up`` wraps ``Worker.compile_or_warm_up_model`` (GPU builds, and every build with
+  ``HOTWEIGHTS_PROFILE_START=1``). Why: vLLM points ``TRITON_CACHE_DIR`` into its compile-cache directory while
+  it compiles (``InductorAdaptor.initialize_cache``) and leaves it there, so the compiling start JIT-compiled its
+  sampler's Triton kernels into that directory after graph capture, and each start that then loaded the
+  compiled code (``TRITON_CACHE_DIR`` untouched: Triton's default cache) compiled them again: 15-21 s after graph
+  capture in a cold box's first start and in every start of the batch after it, 0.4-0.6 s in later ones (H200,
+  vLLM 0.26, 8B, sampled by ``startprofile``: Triton's ``make_cubin``, ``make_llir`` and its launcher's build,
+  ``benchmarks/results/gpu_load/fill10_eight_2026-12-05b.json``). The wrap puts the variable back as the process
+  had it before the warm-up, so every start's sampler kernels go to one cache. With
+  ``HOTWEIGHTS_PROFILE_START=1`` (a diagnostic) it also samples the warm-up (``startprofile.sampled``). Needed by
+  0.26; can go when vLLM restores the variable after compiling.
 
 Not patches, though they run inside vLLM: ``register_model_loader`` (vLLM's own API) and
 ``preflight.check``, which exits the process at plugin load for a strict start that no
@@ -85,8 +93,8 @@ def install(*, gpu: bool) -> None:
     hooks = [install_budget, install_heap_freeze, install_park] if gpu else [install_heap_freeze]
     from . import startprofile
 
-    if startprofile.wanted():
-        hooks.append(install_start_profile)
+    if gpu or startprofile.wanted():
+        hooks.append(install_warm_up)
     if WORKER in sys.modules:
         for hook in hooks:
             hook(sys.modules[WORKER])
@@ -187,23 +195,47 @@ def install_park(worker: ModuleType) -> bool:
     return True
 
 
-def install_start_profile(worker: ModuleType) -> bool:
-    """Wrap ``Worker.compile_or_warm_up_model`` with ``startprofile.sampled``; True if done now."""
+def install_warm_up(worker: ModuleType) -> bool:
+    """Wrap ``Worker.compile_or_warm_up_model``: Triton's cache back where this process had it (``TRITON_CACHE_DIR``
+    as it was when the worker module was imported), then vLLM's warm-up, sampled where asked; True if done now."""
     original = getattr(worker.Worker, "compile_or_warm_up_model", None)
     if original is None or getattr(original, "_hotweights", False):
         return False
     from . import startprofile
 
+    before = os.environ.get(TRITON_CACHE)  # the engine's own: vLLM sets it only once it compiles
+
     @functools.wraps(original)
     def warm_up(self: Any) -> Any:
         config = getattr(self, "vllm_config", None)
-        name = getattr(getattr(config, "model_config", None), "served_model_name", None) or "the model"
-        return startprofile.sampled(original, self, str(name))
+        name = str(getattr(getattr(config, "model_config", None), "served_model_name", None) or "the model")
+        triton_cache_back(before, name)
+        if startprofile.wanted():
+            return startprofile.sampled(original, self, name)
+        return original(self)
 
     warm_up._hotweights = True  # type: ignore[attr-defined]
     worker.Worker.compile_or_warm_up_model = warm_up
-    _applied("Worker.compile_or_warm_up_model sampled (HOTWEIGHTS_PROFILE_START=1)")
+    _applied("Worker.compile_or_warm_up_model puts TRITON_CACHE_DIR back"
+             + (" and is sampled (HOTWEIGHTS_PROFILE_START=1)" if startprofile.wanted() else ""))
     return True
+
+
+TRITON_CACHE = "TRITON_CACHE_DIR"
+
+
+def triton_cache_back(before: str | None, name: str) -> None:
+    """``TRITON_CACHE_DIR`` as it was (``before``; unset if it was), where vLLM's compile moved it."""
+    now = os.environ.get(TRITON_CACHE)
+    if now == before:
+        return
+    if before is None:
+        del os.environ[TRITON_CACHE]
+    else:
+        os.environ[TRITON_CACHE] = before
+    logger.info("hotweights: %s's warm-up JIT-compiles its sampler's Triton kernels into %s (Triton's cache the "
+                "next starts read), not %s (where vLLM's compile left %s)", name, before or "Triton's default cache",
+                now, TRITON_CACHE)
 
 
 @contextlib.contextmanager
