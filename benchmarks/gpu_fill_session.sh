@@ -6,9 +6,9 @@
 #   1. three 8B (the front's defaults, --gpu-memory-utilization 0.25): start-up until every model serves (target
 #      60 s), then 30 s at 2 req/s;
 #   2. ten 8B, six on the GPU tier and four in host memory, KV caches pinned to 2 GiB: start-up (target 180 s;
-#      1,014.6 s with the whole-start preloads, 581.6 s with the loader-alone ones, 2026-12-04; 297.5 s on
-#      2026-12-05), then per-model 0.1 and 0.5 req/s for 60 s each; then the same with preempt = true, its front
-#      started on the keeper the first one left (its start-up: issue 55's restart with every model cached); its
+#      1,014.6 s with the whole-start preloads, 581.6 s with the loader-alone ones, 2026-12-04; 297.5 s, then
+#      209.4 s on 2026-12-05), then per-model 0.1 and 0.5 req/s for 60 s each; then the same with preempt = true,
+#      its front started on the keeper the first one left (its start-up: issue 55's restart with every model cached); its
 #      engines' wakes profiled (HOTWEIGHTS_PROFILE_WAKE) and their warm-ups sampled (HOTWEIGHTS_PROFILE_START);
 #   one3 (not by default): three 8B on the GPU tier, one engine awake at a time (max_awake 1), at 1 and 2 req/s,
 #      without and with preempt (issue 52: a busy engine's requests paused and continued, measured on the GPU);
