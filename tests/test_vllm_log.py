@@ -137,3 +137,44 @@ def test_the_warm_up_hook_wraps_once_puts_tritons_cache_back_and_samples_where_a
     monkeypatch.setenv("TRITON_CACHE_DIR", "/cache/x/triton_cache")
     unset.Worker().compile_or_warm_up_model()
     assert seen[1:] == [None, None] and "TRITON_CACHE_DIR" not in os.environ  # unset, as the engine had it
+
+
+def test_a_wake_puts_back_the_buffers_vllms_sleep_kept_with_one_wait_and_keeps_them_if_it_fails():
+    """vLLM's level-2 wake copies each buffer its sleep kept back with a blocking copy (145 waits for an 8B);
+    ``park.wake_up`` takes them from vLLM, lets it wake the rest, then copies all back and waits once. A wake
+    that fails leaves them to vLLM for the next one."""
+    import types
+
+    import torch
+
+    from hotweights.engines.vllm import park
+
+    model = torch.nn.Module()
+    model.register_buffer("scale", torch.zeros(1))
+    model.register_buffer("cos_sin", torch.zeros(4, 2))
+    config = types.SimpleNamespace(model_config=types.SimpleNamespace(served_model_name="m0", model="m0"),
+                                   parallel_config=types.SimpleNamespace(world_size=1))
+    worker = types.SimpleNamespace(vllm_config=config, model_runner=types.SimpleNamespace(model=model),
+                                   _sleep_saved_buffers={"scale": torch.tensor([0.5]),
+                                                         "cos_sin": torch.arange(8.0).reshape(4, 2)})
+    kept = dict(worker._sleep_saved_buffers)
+    saw: list[dict] = []
+
+    def failing(w: object, tags: object) -> None:
+        saw.append(dict(worker._sleep_saved_buffers))
+        raise RuntimeError("no room")
+
+    try:
+        park.wake_up(worker, failing, None)
+    except RuntimeError:
+        pass
+    assert saw == [{}] and worker._sleep_saved_buffers.keys() == kept.keys()  # vLLM restored none; kept for later
+    assert float(model.scale) == 0.0
+
+    def wakes(w: object, tags: object) -> str:
+        saw.append(dict(worker._sleep_saved_buffers))  # vLLM's own loop finds nothing to copy
+        return "woken"
+
+    assert park.wake_up(worker, wakes, None) == "woken"
+    assert saw[-1] == {} and worker._sleep_saved_buffers == {}
+    assert torch.equal(model.scale, kept["scale"]) and torch.equal(model.cos_sin, kept["cos_sin"])

@@ -11,6 +11,14 @@ them mapped; on top of it:
   the CUDA graphs that captured their pointers replay as before. vLLM's level 2 wake leaves the weights
   it discarded for the caller to load again; ours come back by themselves.
 
+vLLM's level-2 sleep also keeps the model's buffers (``Worker._sleep_saved_buffers``: an 8B's 145, the attention
+layers' scales and the rotary cache) in pageable host memory, and its wake copies each back with a blocking
+``copy_``: 145 waits for the GPU. On an H200 beside other busy engines that took 0.36 s median, in steps of
+about 0.35 s up to 2.0 s, as long as the weights themselves (``benchmarks/results/gpu_load/
+fill10_eight_2026-12-05b.json``); one plausible cause is each wait queueing for the GPU behind the other
+processes' work. Here the park pins them (``_pin_saved_buffers``), and the wake takes them from vLLM, lets it
+wake the rest, then copies all back asynchronously and waits once (``_restore_buffers``). Not yet run on a GPU.
+
 A wake that cannot fit is refused before anything is mapped or allocated: the GPU must have free what
 the park freed (minus the weights, unless they must come from the host copy into new memory). The keeper
 is told of each park and wake with what this worker still holds on its GPU (``Park``): a start beside a
@@ -46,6 +54,7 @@ def sleep(worker: Any, original: Any, level: int = 1) -> Any:
     torch.cuda.synchronize()
     free_before = torch.cuda.mem_get_info()[0]
     result = original(worker, level)
+    _pin_saved_buffers(worker)
     unmapped = resident.unmap_all() if level == 2 and resident.held() else 0
     torch.cuda.synchronize()
     freed = max(0, torch.cuda.mem_get_info()[0] - free_before)
@@ -70,7 +79,14 @@ def wake_up(worker: Any, original: Any, tags: list[str] | None = None) -> Any:
     if weights and any(not h.mapped for h in resident.held()):
         again = resident.map_again()  # WeightsGone: nothing was mapped or allocated; it stays parked
     mapped = time.perf_counter()
-    result = _profiled(original, worker, tags) if level and os.environ.get(PROFILE_WAKE_ENV) else original(worker, tags)
+    saved, worker._sleep_saved_buffers = getattr(worker, "_sleep_saved_buffers", None) or {}, {}
+    try:
+        result = (_profiled(original, worker, tags) if level and os.environ.get(PROFILE_WAKE_ENV)
+                  else original(worker, tags))
+    except BaseException:
+        worker._sleep_saved_buffers = saved  # still vLLM's to put back, on the wake that succeeds
+        raise
+    _restore_buffers(worker, saved)
     if level:  # where a wake's time goes (issue 55: a wake from host memory at the PCIe floor)
         logger.info("hotweights: the wake of %s: room check %.3f s, weights %.3f s, vLLM's own wake_up %.3f s",
                     _name(worker), checked - start, mapped - checked, time.perf_counter() - mapped)
@@ -81,6 +97,28 @@ def wake_up(worker: Any, original: Any, tags: list[str] | None = None) -> Any:
     if resident.held() and not getattr(worker, "_hotweights_parked", (0,))[0]:
         resident.announce(0, 0)
     return result
+
+
+def _pin_saved_buffers(worker: Any) -> None:
+    """The buffers vLLM's level-2 sleep kept in host memory, pinned (a few MiB), so their wake is one DMA each."""
+    saved = getattr(worker, "_sleep_saved_buffers", None)
+    if not saved or not torch.cuda.is_available():
+        return
+    try:
+        worker._sleep_saved_buffers = {name: t if t.is_pinned() else t.pin_memory() for name, t in saved.items()}
+    except RuntimeError as exc:  # no pinned memory to be had: vLLM's pageable copies still work
+        logger.warning("hotweights: the saved buffers of %s stay pageable: %s", _name(worker), exc)
+
+
+def _restore_buffers(worker: Any, saved: dict[str, torch.Tensor]) -> None:
+    """vLLM's buffer restore, all copies queued and one wait (vLLM's waits on each; same buffers, same bytes)."""
+    if not saved:
+        return
+    for name, buffer in worker.model_runner.model.named_buffers():
+        if name in saved:
+            buffer.data.copy_(saved[name].data, non_blocking=True)
+    if torch.cuda.is_available():
+        torch.cuda.current_stream().synchronize()
 
 
 def _profiled(original: Any, worker: Any, tags: list[str] | None) -> Any:

@@ -32,7 +32,9 @@ API server never imports the worker, so it should not pay for that import either
 - ``install_park`` wraps ``Worker.sleep`` and ``Worker.wake_up`` (GPU builds) with ``park.py``. Why:
   vLLM's sleep knows only what its allocator holds; zero-copy weights are outside it, so a deep park
   must unmap them and a wake map them again at the same addresses, and the keeper must know who is
-  parked. Needed by 0.26; can go when vLLM offers a sleep hook for external weights.
+  parked; and its level-2 wake puts the model's buffers back with one blocking copy each (``park.py`` pins
+  them and copies them back with one wait; it reads and empties ``Worker._sleep_saved_buffers``). Needed by
+  0.26; can go when vLLM offers a sleep hook for external weights.
 
 - ``install_compile_key`` wraps ``vllm.config.utils.get_hash_factors`` (every build, at plugin load) so that a
   ``ModelConfig``'s factor ``model`` is a digest of the checkpoint's config files (``compile_key.py``), not its
