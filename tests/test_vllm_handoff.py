@@ -477,3 +477,24 @@ def test_a_start_beside_one_taking_the_standby_is_a_plain_start_at_once(socket_d
         handoff.stop(SPEC, socket_dir)
         standby.wait(timeout=30)
     assert handoff.imports_at_once({handoff.IMPORT_ENV: "now"}) and not handoff.imports_at_once({})
+
+
+@pytest.mark.slow
+def test_a_module_run_fills_two_places_where_several_standbys_are_kept(socket_dir, work, monkeypatch):
+    """``hotweights switch`` keeps one standby more than its starts take, for the preloads' loaders: a module run
+    (a preload's loader) that finds none prepares two, so the start after it finds one though the next preload
+    takes the other (H200, three 8B: with one, each start after a preload waited 17-25 s for an import)."""
+    monkeypatch.setenv(handoff.PLACES_ENV, "2")
+    launcher = subprocess.Popen([sys.executable, "-m", "hotweights.engines.vllm.launcher", "--socket-dir",
+                                 str(socket_dir), "probe_server", "--wait"], cwd=work, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert launcher.stdout.readline().startswith("argv ['--wait']")
+        deadline = time.monotonic() + 120
+        while not all(handoff.status(SPEC, socket_dir, place=k)["ready"] for k in (0, 1)):
+            assert launcher.poll() is None and time.monotonic() < deadline, "two standbys were not prepared"
+            time.sleep(0.2)
+    finally:
+        launcher.terminate()
+        launcher.wait(30)
+        handoff.stop(SPEC, socket_dir)

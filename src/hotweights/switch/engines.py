@@ -96,8 +96,12 @@ class Engine:
         env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}  # the front checks keys, not engines
         if self.model.gpus:  # the cache keys name GPUs by UUID: any order of them finds its entries
             env["CUDA_VISIBLE_DEVICES"] = self.model.cuda_visible_devices()
-        if self.start_jobs > 1 and self.kind.keeps_standbys and self._starts_together():
-            env[PLACES_ENV] = str(self.start_jobs)  # a standby for each start of a batch (schedule.startup_batch)
+        if self.kind.keeps_standbys:
+            # a standby for each start of a batch (schedule.startup_batch), and one more for the preloads' loaders
+            # (``launcher.run_module``): on an H200 (three 8B, the front's defaults) a preload took the one standby
+            # and the start right after it waited 17-25 s for the next to import
+            starts = self.start_jobs if self.start_jobs > 1 and self._starts_together() else 1
+            env[PLACES_ENV] = str(starts + 1)
         return {**env, "HOTWEIGHTS_SOCKET_DIR": socket_dir} if socket_dir else env
 
     def _starts_together(self) -> bool:

@@ -85,11 +85,18 @@ def run_module(directory: Path, module: str, args: list[str]) -> int:
     preload of an 8B imported vLLM itself (23-29 s a preload on an H200, beside the starts), though a standby waited
     with vLLM imported. The standby taken, the next one is prepared at once, for the starts; where there was none, one
     is prepared at once too, beside this run: on an H200 the first one came only as the first preload ended, and the
-    start that follows the default model's preload waited 20.8 s for it to import (2026-12-05)."""
+    start that follows the default model's preload waited 20.8 s for it to import (2026-12-05). Where several are kept
+    (``HOTWEIGHTS_STANDBYS``; ``hotweights switch`` keeps one more than its starts take), it fills up to two free
+    places, so that the start after this preload finds one though this run took one: with one, the starts after
+    the preloads of three 8B each waited 17-25 s for the standby this run had prepared (H200, 2026-12-05)."""
     environ = dict(os.environ)
     if handoff.enabled(environ):
         server = _handed_over(directory, module, args, environ, retire_stale=False)
-        handoff.prepare(SPEC, directory, environ)
+        count = min(2, handoff.places(environ))
+        for k in range(count):  # one settles in its place before the next looks for a free one
+            settle_s = handoff.SETTLE_S if k + 1 < count else 0.0
+            if handoff.prepare(SPEC, directory, environ, settle_s=settle_s) is not handoff.Prepared.PREPARED:
+                break
         if server is not None:
             return server.wait()
     return _exec([sys.executable, "-m", module, *args], environ)
