@@ -142,7 +142,7 @@ def test_the_warm_up_hook_wraps_once_puts_tritons_cache_back_and_samples_where_a
 def test_a_wake_puts_back_the_buffers_vllms_sleep_kept_with_one_wait_and_keeps_them_if_it_fails():
     """vLLM's level-2 wake copies each buffer its sleep kept back with a blocking copy (145 waits for an 8B);
     ``park.wake_up`` takes them from vLLM, lets it wake the rest, then copies all back and waits once. A wake
-    that fails leaves them to vLLM for the next one."""
+    that fails leaves them to vLLM for the next one, and a wake of the KV cache alone for the weights' wake."""
     import types
 
     import torch
@@ -175,6 +175,8 @@ def test_a_wake_puts_back_the_buffers_vllms_sleep_kept_with_one_wait_and_keeps_t
         saw.append(dict(worker._sleep_saved_buffers))  # vLLM's own loop finds nothing to copy
         return "woken"
 
-    assert park.wake_up(worker, wakes, None) == "woken"
+    assert park.wake_up(worker, wakes, ["kv_cache"]) == "woken"  # the weights' memory still asleep: not yet
+    assert saw[-1] == {} and worker._sleep_saved_buffers.keys() == kept.keys() and float(model.scale) == 0.0
+    assert park.wake_up(worker, wakes, ["weights"]) == "woken"
     assert saw[-1] == {} and worker._sleep_saved_buffers == {}
     assert torch.equal(model.scale, kept["scale"]) and torch.equal(model.cos_sin, kept["cos_sin"])

@@ -86,7 +86,10 @@ def wake_up(worker: Any, original: Any, tags: list[str] | None = None) -> Any:
     except BaseException:
         worker._sleep_saved_buffers = saved  # still vLLM's to put back, on the wake that succeeds
         raise
-    _restore_buffers(worker, saved)
+    if weights:
+        _restore_buffers(worker, saved)
+    else:  # their memory sleeps on (a wake of the KV cache alone): for the wake of the weights
+        worker._sleep_saved_buffers = saved
     if level:  # where a wake's time goes (issue 55: a wake from host memory at the PCIe floor)
         logger.info("hotweights: the wake of %s: room check %.3f s, weights %.3f s, vLLM's own wake_up %.3f s",
                     _name(worker), checked - start, mapped - checked, time.perf_counter() - mapped)
