@@ -241,14 +241,21 @@ def test_a_module_run_from_a_standby_leaves_a_stale_one_in_place_and_prepares_th
 def test_a_module_run_where_no_standby_waits_prepares_one_beside_it(socket_dir, work):
     """The first preloads of a cold box find no standby and run their loader themselves: one is prepared at once,
     beside them, so that the start after the first preload finds it imported."""
+    assert_prepared_beside_a_module_run(socket_dir, work, places=(0,), within_s=60)
+
+
+def assert_prepared_beside_a_module_run(socket_dir: Path, work: Path, places: tuple[int, ...],
+                                        within_s: float) -> None:
+    """A module run from the launcher (a preload's loader) that finds no standby: a standby is ready in each of
+    ``places`` within ``within_s`` while the module still runs."""
     launcher = subprocess.Popen([sys.executable, "-m", "hotweights.engines.vllm.launcher", "--socket-dir",
                                  str(socket_dir), "probe_server", "--wait"], cwd=work, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert launcher.stdout.readline().startswith("argv ['--wait']")
-        deadline = time.monotonic() + 60
-        while not handoff.status(SPEC, socket_dir).get("ready"):  # while the module still runs
-            assert launcher.poll() is None and time.monotonic() < deadline, "no standby was prepared beside it"
+        deadline = time.monotonic() + within_s
+        while not all(handoff.status(SPEC, socket_dir, place=k)["ready"] for k in places):
+            assert launcher.poll() is None and time.monotonic() < deadline, f"no standby ready in each of {places}"
             time.sleep(0.2)
         assert launcher.poll() is None
     finally:
@@ -485,16 +492,4 @@ def test_a_module_run_fills_two_places_where_several_standbys_are_kept(socket_di
     (a preload's loader) that finds none prepares two, so the start after it finds one though the next preload
     takes the other (H200, three 8B: with one, each start after a preload waited 17-25 s for an import)."""
     monkeypatch.setenv(handoff.PLACES_ENV, "2")
-    launcher = subprocess.Popen([sys.executable, "-m", "hotweights.engines.vllm.launcher", "--socket-dir",
-                                 str(socket_dir), "probe_server", "--wait"], cwd=work, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        assert launcher.stdout.readline().startswith("argv ['--wait']")
-        deadline = time.monotonic() + 120
-        while not all(handoff.status(SPEC, socket_dir, place=k)["ready"] for k in (0, 1)):
-            assert launcher.poll() is None and time.monotonic() < deadline, "two standbys were not prepared"
-            time.sleep(0.2)
-    finally:
-        launcher.terminate()
-        launcher.wait(30)
-        handoff.stop(SPEC, socket_dir)
+    assert_prepared_beside_a_module_run(socket_dir, work, places=(0, 1), within_s=120)
