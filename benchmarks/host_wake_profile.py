@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a wake from the host copy spends its time (GPU, no vLLM): ``loading/resident.map_again`` timed by part.
 
-A daemon, ``preload --device cuda`` of MODEL, one zero-copy attach, ``resident.host_copy``; then rounds: unmap
+A daemon, ``preload --device cuda`` of MODEL, one zero-copy attach, ``tiers.host_copy``; then rounds: unmap
 (a deep park), release the keeper's GPU entry, ``map_again`` (from the host copy: map its memfd, a new CUDA
 pool, the copy, publish, map at the same addresses). Each round prints the total and the seconds of each timed
 part (``fill_at`` (a new allocation at the same addresses, the copy inside it), ``upload`` or ``pinned_copy``,
@@ -34,7 +34,7 @@ import torch
 from hotweights import client as clientmod
 from hotweights.client import connect
 from hotweights.config import AttachConfig
-from hotweights.loading import resident, upload
+from hotweights.loading import resident, tiers, upload
 from hotweights.loading.attach import attach_tensors
 from hotweights.loading.checkpoint import checkpoint_key, open_checkpoint
 from hotweights.paths import daemon_paths
@@ -83,7 +83,7 @@ def main() -> int:
     timed(clientmod.Client, "attach", "attach_rpc", sync=False)
     with connect(daemon_paths(sock)) as client:
         began = time.perf_counter()
-        resident.host_copy(client)
+        tiers.host_copy(client)
         print("host_copy", round(time.perf_counter() - began, 2), flush=True)
     rows = []
     for r in range(args.rounds):

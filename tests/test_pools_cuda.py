@@ -148,7 +148,7 @@ def test_a_deep_park_unmaps_and_maps_again_at_the_same_addresses_under_a_cuda_gr
     """A CUDA graph captured over zero-copy weights replays the same after the weights were unmapped and
     mapped again: from the keeper's GPU entry, then from its host copy (the entry released), published back."""
     from hotweights.client import connect
-    from hotweights.loading import resident
+    from hotweights.loading import resident, tiers
 
     gc.collect()  # the entries earlier tests mapped in this process (a model's reference cycles) let go of
     assert resident.mapped_bytes() == 0, [h.key.short for h in resident.held()]
@@ -176,7 +176,7 @@ def test_a_deep_park_unmaps_and_maps_again_at_the_same_addresses_under_a_cuda_gr
     graph.replay()
     assert torch.equal(out, expected)
     with connect(daemon.paths) as client:
-        assert resident.host_copy(client) == held.manifest.nbytes
+        assert tiers.host_copy(client) == held.manifest.nbytes
         assert resident.unmap_all() > 0
         held.pinning.join()  # the host copy pinned for the wake, while parked: one DMA
         assert held.pinned and sum(p.nbytes for p in held.pinned) == held.manifest.nbytes
@@ -200,7 +200,7 @@ def test_a_pinned_host_copy_stays_pinned_across_wakes_until_the_keeper_has_anoth
     """Letting go of 16 GiB of pinned pages while vLLM woke held its wake back, and the next deep park pins
     them again: the pinning stays while the keeper's host copy is the same file, and goes once it is not."""
     from hotweights.client import connect
-    from hotweights.loading import resident
+    from hotweights.loading import resident, tiers
 
     gc.collect()
     sock = str(daemon.paths.directory)
@@ -212,7 +212,7 @@ def test_a_pinned_host_copy_stays_pinned_across_wakes_until_the_keeper_has_anoth
     expected = w.clone()
     (held,) = [h for h in resident.held() if h.key == key]
     with connect(daemon.paths) as client:
-        assert resident.host_copy(client) == held.manifest.nbytes
+        assert tiers.host_copy(client) == held.manifest.nbytes
         pinned = None
         for _ in range(2):  # two deep parks and wakes from the host copy: one pinning
             assert resident.unmap_all() > 0
@@ -223,7 +223,7 @@ def test_a_pinned_host_copy_stays_pinned_across_wakes_until_the_keeper_has_anoth
             assert resident.map_again().source == "host" and held.pinned is pinned
             assert torch.equal(w, expected)
         client.release(key.short, tier="host")  # the keeper's host copy made anew: the next park pins it
-        assert resident.host_copy(client) == held.manifest.nbytes
+        assert tiers.host_copy(client) == held.manifest.nbytes
         assert resident.unmap_all() > 0
         held.pinning.join()
         assert held.pinned and held.pinned is not pinned

@@ -111,14 +111,14 @@ def cmd_demote(args: argparse.Namespace) -> int:
         if (key := _one_key(args, client, {"demoted": ""})) is None:
             return 1
         from .config import AttachConfig
-        from .loading import resident
+        from .loading import resident, tiers
         from .loading.attach import attach_tensors
 
         manifest = client.describe(key)  # the full key, to map the entry for the copy
         mapped = attach_tensors(manifest.key, AttachConfig(socket_path=str(client.socket_path)))
         if not mapped.ok:
             raise resident.WeightsGone(f"cannot map {key} to copy it: {mapped.reason}")
-        copied = resident.host_copy(client, only=manifest.key)
+        copied = tiers.host_copy(client, only=manifest.key)
         if not args.keep:
             client.release(key, tier="device")
     seconds = time.perf_counter() - start
@@ -139,9 +139,9 @@ def cmd_promote(args: argparse.Namespace) -> int:
     with connect(daemon_paths(args.socket_dir)) as client:
         if (key := _one_key(args, client, {"promoted": ""})) is None:
             return 1
-        from .loading import resident
+        from .loading import tiers
 
-        uploaded = resident.promote(client, client.describe(key))
+        uploaded = tiers.promote(client, client.describe(key))
     seconds = time.perf_counter() - start
     done = f"its device copy made from its host copy, {uploaded / 1e9:.2f} GB in {seconds:.2f} s" if uploaded else \
         "its device copy is there already"
