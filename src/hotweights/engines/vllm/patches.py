@@ -86,6 +86,7 @@ def _applied(hook: str) -> None:
 
 
 WORKER = "vllm.v1.worker.gpu_worker"  # the GPU worker; the CPU worker subclasses its Worker
+TRITON_CACHE = "TRITON_CACHE_DIR"  # vLLM's compile moves it into its compile cache (``install_warm_up``)
 
 
 def install(*, gpu: bool) -> None:
@@ -221,9 +222,6 @@ def install_warm_up(worker: ModuleType) -> bool:
     _applied("Worker.compile_or_warm_up_model puts TRITON_CACHE_DIR back"
              + (" and is sampled (HOTWEIGHTS_PROFILE_START=1)" if startprofile.wanted() else ""))
     return True
-
-
-TRITON_CACHE = "TRITON_CACHE_DIR"
 
 
 def triton_cache_back(before: str | None, name: str) -> None:
