@@ -84,11 +84,11 @@ class EngineProcess:
         began = time.monotonic()
         with open(self.log_path, "ab") as log:
             self._log_from = log.tell()
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=env, start_new_session=True)
+            self.proc = proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                                env=env, start_new_session=True)
         while time.monotonic() - began < timeout_s:
-            if self.proc.poll() is not None:
-                raise EngineError(f"{self.name}: its engine exited with code {self.proc.returncode} while starting: "
+            if proc.poll() is not None:  # ``stop`` from another thread ends it too
+                raise EngineError(f"{self.name}: its engine exited with code {proc.returncode} while starting: "
                                   f"{reason_in(self.output())} (log: {self.log_path})")
             if healthy(f"{self.url}/health"):
                 self.server = evidence.standby_server(self.output())  # the launcher names the server it handed to
