@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from pathlib import Path
 
 from test_switcher import FakeEngine, request, started, states
 
 from hotweights.switch.config import ModelConfig, SwitchConfig
+from hotweights.switch.engines import EngineError
 from hotweights.switch.gpus import GpuMemory, gpu_memory
 from hotweights.switch.kinds import KINDS, GpuNeed
 from hotweights.switch.metrics import SwitchMetrics
@@ -60,6 +62,20 @@ class SlowPreload(FakeEngine):
         time.sleep(self.copy_s)
         return f"its host copy made, {self.copy_s:.1f} s"
 
+    ahead_s = 0.0  # the compile ahead of its start (0: none to run)
+    ahead_fails = False
+
+    def compile_ahead(self, total_mib: int) -> float | None:
+        if not self.ahead_s:
+            return None
+        began = time.monotonic()
+        time.sleep(self.ahead_s)
+        self.spans.append((f"compile {self.name}", began, time.monotonic()))
+        if self.ahead_fails:
+            raise EngineError(f"{self.name}'s compile ahead: its engine exited with code 1 while starting: CUDA out "
+                              f"of memory")
+        return self.ahead_s
+
     def preload(self) -> PreloadOutcome:
         began = time.monotonic()
         running = [s for s in self.spans if s[2] == 0.0]
@@ -70,7 +86,7 @@ class SlowPreload(FakeEngine):
 
 
 def switcher(names: list[str], jobs: int, start_jobs: int = 0, totals: dict[int, int] | None = None,
-             **engine) -> tuple[Switcher, dict[str, SlowPreload], list[str], list]:
+             compile_ahead: bool = True, **engine) -> tuple[Switcher, dict[str, SlowPreload], list[str], list]:
     log: list[str] = []
     spans: list[tuple[str, float, float]] = []
     engines: dict[str, SlowPreload] = {}
@@ -83,7 +99,7 @@ def switcher(names: list[str], jobs: int, start_jobs: int = 0, totals: dict[int,
         return engines[m.name]
 
     config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in names), preload_jobs=jobs,
-                          start_jobs=start_jobs)
+                          start_jobs=start_jobs, compile_ahead=compile_ahead)
     return Switcher(config, SwitchMetrics(), factory, totals), engines, log, spans
 
 
@@ -97,7 +113,7 @@ def on_one_gpu(monkeypatch, need: GpuNeed, total_mib: int = 400_000, free_mib: i
 
 
 def most_at_once(spans: list[tuple[str, float, float]]) -> int:
-    preloads = [x for x in spans if not x[0].startswith(("start ", "copy "))]
+    preloads = [x for x in spans if not x[0].startswith(("start ", "copy ", "compile "))]
     return max(sum(b <= t < e for _, b, e in preloads) for _, t, _ in preloads)
 
 
@@ -253,6 +269,10 @@ def test_the_next_preload_is_decided_from_one_snapshot_as_a_table():
     assert begins(100_000, wanted=("a",), **running_a) is None  # the first start waits for a: a reads alone
     assert begins(100_000, wanted=("a", "b"), **running_a) == "b"  # unless one waits for b too
     assert begins(100_000, needs=cpu, wanted=("a",), **running_a) == "b"  # no GPU in common (cpu: none)
+    compiling = {"compiling": {"a": need}}  # a's start waits for its compile ahead (17,048 MiB: weights, activations)
+    assert need.ahead_mib == 15_000 + 2048
+    assert begins(100_000, done=frozenset({"a"}), **compiling) == "b"  # b's preload goes meanwhile
+    assert begins(97_048, **running_a, **compiling) == "b" and begins(97_047, **running_a, **compiling) is None
     c.ledger.arrive()  # a request waits for c: its preload goes first
     assert begins(100_000) == "c" and begins(100_000, wanted=("b",)) == "b"  # a start waiting goes before that
     assert start_to_reserve_for(models, s.config, a) == (c,)  # the scheduler's next start: c, a request waits for it
@@ -556,3 +576,91 @@ def test_fewer_sequences_per_vllm_engine_leave_room_for_two_host_tier_models_awa
     (set_already,) = say_fit(config("--max-num-seqs", "32"), need, lambda: h200)
     assert set_already.line().endswith("2 of 10 fit awake at once")
     assert with_fewer_seqs(config("--enforce-eager")) is None
+
+
+def test_the_first_start_compiles_beside_its_preload_and_starts_once_both_have_ended(caplog):
+    """On an H200 the default 8B's start compiled for 36 s and JIT-compiled its sampler for 16 s after its 48.8 s
+    preload (vLLM 0.26, empty caches): a server with random weights compiles the same beside the preload, and the
+    start loads the compiled code. Only the front's first start: the others load what it compiled. The preloads of
+    the next models go on meanwhile."""
+    async def main():
+        slow = {"ahead_s": 3 * PRELOAD_S}
+        s, _, log, spans = switcher(["a", "b", "c"], jobs=2, a=slow, b=slow)
+        task = await started(s)
+        span = {n: (b, e) for n, b, e in spans}
+        assert "compile b" not in span and log[0] == "start a"
+        assert span["compile a"][0] < span["a"][1]  # beside a's preload
+        assert span["start a"][0] >= span["compile a"][1] and span["start a"][0] >= span["a"][1]
+        assert span["b"][0] < span["compile a"][1]  # b's preload did not wait for it
+        task.cancel()
+
+    with caplog.at_level("INFO", logger="hotweights.switch"):
+        asyncio.run(main())
+    assert re.search(r"switch: a ready in [\d.]+ s \(cached, [\d.]+ s; its compile ahead waited for, [\d.]+ s more; "
+                     r"started, [\d.]+ s; awake\)", caplog.text), caplog.text
+
+
+def test_no_compile_ahead_where_the_keeper_holds_the_first_model_or_the_config_turns_it_off(caplog):
+    async def main(compile_ahead: bool, already: bool):
+        s, _, log, spans = switcher(["a", "b"], jobs=2, compile_ahead=compile_ahead,
+                                    a={"ahead_s": PRELOAD_S, "already": already})
+        task = await started(s)
+        assert log[0] == "start a"
+        task.cancel()
+        return [n for n, _, _ in spans if n.startswith("compile ")]
+
+    assert asyncio.run(main(True, False)) == ["compile a"]
+    assert asyncio.run(main(False, False)) == []  # compile_ahead = false
+    assert asyncio.run(main(True, True)) == []  # its start is next: nothing to compile beside
+
+
+def test_a_compile_ahead_that_failed_leaves_the_start_to_compile(caplog):
+    async def main():
+        s, _, log, spans = switcher(["a", "b"], jobs=2, a={"ahead_s": PRELOAD_S, "ahead_fails": True})
+        task = await started(s)
+        assert log[:1] == ["start a"] and states(s) == {"a": "awake", "b": "parked"}
+        task.cancel()
+
+    with caplog.at_level("WARNING", logger="hotweights.switch"):
+        asyncio.run(main())
+    assert "a: its compile ahead failed (a's compile ahead: its engine exited with code 1 while starting: CUDA " \
+           "out of memory); its start compiles" in caplog.text
+
+
+def test_a_vllm_compile_ahead_is_its_start_with_random_weights_and_a_kv_cache_of_one_sequence(tmp_path, monkeypatch):
+    """What changes is outside vLLM's compile-cache key (tests/test_vllm_compile_key.py asks vLLM itself)."""
+    from hotweights.demo_model import write_demo_model
+    from hotweights.engines.vllm.kvpin import kv_pin
+    from hotweights.switch import kinds
+
+    monkeypatch.setattr(kinds, "is_cpu_build", lambda: False)
+    model = write_demo_model(tmp_path / "m", "small")
+    vllm = KINDS["vllm"]
+
+    def ahead(*args: str, total: int = 143_771):
+        return vllm.compile_ahead_command(ModelConfig("v", model, "vllm", args), 8123, True, total)
+
+    args = ("--max-model-len", "512", "--gpu-memory-utilization", "0.25", "--kv-cache-memory-bytes", "2G",
+            "--model-loader-extra-config", '{"fallback": false}', "--max-num-seqs", "32")
+    cmd, env = ahead(*args)
+    start, start_env = vllm.command(ModelConfig("v", model, "vllm", args), 8123, True)
+    assert env == start_env  # vLLM's compile-cache key holds some of the environment
+    own = cmd[cmd.index("serve") + 1:]
+    assert own[:own.index("--load-format")] == [str(model), "--host", "127.0.0.1", "--port", "8123",
+                                                "--served-model-name", "v", "--max-model-len", "512",
+                                                "--max-num-seqs", "32"]
+    pin = kv_pin(model, ["--max-model-len", "512"])
+    share = own[own.index("--gpu-memory-utilization") + 1]
+    assert own[own.index("--load-format"):] == ["--load-format", "dummy", "--kv-cache-memory-bytes", str(pin),
+                                                "--gpu-memory-utilization", share, "--enable-sleep-mode"]
+    assert 0 < float(share) < 0.25 and start[-1] == "--enable-sleep-mode"
+    assert ahead(*args, "--enforce-eager") is None  # nothing compiled
+    assert ahead(*args, "--load-format", "safetensors") is None  # no preload to run beside
+    assert ahead(*args, "-tp", "2") is None  # its preload is a whole vLLM start: it compiles
+    assert ahead(*args, total=0) is None  # no GPU read
+    monkeypatch.setenv("HOTWEIGHTS_VLLM_SERVER_PRELOAD", "1")
+    assert ahead(*args) is None
+    monkeypatch.setattr(kinds, "is_cpu_build", lambda: True)
+    monkeypatch.delenv("HOTWEIGHTS_VLLM_SERVER_PRELOAD")
+    assert ahead(*args) is None and KINDS["hotweights"].compile_ahead_command(
+        ModelConfig("e", model), 8123, True, 143_771) is None

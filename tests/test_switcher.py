@@ -54,6 +54,9 @@ class FakeEngine:
     def cached_already(self) -> PreloadOutcome | None:
         return None  # a preload runs (tests/test_preloads.py has models the keeper holds already)
 
+    def compile_ahead(self, total_mib: int) -> float | None:
+        return None  # nothing to compile (tests/test_preloads.py has a compile that takes its time)
+
     def start(self) -> float:
         time.sleep(self.delay_s)
         self.log.append(f"start {self.name}")

@@ -51,3 +51,50 @@ def test_models_of_one_config_share_vllms_compile_key_and_another_config_does_no
     assert a == b and a != c
     a, b, c = _hashes(three, HOTWEIGHTS_VLLM_COMPILE_KEY="path")  # vLLM's own key: the path
     assert len({a, b, c}) == 3
+
+
+SERVE_HASH = """
+import json, sys
+from hotweights.engines.vllm import register
+register()
+from vllm.engine.arg_utils import EngineArgs
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+hashes = []
+for argv in json.loads(sys.argv[1]):
+    args, _ = parser.parse_known_args(["--model", argv[0], *argv[1:]])  # the server's own flags change no graph
+    hashes.append(EngineArgs.from_cli_args(args).create_engine_config().compute_hash())
+print(json.dumps(hashes))
+"""
+
+
+@pytest.mark.parametrize("which", ["current", "0.26"])
+def test_the_switchs_compile_ahead_fills_the_compile_cache_key_its_start_reads(three, which, monkeypatch):
+    """The compile ahead of a start (``switch/kinds.py``: random weights, a pinned KV cache, its own memory share)
+    differs from the start only where vLLM's compile-cache key does not look; a start with another graph (another
+    ``--dtype``) does not share it."""
+    from conftest import VLLM026_PYTHON
+
+    from hotweights.switch import kinds
+    from hotweights.switch.config import ModelConfig
+
+    python = VLLM_PYTHON if which == "current" else VLLM026_PYTHON
+    if not python:
+        pytest.skip("set HOTWEIGHTS_VLLM026_PYTHON (make test does)")
+    monkeypatch.setattr(kinds, "is_cpu_build", lambda: False)  # the commands a GPU build would run
+    vllm = kinds.KINDS["vllm"]
+    args = ("--dtype", "bfloat16", "--max-model-len", "256", "--gpu-memory-utilization", "0.3", "--max-num-seqs", "8")
+    model = ModelConfig("a", three[0], "vllm", args)
+
+    def served(cmd: list[str]) -> list[str]:
+        return cmd[cmd.index("serve") + 1:]
+
+    ahead, _ = vllm.compile_ahead_command(model, 8000, False, 143_771)
+    start, _ = vllm.command(model, 8000, False)
+    other, _ = vllm.command(ModelConfig("a", three[0], "vllm", ("--dtype", "float16", *args[2:])), 8000, False)
+    assert "dummy" in ahead and "hotweights" in start
+    r = subprocess.run([python, "-c", SERVE_HASH, json.dumps([served(ahead), served(start), served(other)])],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ahead_hash, start_hash, other_hash = json.loads(r.stdout.strip().splitlines()[-1])
+    assert ahead_hash == start_hash != other_hash

@@ -22,6 +22,8 @@
                              # preload is a whole vLLM start); 0: 4 where there are GPUs, else 1 (in each start)
     start_jobs = 0           # start-up's engine starts at once where no start profiles the GPU's memory (vLLM
                              # with --kv-cache-memory-bytes) and GPU memory holds them; 0: 4 where there are GPUs
+    compile_ahead = true     # the first start's compile runs beside its preload (vLLM, dummy weights), where that
+                             # preload runs (preloads.py); false: the start compiles after it
 
     [[model]]
     name = "chat"            # the API's model name
@@ -208,6 +210,7 @@ class SwitchConfig:
     preload_jobs: Annotated[int, Field(ge=0, description="0 (auto) or more")] = 0
     # start-up's starts at once where none profiles the GPU's memory (schedule.startup_batch); 0: auto
     start_jobs: Annotated[int, Field(ge=0, description="0 (auto) or more")] = 0
+    compile_ahead: bool = True  # the first start's compile beside its preload (preloads.begin_compile_ahead)
     log_dir: str = ""  # each engine's log (and its preload's) go here; "": a new temporary directory per run
 
     @model_validator(mode="after")

@@ -56,6 +56,7 @@ class EngineLike(Protocol):
     def preload(self) -> PreloadOutcome: ...
     def host_copy_after(self) -> str: ...
     def cached_already(self) -> PreloadOutcome | None: ...
+    def compile_ahead(self, total_mib: int) -> float | None: ...
     def start(self) -> float: ...
     def park(self, level: int) -> None: ...
     def wake(self) -> WakeSource: ...
@@ -75,6 +76,7 @@ class Engine:
         self.parks = self.kind.parks(parking)
         self.log_path = log_dir / f"{model.name.replace('/', '_')}.log"
         self.process = EngineProcess(model.name, self.log_path)
+        self._ahead = EngineProcess(model.name, self.log_path)  # its compile ahead (``compile_ahead``), if one runs
         self._need: GpuNeed | None = None
         self.start_jobs = start_jobs
         self.keeper = KeeperView(model, self.kind, socket_dir, self.env(socket_dir))
@@ -195,6 +197,26 @@ class Engine:
             return f"no host copy yet: {one_line(str(exc), 120)}"
         return f"its host copy made, {time.monotonic() - began:.1f} s" if made else ""
 
+    def compile_ahead(self, total_mib: int, timeout_s: float = 900.0) -> float | None:
+        """Its first start's compile, run now by a server of its own without its weights (``kinds``:
+        ``compile_ahead_command``; ``total_mib``: its GPU's memory), stopped once ready; the seconds it took, or None
+        where its kind has none to run. EngineError (its reason, one line) where it failed: the start then
+        compiles itself. Its log: ``<name>.compile-ahead.log`` beside the engine's."""
+        def command(port: int) -> tuple[list[str], dict[str, str]]:
+            cmd, extra = self.kind.compile_ahead_command(self.model, port, self.parks, total_mib) or ([], {})
+            return cmd, {**self.keeper.env, **extra, DIE_WITH_ENV: str(os.getpid())}
+
+        if self.kind.compile_ahead_command(self.model, 0, self.parks, total_mib) is None:
+            return None
+        self._ahead = ahead = EngineProcess(f"{self.model.name}'s compile ahead",
+                                            self.log_path.with_suffix(".compile-ahead.log"))
+        logger.info("switch: %s: compiling ahead of its first start, beside its preload (vLLM with dummy weights; "
+                    "log: %s)", self.model.name, ahead.log_path)
+        try:
+            return ahead.start(command, timeout_s)
+        finally:
+            ahead.stop()
+
     def start(self, timeout_s: float = 900.0) -> float:
         """Start its engine; the seconds it took. Where the keeper holds only the host copy of its weights, their GPU
         copy is made again first, within those seconds (``device_copy_back``)."""
@@ -242,6 +264,8 @@ class Engine:
         return self.keeper.host_copy_ahead()
 
     def stop(self) -> None:
+        """Its server stopped, and its compile ahead if one runs (its start then fails at once: the front stops)."""
+        self._ahead.stop()
         self.process.stop()
 
     def files(self) -> tuple[tuple[str, int, int], ...]:

@@ -11,6 +11,7 @@ A new engine is a new row. Torch-free.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -19,10 +20,11 @@ from pathlib import Path
 from typing import Protocol
 
 from .. import argv
-from ..engines.vllm.kvpin import kv_given, kv_pin
+from ..engines.vllm.kvpin import KV_BYTES, kv_given, kv_pin
 from ..errors import CheckpointError
 from ..loading.checkpoint import open_checkpoint
 from ..engines.vllm.options import LOAD_FORMAT
+from ..engines.vllm.preload import SERVER_PRELOAD_ENV
 from ..engines.vllm.start import EXTRA_CONFIG, LOAD_FORMAT_OPTION, TENSOR_PARALLEL, VllmStart, is_cpu_build
 from ..rows import EntryRow
 from ..standby.handoff import IMPORT_ENV
@@ -37,6 +39,7 @@ VLLM_SHARE = 0.92  # vLLM 0.26's default --gpu-memory-utilization
 VLLM_MAX_SEQS = 1024  # vLLM 0.26's default --max-num-seqs on an H200
 VLLM_GRAPHS_MIB = 1024  # its CUDA graphs at the default sizes (51, batches up to 512), 8B
 VLLM_MAX_GRAPH_BATCH = 512
+Command = tuple[list[str], dict[str, str]]  # a server's argv, and what it adds to the environment
 
 
 def weights_mib(checkpoint: os.PathLike[str] | str) -> int:
@@ -85,13 +88,18 @@ class EngineKind:
         """Whether its engines park (else a park stops them and a wake starts them again)."""
         return parking
 
-    def command(self, m: Spec, port: int, parks: bool) -> tuple[list[str], dict[str, str]]:
+    def command(self, m: Spec, port: int, parks: bool) -> Command:
         """Its server's command on ``127.0.0.1:port``, and what it adds to the environment."""
         return [sys.executable, "-m", "hotweights", "serve", *_common(m, port), *m.args], {}
 
     def not_preloaded(self, m: Spec) -> str:
         """Why this model has nothing to preload ("" when it has)."""
         return ""
+
+    def compile_ahead_command(self, m: Spec, port: int, parks: bool, total_mib: int) -> Command | None:
+        """A server that compiles what the model's first start would, without its weights, so that it runs beside
+        the preload (``switch/preloads.py``); None where the first start compiles nothing or its preload does."""
+        return None
 
     def preload_command(self, m: Spec, parks: bool) -> list[str]:
         """``hotweights preload ...`` for it (the CLI's arguments)."""
@@ -130,9 +138,12 @@ class VllmKind(EngineKind):
     def parks(self, parking: bool) -> bool:
         return parking and not is_cpu_build()
 
-    def command(self, m: Spec, port: int, parks: bool) -> tuple[list[str], dict[str, str]]:
-        cmd = [sys.executable, "-m", "hotweights", "vllm", "serve", *_common(m, port), *m.args]
-        if VllmStart.parse(list(m.args)).load_format is None:  # the engine layout the preload made, zero-copy
+    def command(self, m: Spec, port: int, parks: bool) -> Command:
+        return self._serve(m, m.args, port, parks)
+
+    def _serve(self, m: Spec, args: Sequence[str], port: int, parks: bool) -> Command:
+        cmd = [sys.executable, "-m", "hotweights", "vllm", "serve", *_common(m, port), *args]
+        if VllmStart.parse(list(args)).load_format is None:  # the engine layout the preload made, zero-copy
             cmd += ["--load-format", LOAD_FORMAT]
         # the next start's standby imports beside this one: the switch's starts follow one another, and each
         # waited ~20 s for the standby the one before prepared once it was ready (H200, ten 8B, 2026-12-04)
@@ -142,6 +153,28 @@ class VllmKind(EngineKind):
     def not_preloaded(self, m: Spec) -> str:
         chosen = VllmStart.parse(list(m.args)).load_format or LOAD_FORMAT
         return "" if chosen == LOAD_FORMAT else f"--load-format {chosen}: vLLM reads the checkpoint"
+
+    def compile_ahead_command(self, m: Spec, port: int, parks: bool, total_mib: int) -> Command | None:
+        """The model's start as it will run, with ``--load-format dummy`` (random weights made on the GPU: no read,
+        no keeper) and a KV cache of one ``--max-model-len`` sequence that it is not profiled for
+        (``--kv-cache-memory-bytes``, so that it runs beside the preload, ``kvpin.py``), within a
+        ``--gpu-memory-utilization`` of what it takes. vLLM's compile-cache key holds none of the three (vLLM 0.26:
+        ``LoadConfig.compute_hash`` has no factor, ``CacheConfig.compute_hash`` ignores the other two), so what it
+        compiles (torch.compile's code, its sampler's Triton kernels) is what the start finds. None where the
+        start compiles nothing (``--enforce-eager``, the CPU build), or the preload is a whole vLLM start that
+        compiled already (several ranks; ``HOTWEIGHTS_VLLM_SERVER_PRELOAD=1``), or the KV cache of one sequence
+        cannot be told from ``config.json``."""
+        if (is_cpu_build() or EAGER.present(m.args) or self.not_preloaded(m) or self.ranks(m) != 1
+                or os.environ.get(SERVER_PRELOAD_ENV, "") == "1" or total_mib <= 0):
+            return None
+        own = argv.strip(m.args, LOAD_FORMAT_OPTION, EXTRA_CONFIG, KV_BYTES, GPU_SHARE)
+        pin = kv_pin(m.checkpoint, own)
+        if pin is None:
+            return None
+        share = math.ceil(100 * self.gpu_need(m).ahead_mib / total_mib) / 100
+        args = [*own, "--load-format", "dummy", "--kv-cache-memory-bytes", str(pin),
+                "--gpu-memory-utilization", f"{min(share, 0.95):.2f}"]
+        return self._serve(m, args, port, parks)
 
     def preload_command(self, m: Spec, parks: bool) -> list[str]:
         """With the engine's own flags (the load format's aside), so that what the preload's vLLM compiles is

@@ -71,7 +71,8 @@ class Lifecycle:
         models, default = list(self.models.values()), self.models[self.config.default.name]
         order = startup_order(models, default)
         self.preloads = Preloads([m for m in order if m.config.start != "lazy"], jobs,
-                                 lambda: start_to_reserve_for(models, self.config, default))
+                                 lambda: start_to_reserve_for(models, self.config, default),
+                                 compile_ahead=self.config.compile_ahead)
         return asyncio.create_task(self.preloads.run())
 
     def move(self, m: Model, to: ModelState) -> None:
@@ -119,8 +120,10 @@ class Lifecycle:
             m.cached = cached = str(outcome)
             stays = m.config is self.config.default or m.waiting > 0 or m.config.keep_awake
             await self._make_room(Room(park=self.room(m, capped=stays).park), m)
+            waited = await self.preloads.compiled(m) if self.preloads is not None else 0.0  # it compiled ahead
             started = await self._start(m)
             cached += f", {preloaded_s:.1f} s" if preloaded_s >= 0.1 else ""
+            cached += f"; its compile ahead waited for, {waited:.1f} s more" if waited >= 0.1 else ""
         except EngineError as exc:
             self._start_failed(m, exc)
             logger.error("switch: %s unavailable: %s", m.name, exc)

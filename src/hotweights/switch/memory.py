@@ -66,6 +66,13 @@ class GpuNeed:
             return max(share, 2 * self.weights_mib + self.kv_mib + PRELOAD_SCRATCH_MIB) + self.extra_mib
         return share + self.weights_mib + self.extra_mib
 
+    @property
+    def ahead_mib(self) -> int:
+        """A compile ahead of its engine's first start (``kinds.compile_ahead_command``: weights of its own, random, and
+        a KV cache no larger than its preload's): those, its activations and what an engine keeps parked (context,
+        CUDA graphs)."""
+        return self.weights_mib + self.kv_mib + self.activations_mib + self.parked_mib + self.extra_mib
+
     def start_mib(self, total_mib: int) -> int:
         """Free memory its engine's start needs, its weights mapped from the keeper."""
         return max(0, engine_share(total_mib, self.share, self.weights_mib)) + self.extra_mib

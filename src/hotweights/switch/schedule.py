@@ -193,6 +193,7 @@ class Preloading:
     starting: tuple[GpuNeed, ...] = ()  # engines starting: no preload begins on their GPUs
     failed_beside: frozenset[str] = frozenset()  # failed beside others: tried again with none running
     copying: frozenset[str] = frozenset()  # preloaded, their host copy being made (no GPU memory of a preload's)
+    compiling: Mapping[str, GpuNeed] = field(default_factory=dict)  # compiles ahead of a start, by its model
 
 
 def startup_batch(first: Model, models: Sequence[Model], totals: Mapping[int, int], jobs: int,
@@ -240,7 +241,8 @@ def next_preload(models: Sequence[Model], p: Preloading, need: Callable[[Model],
 
     Not on GPUs where an engine that profiles is starting (vLLM sizes its KV cache from a profile of the whole GPU),
     nor where a model whose preload is done and whose start profiles has yet to start (its start, seconds, goes
-    before a preload, minutes, which would hold it back), unless a start waits for it; nor, while no engine has started,
+    before a preload, minutes, which would hold it back; not while that start waits for its compile ahead, which
+    takes longer), unless a start waits for it; nor, while no engine has started,
     beside a preload a start waits for, unless one waits for this one too (the default's: on an H200 an 8B's took
     56.8 s beside two others and 28.8-29.5 s alone, and the front's ``/health`` waited for it, then for its start;
     later, preloads side by side fill the box sooner). Where none runs, it begins
@@ -255,7 +257,8 @@ def next_preload(models: Sequence[Model], p: Preloading, need: Callable[[Model],
     if (m.name not in p.wanted and not any(x.started for x in models)
             and any(n in p.wanted and set(o.gpus) & set(own.gpus) for n, o in p.running.items())):
         return None  # the front's first start (its /health) waits for that one: the disk and the CPU are its own
-    preloaded = p.done | p.copying  # a host copy after a preload holds its start back, not the rule
+    preloaded = (p.done | p.copying) - set(p.compiling)  # a host copy after a preload, or the compile ahead of its
+    # start, holds that start back, not the rule
     if m.name not in p.wanted and any(not x.started and x.config.start == "eager" and x.name in preloaded
                                       and need(x).profiles and set(need(x).gpus) & set(own.gpus) for x in models):
         return None
@@ -265,11 +268,12 @@ def next_preload(models: Sequence[Model], p: Preloading, need: Callable[[Model],
 
 def preload_fits(m: Model, own: GpuNeed, gpu: int, mem: GpuMemory, p: Preloading, need: Callable[[Model], GpuNeed],
                  reserve_for: Sequence[Model]) -> bool:
-    """Free memory on ``gpu`` holds ``m``'s preload at its peak beside the peaks of those running (counted whole,
-    even once they have taken part of it: conservative), and what the starts of ``reserve_for`` need there (each
-    counted whole, even once it has taken part of it; they wait for no preload, nor for the weights those leave in
-    the keeper)."""
-    held = sum(n.preload_mib(mem.total_mib) for n in p.running.values() if gpu in n.gpus)
+    """Free memory on ``gpu`` holds ``m``'s preload at its peak beside the peaks of those running and of the compiles
+    ahead (``GpuNeed.ahead_mib``; each counted whole, even once it has taken part of it: conservative), and what the
+    starts of ``reserve_for`` need there (each counted whole, even once it has taken part of it; they wait for no
+    preload, nor for the weights those leave in the keeper)."""
+    held = (sum(n.preload_mib(mem.total_mib) for n in p.running.values() if gpu in n.gpus)
+            + sum(n.ahead_mib for n in p.compiling.values() if gpu in n.gpus))
     reserve = sum(need(x).start_mib(mem.total_mib) for x in reserve_for
                   if x is not m and x.name not in p.running and gpu in need(x).gpus)
     return mem.free_mib - held - reserve >= own.preload_mib(mem.total_mib)
