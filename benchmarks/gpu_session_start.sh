@@ -30,7 +30,7 @@ trace() {  # trace NAME ARGS...: one switch_trace.py run over 8B models in $W, i
   python3 "$BENCH/switch_trace.py" --size 8b --models-dir "$W" --out "$W/trace-$name" --json \
     --partial-json "$OUT/trace_8b_$name.partial.json" "$@" > "$OUT/trace_8b_$name.json" 2> "$OUT/trace_8b_$name.err"
   echo "trace rc=$?" >> "$OUT/trace_8b_$name.err"
-  cp "$W/trace-$name"/trace-front-*.log "$OUT/" 2>/dev/null
+  for f in "$W/trace-$name"/trace-front-*.log; do cp "$f" "$OUT/${name}_$(basename "$f")" 2>/dev/null; done
   tar czf "$OUT/logs_$name.tgz" --exclude='*.json' -C "$W/trace-$name" . 2>/dev/null  # preloads', engines' logs
 }
 switch_drills_8b() {  # switch_drills_8b SOCK ARGS: `hotweights switch` over $W/m0-m2 (vLLM) from the empty keeper SOCK

@@ -343,6 +343,7 @@ def mode_config(mode: str, models: dict[str, Path], args: argparse.Namespace) ->
     text += f"schedule = \"{'fifo' if mode == 'park_fifo' else 'fair'}\"\n"
     text += f"request_timeout_s = {args.request_timeout_s}\n" + ("preempt = true\n" if preempt else "")
     text += f"turn_s = {args.turn_s}\n" if args.turn_s is not None else ""
+    text += "compile_ahead = false\n" if args.no_compile_ahead else ""
     text += "".join(model_table(name, path, [], args.engine, engine_args, name in host) for name, path in
                     models.items())
     return text, ["--no-parking"] if mode == "restart" else []
@@ -387,13 +388,13 @@ def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock:
 
 
 STARTUP_RE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ \S+ switch: (.*(?:preloading|ready in|together|"
-                        r"starts beside|unavailable|host copy|GPU copy|starting again).*)$")
+                        r"starts beside|unavailable|host copy|GPU copy|starting again|compil).*)$")
 
 
 def startup_timeline(log: str) -> list[str]:
-    """The front's start-up as ``+SECONDS what`` (since its first line): the preloads begun, the batches, the starts
-    that joined, the host and GPU copies, each model's ready line, and any start again later (the first 80 such
-    lines). The fill is read from it, not pieced together from the log by hand."""
+    """The front's start-up as ``+SECONDS what`` (since its first line): the preloads begun, the compile ahead, the
+    batches, the starts that joined, the host and GPU copies, each model's ready line, and any start again later
+    (the first 80 such lines). The fill is read from it, not pieced together from the log by hand."""
     import datetime
 
     def at(stamp: str) -> float:
@@ -469,6 +470,8 @@ def main() -> int:  # noqa: PLR0915
     parser.add_argument("--request-timeout-s", type=float, default=120.0)
     parser.add_argument("--turn-s", type=float, default=None, help="the fronts' turn_s (default: the front's own)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-compile-ahead", action="store_true",
+                        help="the fronts' first start compiles after its preload (compile_ahead = false)")
     parser.add_argument("--url", default="", help="a running front: run the trace against it once (mode given)")
     parser.add_argument("--names", default="", help="with --url: its models, most popular first")
     parser.add_argument("--socket-dir", default="", help="a keeper to use (and leave running): its entries serve")
