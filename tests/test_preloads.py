@@ -10,6 +10,7 @@ Run: pytest tests/test_preloads.py
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import time
@@ -75,6 +76,14 @@ class SlowPreload(FakeEngine):
             raise EngineError(f"{self.name}'s compile ahead: its engine exited with code 1 while starting: CUDA out "
                               f"of memory")
         return self.ahead_s
+
+    learns_kv = False  # pins the KV cache an engine's profile gave it, where it profiles too
+
+    def pin_kv_as(self, other: FakeEngine) -> int:
+        if not self.learns_kv or other is self or not self.need.profiles or not other.need.profiles:
+            return 0
+        self.need = dataclasses.replace(self.need, engine_kv_mib=2048)
+        return 2048 << 20
 
     def preload(self) -> PreloadOutcome:
         began = time.monotonic()
@@ -510,6 +519,69 @@ def test_starts_that_profile_the_gpu_stay_one_at_a_time_whatever_start_jobs_says
         assert overlapping(spans, "start ") == 1, spans
         task.cancel()
     asyncio.run(main())
+
+
+def test_starts_that_would_profile_as_the_first_did_take_its_kv_cache_and_go_together(monkeypatch, caplog):
+    """Three 8B with the front's defaults on an H200: each start after the first profiled the GPU alone (60.4 s and
+    31.5 s), its preload (4.5 s) waiting for the start before it. The first start's profile gives the KV cache of
+    every model that starts as it does; pinned to it, those profile nothing and start together."""
+    from hotweights.switch import preloads
+
+    need = GpuNeed((0,), share=0.25, weights_mib=15_000, parked_mib=1950)  # its KV cache from a profile
+    monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(400_000, 400_000)})
+
+    async def main():
+        s, engines, _, spans = switcher(["a", "b", "c", "d"], jobs=4, start_jobs=3, totals={0: 400_000})
+        for e in engines.values():
+            e.need, e.delay_s, e.learns_kv = need, PRELOAD_S, True
+        task = await started(s)
+        starts = {n[6:]: (b, e) for n, b, e in spans if n.startswith("start ")}
+        loads = {n: (b, e) for n, b, e in spans if not n.startswith("start ")}
+        assert overlapping(spans, "start ") >= 2, spans  # b and c together (1 where they profile)
+        assert starts["a"][1] <= min(starts[n][0] for n in "bcd"), spans  # after a's, which profiled alone
+        assert loads["d"][0] < max(starts[n][1] for n in "bc"), spans  # d's preload beside their starts
+        assert engines["a"].need.profiles and not any(engines[n].need.profiles for n in "bcd")
+        task.cancel()
+
+    with caplog.at_level("INFO", logger="hotweights.switch"):
+        asyncio.run(main())
+    assert ("switch: b, c, d start with the KV cache vLLM's profile gave a (2.00 GiB; --kv-cache-memory-bytes "
+            "2147483648): they profile nothing, so they start beside each other and the preloads") in caplog.text
+
+
+def test_a_vllm_engine_pins_the_kv_cache_a_profile_gave_an_engine_that_starts_as_it_does(tmp_path, monkeypatch):
+    """Only where vLLM's profile would give both the same: the same arguments, GPUs, config files and weights."""
+    from hotweights.demo_model import write_demo_model
+    from hotweights.engines.vllm.kvpin import kv_profiled
+    from hotweights.switch import kinds
+    from hotweights.switch.engines import Engine
+
+    monkeypatch.setattr(kinds, "is_cpu_build", lambda: False)
+    small, tiny = write_demo_model(tmp_path / "s", "small"), write_demo_model(tmp_path / "t", "tiny")
+    seed = write_demo_model(tmp_path / "s1", "small", seed=1)  # other weights, the same config
+    args = ("--max-model-len", "512", "--gpu-memory-utilization", "0.25")
+
+    def engine(name: str, model: Path, *extra: str, log: str = "") -> Engine:
+        e = Engine(ModelConfig(name, model, "vllm", (*args, *extra)), tmp_path, start_jobs=3)
+        e.log_path.write_text(log)
+        return e
+
+    profiled = "INFO [gpu_worker.py:562] Available KV cache memory: 21.43 GiB\nINFO GPU KV cache size: 175,536 tokens\n"
+    first = engine("first", small, log=profiled)
+    assert kv_profiled(profiled) == int(21.425 * (1 << 30))
+    assert kv_profiled("rank 0 Available KV cache memory: 21.43 GiB\nrank 1 Available KV cache memory: 21.4 GiB") \
+        == int(21.395 * (1 << 30))  # one line per rank: the least
+    assert kv_profiled("Initial free memory 139.2 GiB, reserved 2.0 GiB memory for KV Cache") is None  # pinned
+    same, other_args, other_config = engine("same", seed), engine("x", seed, "--max-num-seqs", "8"), engine("y", tiny)
+    given = engine("z", seed, "--kv-cache-memory-bytes", "1G")
+    assert [e.pin_kv_as(first) for e in (other_args, other_config, given, first)] == [0, 0, 0, 0]
+    assert same.gpu_need().profiles and same.pin_kv_as(first) == kv_profiled(profiled)
+    assert not same.gpu_need().profiles and same.gpu_need().engine_kv_mib == kv_profiled(profiled) >> 20
+    cmd = same.command(8000)[0]
+    assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(kv_profiled(profiled))
+    assert same.keeper.env["HOTWEIGHTS_STANDBYS"] == "4"  # it may start with two others now: a standby each
+    assert engine("w", seed).pin_kv_as(engine("quiet", small)) == 0  # no profile line: nothing to pin
+    assert engine("v", seed).pin_kv_as(same) == 0  # same profiled nothing (pinned)
 
 
 def test_the_starts_that_go_together_are_decided_from_memory_as_a_table():

@@ -57,6 +57,9 @@ class FakeEngine:
     def compile_ahead(self, total_mib: int) -> float | None:
         return None  # nothing to compile (tests/test_preloads.py has a compile that takes its time)
 
+    def pin_kv_as(self, other: FakeEngine) -> int:
+        return 0  # it profiles nothing (tests/test_preloads.py has engines that learn from a profile)
+
     def start(self) -> float:
         time.sleep(self.delay_s)
         self.log.append(f"start {self.name}")

@@ -6,6 +6,7 @@ switcher runs them on worker threads. Torch-free.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .. import evidence
+from ..engines.vllm.compile_key import config_digest
 from ..errors import HotweightsError
 from ..evidence import size_text
 from ..standby.handoff import PLACES_ENV
@@ -57,6 +59,7 @@ class EngineLike(Protocol):
     def host_copy_after(self) -> str: ...
     def cached_already(self) -> PreloadOutcome | None: ...
     def compile_ahead(self, total_mib: int) -> float | None: ...
+    def pin_kv_as(self, other: EngineLike) -> int: ...
     def start(self) -> float: ...
     def park(self, level: int) -> None: ...
     def wake(self) -> WakeSource: ...
@@ -78,7 +81,7 @@ class Engine:
         self.process = EngineProcess(model.name, self.log_path)
         self._ahead = EngineProcess(model.name, self.log_path)  # its compile ahead (``compile_ahead``), if one runs
         self._need: GpuNeed | None = None
-        self.start_jobs = start_jobs
+        self.start_jobs, self.socket_dir = start_jobs, socket_dir
         self.keeper = KeeperView(model, self.kind, socket_dir, self.env(socket_dir))
 
     url = property(lambda self: self.process.url)
@@ -196,6 +199,28 @@ class Engine:
         except (EngineError, OSError, HotweightsError) as exc:
             return f"no host copy yet: {one_line(str(exc), 120)}"
         return f"its host copy made, {time.monotonic() - began:.1f} s" if made else ""
+
+    def pin_kv_as(self, other: EngineLike) -> int:
+        """Where ``other`` sized its KV cache from a profile of the GPU's memory at its start and this engine would
+        start as it did (the same kind, arguments and GPUs, config files and weights' size: vLLM's profile gives
+        them the same KV cache), this engine's is pinned to that size (``--kv-cache-memory-bytes``): it profiles
+        nothing, so it starts beside other starts and preloads (``GpuNeed.profiles``). The bytes pinned, 0 where
+        it is not (``other`` profiled nothing, starts otherwise, or its output does not say)."""
+        if not isinstance(other, Engine) or other is self or not self.gpu_need().profiles:
+            return 0
+        mine, theirs = self.model, other.model
+        if (mine.engine, mine.args, mine.gpus) != (theirs.engine, theirs.args, theirs.gpus) \
+                or self.gpu_need() != other.gpu_need() or not other.gpu_need().profiles:
+            return 0
+        digest = config_digest(str(mine.checkpoint))
+        if digest is None or digest != config_digest(str(theirs.checkpoint)):
+            return 0
+        nbytes = self.kind.kv_profiled(other.process.output()) or 0
+        if nbytes:
+            self.model = dataclasses.replace(mine, args=self.kind.with_kv(mine.args, nbytes))
+            self._need = None
+            self.keeper = KeeperView(self.model, self.kind, self.socket_dir, self.env(self.socket_dir))
+        return nbytes
 
     def compile_ahead(self, total_mib: int, timeout_s: float = 900.0) -> float | None:
         """Its first start's compile, run now by a server of its own without its weights (``kinds``:

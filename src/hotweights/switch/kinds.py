@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .. import argv
-from ..engines.vllm.kvpin import KV_BYTES, kv_given, kv_pin
+from ..engines.vllm.kvpin import KV_BYTES, kv_given, kv_pin, kv_profiled
 from ..errors import CheckpointError
 from ..loading.checkpoint import open_checkpoint
 from ..engines.vllm.options import LOAD_FORMAT
@@ -101,6 +101,15 @@ class EngineKind:
         the preload (``switch/preloads.py``); None where the first start compiles nothing or its preload does."""
         return None
 
+    def kv_profiled(self, log: str) -> int | None:
+        """The KV cache (bytes per GPU) a start whose output is ``log`` sized from a profile of the GPU's memory;
+        None where it says none."""
+        return None
+
+    def with_kv(self, args: Sequence[str], nbytes: int) -> tuple[str, ...]:
+        """``args`` with a KV cache of ``nbytes`` per GPU pinned (nothing profiled at start)."""
+        return tuple(args)
+
     def preload_command(self, m: Spec, parks: bool) -> list[str]:
         """``hotweights preload ...`` for it (the CLI's arguments)."""
         picked = {name: argv.Option((name,)).value(m.args) for name in ("--device", "--dtype")}
@@ -153,6 +162,12 @@ class VllmKind(EngineKind):
     def not_preloaded(self, m: Spec) -> str:
         chosen = VllmStart.parse(list(m.args)).load_format or LOAD_FORMAT
         return "" if chosen == LOAD_FORMAT else f"--load-format {chosen}: vLLM reads the checkpoint"
+
+    def kv_profiled(self, log: str) -> int | None:
+        return kv_profiled(log)
+
+    def with_kv(self, args: Sequence[str], nbytes: int) -> tuple[str, ...]:
+        return (*KV_BYTES.strip(args), "--kv-cache-memory-bytes", str(nbytes))
 
     def compile_ahead_command(self, m: Spec, port: int, parks: bool, total_mib: int) -> Command | None:
         """The model's start as it will run, with ``--load-format dummy`` (random weights made on the GPU: no read,

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .gpus import GpuMemory, gpu_memory
@@ -87,6 +87,12 @@ class Preloads:
         if m.name not in self._needs:
             self._needs[m.name] = self._need(m)
         return self._needs[m.name]
+
+    def forget_needs(self, names: Iterable[str]) -> None:
+        """The GPU needs of ``names`` read again when next asked (their engines' arguments changed)."""
+        for name in names:
+            self._needs.pop(name, None)
+        self._look.set()
 
     async def result(self, m: Model) -> tuple[PreloadOutcome, float]:
         """``m``'s preload (what happened, its seconds), once done; a start that waits for it moves it first."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -65,3 +66,16 @@ def kv_pin(model_dir: str | Path, args: Sequence[str], tp_size: int = 1) -> int 
     per_token = 2 * layers * math.ceil(kv_heads / tp_size) * head_dim * element  # keys and values
     need = max(FLOOR, int(per_token * tokens * MARGIN))
     return need if need <= CEILING else None
+
+
+GIB = 1 << 30
+_PROFILED_RE = re.compile(r"Available KV cache memory: (\d+(?:\.\d+)?) GiB")
+
+
+def kv_profiled(log: str) -> int | None:
+    """The KV cache per GPU vLLM's memory profile gave a start whose output is ``log`` (vLLM 0.26's GPU worker logs
+    ``Available KV cache memory: 21.43 GiB`` once per rank after its profile: the least; none where the KV cache
+    was given), in bytes rounded down below what the line's two decimals may have
+    rounded up (at most 10 MiB less than vLLM's own: a few blocks); None where no such line is."""
+    found = [float(m.group(1)) for m in _PROFILED_RE.finditer(log)]
+    return max(0, int((min(found) - 0.005) * GIB)) if found else None
