@@ -229,7 +229,10 @@ def test_gpu_memory_admits_a_preload_only_beside_what_the_others_and_the_next_st
     pinned = GpuNeed((0,), share=0.25, weights_mib=15_000, kv_mib=640)  # its own copy, the published one, KV
     assert pinned.preload_mib(100_000) == 30_000 + 640 + 3072 and pinned.preload_mib(200_000) == 50_000
 
-    def run(free_mib: int, names: list[str]) -> int:
+    loader = GpuNeed((0,), share=0.25, weights_mib=15_000, kv_mib=640, loader_only=True)
+    assert loader.preload_mib(100_000) == 15_000 + 1024 + 1024  # vLLM's loader alone: the weights, a pool, a context
+
+    def run(free_mib: int, names: list[str], need: GpuNeed = need) -> int:
         async def main() -> int:
             s, _, _, spans = switcher(names, jobs=4)
             models = list(s.models.values())
@@ -244,6 +247,7 @@ def test_gpu_memory_admits_a_preload_only_beside_what_the_others_and_the_next_st
     assert run(100_000, ["a", "b", "c"]) == 2  # a third would leave 20 GB for a 40 GB peak
     assert run(60_000, ["a", "b", "c"]) == 1  # one at a time: each after the other's peak is gone
     assert run(190_000, ["a", "b", "c", "d", "e"]) == 4  # preload_jobs bounds them too
+    assert run(60_000, ["a", "b", "c"], loader) == 3  # 17 GB each, not 40
 
 
 def test_the_next_preload_is_decided_from_one_snapshot_as_a_table():
@@ -290,10 +294,12 @@ def test_the_next_preload_is_decided_from_one_snapshot_as_a_table():
     assert begins(100_000, wanted=("c",), running={"c": need}) == "a"  # an engine started: side by side again
 
 
-def test_each_engine_kind_says_what_its_preload_and_start_take_on_the_gpu(tmp_path):
+def test_each_engine_kind_says_what_its_preload_and_start_take_on_the_gpu(tmp_path, monkeypatch):
     from hotweights.demo_model import write_demo_model
     from hotweights.engines.vllm.kvpin import kv_pin
-    from hotweights.engines.vllm.start import is_cpu_build
+    from hotweights.switch import kinds
+
+    monkeypatch.setattr(kinds, "is_cpu_build", lambda: False)  # what vLLM's GPU build needs (its CPU build: none)
 
     model = write_demo_model(tmp_path / "m", "small")
     mib = sum(p.stat().st_size for p in model.glob("*.safetensors")) >> 20  # its shards, as the preload reads them
@@ -303,11 +309,12 @@ def test_each_engine_kind_says_what_its_preload_and_start_take_on_the_gpu(tmp_pa
                                                                     "--max-model-len", "64")))
     embedded = KINDS["hotweights"].gpu_need(ModelConfig("e", model, args=("--device", "cuda:1"), gpus=(2, 3)))
     cpu = KINDS["hotweights"].gpu_need(ModelConfig("c", model))
-    if not is_cpu_build():  # where vLLM has no GPU build installed, its engines need none
-        pinned = kv_pin(model, ["--max-model-len", "64"], 2) >> 20
-        assert (vllm.gpus, vllm.share, vllm.weights_mib, vllm.kv_mib) == ((0, 1), 0.25, mib // 2, pinned)
-        given = KINDS["vllm"].gpu_need(ModelConfig("v", model, "vllm", ("--kv-cache-memory-bytes", "1G")))
-        assert given.kv_mib == 1024
+    pinned = kv_pin(model, ["--max-model-len", "64"], 2) >> 20
+    assert (vllm.gpus, vllm.share, vllm.weights_mib, vllm.kv_mib) == ((0, 1), 0.25, mib // 2, pinned)
+    assert not vllm.loader_only  # two ranks: the preload is a whole vLLM start
+    assert KINDS["vllm"].gpu_need(ModelConfig("v", model, "vllm", ("--max-model-len", "64"))).loader_only
+    given = KINDS["vllm"].gpu_need(ModelConfig("v", model, "vllm", ("--kv-cache-memory-bytes", "1G")))
+    assert given.kv_mib == 1024
     assert (embedded.gpus, embedded.weights_mib) == ((3,), mib) and embedded.extra_mib > 0
     assert cpu.gpus == () and gpu_memory(visible="") == {}
     assert KINDS["hotweights"].gpu_need(ModelConfig("e", tmp_path / "none", args=("--device", "cuda"))).weights_mib == 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 MODES = ("zero_copy", "copy")
+DEFAULT_POOL_BYTES = 1 << 30  # a pool's size when a writer lays an entry out (``loading/publish.py``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ import torch
 
 from .. import evidence
 from ..client import Outcome, connect_for
-from ..config import AttachConfig
+from ..config import DEFAULT_POOL_BYTES, AttachConfig
 from ..errors import CheckpointError, DaemonUnavailable, ProtocolError, TrustError
 from ..key import CacheKey
 from ..rows import EntryRow
@@ -35,7 +35,7 @@ from .attach import AttachResult, attach_tensors
 from .checkpoint import Checkpoint, checkpoint_key, open_checkpoint, target_dtype
 from .digest import DigestCache
 from .headroom import WontFit, check_budget, check_fits
-from .publish import DEFAULT_POOL_BYTES, PoolWriter, publish
+from .publish import PoolWriter, publish
 from .reader import Staging, plan_segments
 
 logger = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ import torch
 
 from .. import evidence
 from ..client import Client, connect_for
-from ..config import AttachConfig
+from ..config import DEFAULT_POOL_BYTES, AttachConfig
 from ..errors import HotweightsError, ManifestError, PoolError
 from ..evidence import GIB
 from ..key import CacheKey
@@ -44,7 +44,6 @@ from ..pools.devices import Device
 from ..wire import close_fds
 
 logger = logging.getLogger(__name__)
-DEFAULT_POOL_BYTES = 1 << 30
 
 Item = tuple[str, str, tuple[int, ...]]  # name, dtype, shape (in memory order)
 

@@ -217,9 +217,10 @@ class VllmKind(EngineKind):
         given = kv_given(m.args) or 0
         pinned = given or kv_pin(m.checkpoint, argv.strip(m.args, TENSOR_PARALLEL), ranks) or 0
         parked, activations = self.engine_mib(m.args)
+        loader_only = ranks == 1 and os.environ.get(SERVER_PRELOAD_ENV, "") != "1"  # ``preload.preload_vllm``
         return GpuNeed(m.gpus[:ranks] or tuple(range(ranks)), share, weights_mib(m.checkpoint) // ranks,
                        kv_mib=pinned >> 20, parked_mib=parked, engine_kv_mib=given >> 20,
-                       activations_mib=activations)
+                       activations_mib=activations, loader_only=loader_only)
 
     def engine_mib(self, args: Sequence[str]) -> tuple[int, int]:
         """What an engine started with ``args`` keeps on its GPU parked, and its activations beside a pinned KV
