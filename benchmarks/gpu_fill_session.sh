@@ -14,6 +14,8 @@
 #      without and with preempt (issue 52: a busy engine's requests paused and continued, measured on the GPU);
 #   3. while time is left, seven 8B all on the GPU tier at 0.1 req/s each, without and with preempt (does the box
 #      serve seven at >= 90%? it did on 2026-12-05: 100%);
+#   hostwake (not by default; first): benchmarks/host_wake_profile.py on m0, the pinned wake with its DMAs queued
+#      against each waited for, and the stages (resident.QUEUED_COPIES), interleaved;
 #   eight (not by default): eight 8B, seven on the GPU tier and one in host memory, 0.1 req/s each, without and
 #      with preempt (the next step of "the most 8B models at >= 90%").
 #   Every engine runs with --max-num-seqs 32 (since 2026-12-05; fill10 before that had vLLM's default): vLLM then
@@ -43,6 +45,11 @@ cd benchmarks
 step models
 need=3; runs seven && need=7; runs eight && need=8; runs fill10 && need=10
 models_written $need || { step "models failed"; cp "$W/models.log" "$OUT/" 2>/dev/null; }
+if runs hostwake; then  # a wake from the host copy by part: queued DMAs (pinned), one wait each (pinned_each), stages
+  python3 host_wake_profile.py "$W/m0" --rounds 9 --json-out "$OUT/host_wake_queued.json" \
+    > "$OUT/host_wake_queued.txt" 2>&1
+  echo "rc=$?" >> "$OUT/host_wake_queued.txt"
+fi
 if runs one3; then  # issue 52's preempt on the GPU: three 8B, one awake at a time, without and with preempt
   cold
   export HOTWEIGHTS_PROFILE_WAKE=1

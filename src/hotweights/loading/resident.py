@@ -27,6 +27,7 @@ read the weights: a kernel or a tensor access over them faults.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -75,6 +76,7 @@ class Held:
 _HELD: list[Held] = []
 _LOCK = threading.Lock()
 PIN_AHEAD = True  # pin the host copy while unmapped (benchmarks/host_wake_profile.py turns it off to compare)
+QUEUED_COPIES = True  # a pinned wake queues every pool's DMA, then waits once (host_wake_profile.py compares)
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,10 +294,14 @@ def _from_host_copy(client: Client, h: Held) -> bool | None:
         try:
             for i, (address, spec) in enumerate(zip(h.addresses, h.manifest.pools)):
                 cpu.check_size(fds[i], spec)  # read straight from the fd: no 16 GiB mapping to fault in and drop
-                if h.pinned is not None:  # pinned while parked: one DMA
-                    exported.append(device.fill_at(address, spec, h.pinned[i].copy_to))
+                if h.pinned is not None:  # pinned while parked: one DMA, queued (each pool sealed below)
+                    copy = functools.partial(h.pinned[i].copy_to, wait=not QUEUED_COPIES)
+                    exported.append(device.fill_at(address, spec, copy, wait=not QUEUED_COPIES))
                 else:
                     exported.append(device.fill_at(address, spec, lambda dst, fd=fds[i]: upload.upload(fd, dst)))
+            if h.pinned is not None and QUEUED_COPIES:  # the DMAs run back to back, not each behind the next
+                for address, spec in zip(h.addresses, h.manifest.pools):  # pool's allocation and a wait
+                    device.seal_at(address, spec)
             client.publish(h.manifest, exported)
         except BaseException as exc:
             for address, spec in zip(h.addresses[:len(exported)], h.manifest.pools):

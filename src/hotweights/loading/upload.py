@@ -82,14 +82,16 @@ class Pinned:
             self._map.close()
             raise OSError(f"cudaHostRegister (read-only) of the host copy failed: {err}")
 
-    def copy_to(self, dst: torch.Tensor) -> None:
-        """``dst`` (a flat uint8 CUDA tensor of ``nbytes``) filled, in one DMA."""
+    def copy_to(self, dst: torch.Tensor, wait: bool = True) -> None:
+        """``dst`` (a flat uint8 CUDA tensor of ``nbytes``) filled, in one DMA (``wait=False``: queued on the
+        device's current stream, for the caller to wait on)."""
         import torch
 
         assert self.host is not None and dst.numel() == self.nbytes, "a closed or another-sized host copy"
         with torch.cuda.device(dst.device):
             dst.copy_(self.host, non_blocking=True)
-            torch.cuda.current_stream().synchronize()
+            if wait:
+                torch.cuda.current_stream().synchronize()
 
     def close(self) -> None:
         import torch

@@ -262,10 +262,12 @@ def remap(address: int, fd: int, spec: PoolSpec) -> None:
         _check(_drv.cuMemRelease(handle), "cuMemRelease")
 
 
-def fill_at(address: int, spec: PoolSpec, fill: Callable[[torch.Tensor], None]) -> int:
+def fill_at(address: int, spec: PoolSpec, fill: Callable[[torch.Tensor], None], *, wait: bool = True) -> int:
     """A new allocation of ``spec`` mapped read-write at ``address`` (a pool unmapped there), filled by
     ``fill`` (a flat uint8 tensor over it), then made read-only: its fd, to publish. Filling in place spares
-    a second 16 GiB mapping and its teardown; on an error nothing stays mapped there."""
+    a second 16 GiB mapping and its teardown; on an error nothing stays mapped there. ``wait=False``: ``fill``
+    only queues its copies, and the caller makes the pool read-only once they ran (``seal_at``), so that the
+    copies into many pools run back to back, not each behind the next pool's allocation and a wait."""
     mapping = _mapping_at(address)
     handle = _check(_drv.cuMemCreate(mapping.mapped_bytes, _prop(mapping.index), 0), "cuMemCreate")
     fd = -1
@@ -280,14 +282,21 @@ def fill_at(address: int, spec: PoolSpec, fill: Callable[[torch.Tensor], None]) 
         _check(_drv.cuMemRelease(handle), "cuMemRelease")  # the fd and the mapping hold the memory
     try:
         fill(mapping.as_tensor())
-        torch.cuda.synchronize(mapping.index)
-        access = _access(mapping.index, read_only=True)
-        _check(_drv.cuMemSetAccess(mapping.ptr, mapping.mapped_bytes, [access], 1), "cuMemSetAccess")
+        if wait:
+            seal_at(address, spec)
     except BaseException:
         mapping.unmap()
         os.close(fd)
         raise
     return fd
+
+
+def seal_at(address: int, spec: PoolSpec) -> None:
+    """The pool ``fill_at`` filled at ``address`` made read-only, once what is queued on its GPU has run."""
+    mapping = _mapping_at(address)
+    torch.cuda.synchronize(mapping.index)
+    access = _access(mapping.index, read_only=True)
+    _check(_drv.cuMemSetAccess(mapping.ptr, mapping.mapped_bytes, [access], 1), "cuMemSetAccess")
 
 
 def available_bytes(device: str) -> int:
