@@ -95,7 +95,8 @@ class SlowPreload(FakeEngine):
 
 
 def switcher(names: list[str], jobs: int, start_jobs: int = 0, totals: dict[int, int] | None = None,
-             compile_ahead: bool = True, **engine) -> tuple[Switcher, dict[str, SlowPreload], list[str], list]:
+             compile_ahead: bool = True, read_ahead: bool = True,
+             **engine) -> tuple[Switcher, dict[str, SlowPreload], list[str], list]:
     log: list[str] = []
     spans: list[tuple[str, float, float]] = []
     engines: dict[str, SlowPreload] = {}
@@ -108,7 +109,7 @@ def switcher(names: list[str], jobs: int, start_jobs: int = 0, totals: dict[int,
         return engines[m.name]
 
     config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in names), preload_jobs=jobs,
-                          start_jobs=start_jobs, compile_ahead=compile_ahead)
+                          start_jobs=start_jobs, compile_ahead=compile_ahead, read_ahead=read_ahead)
     return Switcher(config, SwitchMetrics(), factory, totals), engines, log, spans
 
 

@@ -167,5 +167,7 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--no-compile-ahead", dest="compile_ahead", action="store_const", const=False, default=None,
                    help="the first start compiles after its preload, not beside it (a vLLM server with dummy "
                         "weights compiles ahead by default)")
+    p.add_argument("--no-read-ahead", dest="read_ahead", action="store_const", const=False, default=None,
+                   help="start-up does not read the next preloads' checkpoints into the page cache ahead of them")
     p.add_argument("--json", action="store_true", help="status: one JSON object")
     p.set_defaults(run=cmd_switch)

@@ -24,6 +24,7 @@
                              # with --kv-cache-memory-bytes) and GPU memory holds them; 0: 4 where there are GPUs
     compile_ahead = true     # the first start's compile runs beside its preload (vLLM, dummy weights), where that
                              # preload runs (preloads.py); false: the start compiles after it
+    read_ahead = true        # start-up reads the next preloads' checkpoints into the page cache (readahead.py)
 
     [[model]]
     name = "chat"            # the API's model name
@@ -211,6 +212,7 @@ class SwitchConfig:
     # start-up's starts at once where none profiles the GPU's memory (schedule.startup_batch); 0: auto
     start_jobs: Annotated[int, Field(ge=0, description="0 (auto) or more")] = 0
     compile_ahead: bool = True  # the first start's compile beside its preload (preloads.begin_compile_ahead)
+    read_ahead: bool = True  # the next preloads' checkpoints read into the page cache ahead of them (readahead.py)
     log_dir: str = ""  # each engine's log (and its preload's) go here; "": a new temporary directory per run
 
     @model_validator(mode="after")

@@ -72,7 +72,7 @@ class Lifecycle:
         order = startup_order(models, default)
         self.preloads = Preloads([m for m in order if m.config.start != "lazy"], jobs,
                                  lambda: start_to_reserve_for(models, self.config, default),
-                                 compile_ahead=self.config.compile_ahead)
+                                 compile_ahead=self.config.compile_ahead, read_ahead=self.config.read_ahead)
         return asyncio.create_task(self.preloads.run())
 
     def move(self, m: Model, to: ModelState) -> None:

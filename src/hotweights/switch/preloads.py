@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from .gpus import GpuMemory, gpu_memory
 from .memory import GpuNeed
 from .model import Model
+from .readahead import ReadAhead, shard_paths
 from .schedule import Preloading, next_preload, queued_preloads
 from .states import PreloadOutcome
 
@@ -68,8 +69,12 @@ class Preloads:
 
     def __init__(self, models: list[Model], jobs: int, reserve_for: Callable[[], Sequence[Model]],
                  memory: Callable[[], dict[int, GpuMemory]] | None = None,
-                 need: Callable[[Model], GpuNeed] | None = None, compile_ahead: bool = True) -> None:
+                 need: Callable[[Model], GpuNeed] | None = None, compile_ahead: bool = True,
+                 read_ahead: bool = True) -> None:
         self.models, self.jobs, self.reserve_for, self.compile_ahead = models, jobs, reserve_for, compile_ahead
+        self.read_ahead = read_ahead
+        self.ended: set[str] = set()  # models whose preload has ended (read by the read-ahead's thread too)
+        self.reading: asyncio.Task[None] | None = None  # the read-ahead (``_reader``)
         self.memory, self._need = memory or gpu_memory, need or kind_need
         self._needs: dict[str, GpuNeed] = {}
         self.done: dict[str, asyncio.Future[tuple[PreloadOutcome, float]]] = {}
@@ -175,7 +180,10 @@ class Preloads:
         cancelled with it), and the first start's compile beside them (``begin_compile_ahead``)."""
         await self._already()
         self.begin_compile_ahead()
+        reader = self._reader()
         tasks: set[asyncio.Task[None]] = set()
+        if reader is not None:  # a thread: it blocks on the disk; ends by itself, or stopped below
+            self.reading = asyncio.create_task(asyncio.to_thread(reader.run))
         try:
             while (queued := queued_preloads(self.models, self.snapshot())) or self.running:
                 # one that failed beside others comes back to the queue
@@ -196,8 +204,18 @@ class Preloads:
                     pass
             await asyncio.gather(*tasks, *self.ahead.values())
         finally:
+            if reader is not None:
+                reader.stop.set()
             for task in (*tasks, *self.ahead.values()):
                 task.cancel()
+
+    def _reader(self) -> ReadAhead | None:
+        """The read-ahead of the checkpoints whose preloads run a process (``readahead.py``), None where it is off."""
+        left = {m.name: m for m in self.models if not self.preloaded(m)}
+        if not self.read_ahead or not left:
+            return None
+        return ReadAhead(list(left), lambda name: shard_paths(left[name].config.checkpoint),
+                         lambda name: name in self.ended)
 
     async def _already(self) -> None:
         """The models whose preload runs no process (the keeper holds them already, or their engine reads its
@@ -221,6 +239,7 @@ class Preloads:
     def _finish(self, m: Model, said: PreloadOutcome, seconds: float) -> None:
         """``m``'s preload is done: what it did and its seconds, for its start (``result``)."""
         self.done.setdefault(m.name, asyncio.get_running_loop().create_future())
+        self.ended.add(m.name)
         if not self.done[m.name].done():
             self.done[m.name].set_result((said, seconds))
 
