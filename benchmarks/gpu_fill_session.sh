@@ -4,7 +4,8 @@
 # config files (engines/vllm/compile_key.py); then issue 52's "most 8B models at 0.1 req/s each". Each run starts
 # from an empty keeper and an empty compile cache (vLLM's and inductor's removed: the cold box, the worst case).
 #   1. three 8B (the front's defaults, --gpu-memory-utilization 0.25): start-up until every model serves (target
-#      60 s), then 30 s at 2 req/s; fill3off (not by default): the same with compile_ahead = false, before fill3;
+#      60 s), then 30 s at 2 req/s; fill3off (not by default): the same with compile_ahead and read_ahead false,
+#      before fill3; COLD_DISK=1: each run with the models' pages evicted too (a reboot);
 #   2. ten 8B, six on the GPU tier and four in host memory, KV caches pinned to 2 GiB: start-up (target 180 s;
 #      1,014.6 s with the whole-start preloads, 581.6 s with the loader-alone ones, 2026-12-04; 297.5 s, then
 #      209.4 s on 2026-12-05), then per-model 0.1 and 0.5 req/s for 60 s each; then the same with preempt = true,
@@ -29,10 +30,15 @@
 NO_POOLS_MODEL=1 source "$(dirname "$0")/gpu_session_start.sh"
 TRACE=(--engine vllm --link-shards --gen-device cuda --burst-size 0 --max-tokens 32,512)
 TEN="--max-model-len 4096 --gpu-memory-utilization 0.17 --kv-cache-memory-bytes 2G --max-num-seqs 32"
-cold() {  # an empty keeper (a fresh socket directory) and no compile cache
+cold() {  # an empty keeper (a fresh socket directory) and no compile cache; COLD_DISK=1: no page cache either
   python3 -m hotweights stop --socket-dir "${SOCK:-/nonexistent}" > /dev/null 2>&1
   python3 -m hotweights standby --stop --socket-dir "${SOCK:-/nonexistent}" > /dev/null 2>&1  # the last preload's
   rm -rf ~/.cache/vllm/torch_compile_cache /tmp/torchinductor_"$(id -un)" ~/.triton/cache
+  if [ "${COLD_DISK:-0}" = 1 ]; then  # the models' pages evicted, as after a reboot
+    python3 -c 'import os, sys
+for p in sys.argv[1:]:
+    fd = os.open(p, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "$W"/m*/*.safetensors
+  fi
   SOCK=$(mktemp -d /tmp/hw-keep-XXXX)
 }
 RUNS=" ${RUNS:-fill3 fill10 seven} "
@@ -57,10 +63,10 @@ if runs one3; then  # issue 52's preempt on the GPU: three 8B, one awake at a ti
     --socket-dir "$SOCK"
   unset HOTWEIGHTS_PROFILE_WAKE
 fi
-if runs fill3off; then  # the same without the compile ahead of the first start: before and after, one session
+if runs fill3off; then  # without the compile ahead and the read-ahead: before and after, one session
   cold
   trace fill3off --models 3 "${TRACE[@]}" --engine-args "--max-model-len 4096 --gpu-memory-utilization 0.25" \
-    --modes park --rates 2 --duration-s 30 --socket-dir "$SOCK" --no-compile-ahead
+    --modes park --rates 2 --duration-s 30 --socket-dir "$SOCK" --no-compile-ahead --no-read-ahead
 fi
 if runs fill3; then
   cold

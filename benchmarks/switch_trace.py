@@ -344,6 +344,7 @@ def mode_config(mode: str, models: dict[str, Path], args: argparse.Namespace) ->
     text += f"request_timeout_s = {args.request_timeout_s}\n" + ("preempt = true\n" if preempt else "")
     text += f"turn_s = {args.turn_s}\n" if args.turn_s is not None else ""
     text += "compile_ahead = false\n" if args.no_compile_ahead else ""
+    text += "read_ahead = false\n" if args.no_read_ahead else ""
     text += "".join(model_table(name, path, [], args.engine, engine_args, name in host) for name, path in
                     models.items())
     return text, ["--no-parking"] if mode == "restart" else []
@@ -472,6 +473,8 @@ def main() -> int:  # noqa: PLR0915
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-compile-ahead", action="store_true",
                         help="the fronts' first start compiles after its preload (compile_ahead = false)")
+    parser.add_argument("--no-read-ahead", action="store_true",
+                        help="the fronts read no checkpoint ahead of its preload (read_ahead = false)")
     parser.add_argument("--url", default="", help="a running front: run the trace against it once (mode given)")
     parser.add_argument("--names", default="", help="with --url: its models, most popular first")
     parser.add_argument("--socket-dir", default="", help="a keeper to use (and leave running): its entries serve")
