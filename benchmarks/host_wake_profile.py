@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Where a wake from the host copy spends its time (GPU, no vLLM): ``loading/resident.map_again`` timed by part.
 
-A daemon, ``preload --device cuda`` of MODEL, one zero-copy attach, ``tiers.host_copy``; then rounds: unmap
+A daemon, ``preload --device cuda`` of MODEL, one zero-copy attach, ``tiers.host_copy`` four times (its host copy
+released in between, ABBA: ``pinned``, one DMA into the copy's pages registered for it, ``tiers.PINNED_DOWNLOAD``,
+against ``pageable``, the plain copy), each timed; then rounds: unmap
 (a deep park), release the keeper's GPU entry, ``map_again`` (from the host copy: map its memfd, a new CUDA
 pool, the copy, publish, map at the same addresses). Each round prints the total and the seconds of each timed
 part (``fill_at`` (a new allocation at the same addresses, the copy inside it), ``upload`` or ``pinned_copy``,
@@ -115,16 +117,25 @@ def main() -> int:
         timed(owner, name, name)
     timed(clientmod.Client, "publish", "publish", sync=False)
     timed(clientmod.Client, "attach", "attach_rpc", sync=False)
+    host_copies: dict[str, list[float]] = {"pinned": [], "pageable": []}
     with connect(daemon_paths(sock)) as client:
-        began = time.perf_counter()
-        tiers.host_copy(client)
-        print("host_copy", round(time.perf_counter() - began, 2), flush=True)
+        for r in range(4):  # the host copy itself, ABBA: one DMA into registered pages, or the pageable copy
+            way = "pinned" if r % 3 == 0 else "pageable"
+            tiers.PINNED_DOWNLOAD = way == "pinned"
+            if r:
+                client.release(key.short, tier="host")
+            began = time.perf_counter()
+            tiers.host_copy(client)
+            host_copies[way].append(round(time.perf_counter() - began, 3))
+            print("host_copy", way, host_copies[way][-1], flush=True)
+        tiers.PINNED_DOWNLOAD = True
     wakes = ("pinned", "pinned_each", "stages")
     rows = rounds(args.rounds, wakes, key, sock)
     medians = {w: statistics.median(x["total"] for x in rows if x["wake"] == w) for w in wakes
                if any(x["wake"] == w for x in rows)}
     ratios = {f"{w}_over_pinned": round(medians[w] / medians["pinned"], 2) for w in medians if w != "pinned"}
-    summary = {"bytes": sum(h.manifest.nbytes for h in resident.held()), "median_s": medians, **ratios, "rounds": rows,
+    summary = {"bytes": sum(h.manifest.nbytes for h in resident.held()), "median_s": medians, **ratios,
+               "host_copy_s": host_copies, "rounds": rows,
                "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                "command": "python3 benchmarks/host_wake_profile.py " + " ".join(sys.argv[1:])}
     if args.json_out:

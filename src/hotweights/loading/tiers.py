@@ -17,6 +17,8 @@ from ..wire import close_fds
 from . import resident, upload
 from .resident import WeightsGone
 
+PINNED_DOWNLOAD = True  # a GPU entry's host copy by one DMA into registered pages (host_wake_profile.py compares)
+
 
 def host_copy(client: Client, only: CacheKey | None = None) -> int:
     """Publish a host copy of every entry this process maps (or only ``only``) that has none; the bytes copied."""
@@ -30,7 +32,11 @@ def host_copy(client: Client, only: CacheKey | None = None) -> int:
         made = []
         for address, spec in zip(h.addresses, h.manifest.pools):
             host = cpu.create(spec.nbytes)
-            host.as_tensor().copy_(backend(spec.device).view_at(address, spec))
+            source = backend(spec.device).view_at(address, spec)
+            if PINNED_DOWNLOAD and source.is_cuda:
+                upload.download(source, host.as_tensor())
+            else:
+                host.as_tensor().copy_(source)
             made.append(host)
         fds = [host.export() for host in made]
         try:
