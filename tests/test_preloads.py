@@ -694,6 +694,27 @@ def test_no_compile_ahead_where_the_keeper_holds_the_first_model_or_the_config_t
     assert asyncio.run(main(True, True)) == []  # its start is next: nothing to compile beside
 
 
+def test_no_compile_ahead_where_its_gpu_cannot_hold_it_beside_the_preload(monkeypatch, caplog):
+    need = GpuNeed((0,), weights_mib=15_000, loader_only=True)  # preload 17,048 MiB at its peak, the compile too
+    assert need.preload_mib(80_000) == need.ahead_mib == 17_048
+
+    def compiled(free_mib: int) -> list[str]:
+        on_one_gpu(monkeypatch, need, 80_000, free_mib)
+
+        async def main() -> list[str]:
+            s, _, log, spans = switcher(["a", "b"], jobs=2, a={"ahead_s": PRELOAD_S})
+            task = await started(s)
+            task.cancel()
+            return [n for n, _, _ in spans if n.startswith("compile ")]
+        return asyncio.run(main())
+
+    assert compiled(40_000) == ["compile a"]
+    with caplog.at_level("INFO", logger="hotweights.switch"):
+        assert compiled(35_000) == []  # 1,024 MiB of it never planned for
+    assert "a: not compiled ahead: 35000 MiB of its GPU free, its preload takes 17048 MiB at its peak and the " \
+           "compile 17048 MiB beside it" in caplog.text
+
+
 def test_a_compile_ahead_that_failed_leaves_the_start_to_compile(caplog):
     async def main():
         s, _, log, spans = switcher(["a", "b"], jobs=2, a={"ahead_s": PRELOAD_S, "ahead_fails": True})

@@ -30,7 +30,7 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .gpus import GpuMemory, gpu_memory
-from .memory import GpuNeed
+from .memory import RESERVE_MIB, GpuNeed
 from .model import Model
 from .readahead import ReadAhead, shard_paths
 from .schedule import Preloading, next_preload, queued_preloads
@@ -153,7 +153,8 @@ class Preloads:
         caches) the default's preload took 48.8 s alone and its start 62.7 s after it, 36.1 s of it torch.compile
         and 16.4 s its sampler's Triton kernels: every start after it loads what it compiled (models of one config
         share vLLM's compile cache, ``compile_key.py``). Not where the keeper holds the model already (its start is
-        next, nothing to compile beside) or ``compile_ahead = false``."""
+        next, nothing to compile beside), where its GPU's free memory does not hold both beside each other (the
+        preload at its peak, ``GpuNeed.ahead_mib``), or with ``compile_ahead = false``."""
         first = self.models[0] if self.models else None
         if first is not None and self.compile_ahead and not self.preloaded(first):
             self.ahead[first.name] = asyncio.create_task(self._compile_ahead(first))
@@ -161,7 +162,13 @@ class Preloads:
     async def _compile_ahead(self, m: Model) -> None:
         need = self.need(m)
         memory = await asyncio.to_thread(self.memory) if need.gpus else {}
-        total = memory[need.gpus[0]].total_mib if need.gpus and need.gpus[0] in memory else 0
+        gpu = memory.get(need.gpus[0]) if need.gpus else None
+        if gpu is not None and gpu.free_mib - need.preload_mib(gpu.total_mib) - need.ahead_mib < RESERVE_MIB:
+            logger.info("switch: %s: not compiled ahead: %d MiB of its GPU free, its preload takes %d MiB at its "
+                        "peak and the compile %d MiB beside it", m.name, gpu.free_mib,
+                        need.preload_mib(gpu.total_mib), need.ahead_mib)
+            return
+        total = gpu.total_mib if gpu is not None else 0
         self.compiling[m.name] = need
         try:
             seconds = await asyncio.to_thread(m.engine.compile_ahead, total)
