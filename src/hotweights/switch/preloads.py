@@ -17,7 +17,12 @@ a snapshot taken right after free memory is read (``nvidia-smi``), so nothing ch
 decision; this loop only runs the jobs. It looks again when a preload ends, a start waits for one or ends, and
 every ``LOOK_AGAIN_S`` (free memory changes as engines start and park, which nothing signals). A preload that failed
 while others ran is tried again alone, once. Where nothing tells free memory (no GPU), only ``preload_jobs`` bounds
-them. Torch-free.
+them.
+
+Two things run beside the preloads from the start: the compile ahead of the front's first start
+(``begin_compile_ahead``: its preload's time no longer precedes its compile), and one thread reading the next
+preloads' checkpoints into the page cache (``readahead.py``: the disk no longer idles while a preload imports vLLM
+or waits for memory). Torch-free.
 """
 
 from __future__ import annotations
