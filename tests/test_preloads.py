@@ -66,6 +66,9 @@ class SlowPreload(FakeEngine):
     ahead_s = 0.0  # the compile ahead of its start (0: none to run)
     ahead_fails = False
 
+    def compiles_ahead(self, total_mib: int) -> bool:
+        return bool(self.ahead_s)
+
     def compile_ahead(self, total_mib: int) -> float | None:
         if not self.ahead_s:
             return None
@@ -491,6 +494,25 @@ def test_no_start_joins_the_first_start_of_the_front(monkeypatch):
         task = await started(s)
         starts = {n[6:]: (b, e) for n, b, e in spans if n.startswith("start ")}
         assert starts["b"][0] >= starts["a"][1], spans
+        task.cancel()
+    asyncio.run(main())
+
+
+def test_starts_join_the_first_start_of_the_front_once_its_code_is_compiled_ahead(monkeypatch):
+    """With the code compiled ahead the first start compiles nothing: the models whose preloads ended meanwhile start
+    beside it, all once the compile has ended (a start begun before would compile too)."""
+    on_one_gpu(monkeypatch, PINNED)
+
+    async def main():
+        s, engines, log, spans = switcher(["a", "b", "c"], jobs=3, start_jobs=3, totals={0: 400_000},
+                                          a={"ahead_s": 4 * PRELOAD_S})
+        for e in engines.values():
+            e.need, e.delay_s = PINNED, 2 * PRELOAD_S
+        task = await started(s)
+        span = {n: (b, e) for n, b, e in spans}
+        starts = {n[6:]: (b, e) for n, b, e in spans if n.startswith("start ")}
+        assert overlapping(spans, "start ") == 3, spans  # b and c beside a
+        assert min(b for b, _ in starts.values()) >= span["compile a"][1], spans
         task.cancel()
     asyncio.run(main())
 

@@ -54,8 +54,11 @@ class FakeEngine:
     def cached_already(self) -> PreloadOutcome | None:
         return None  # a preload runs (tests/test_preloads.py has models the keeper holds already)
 
+    def compiles_ahead(self, total_mib: int) -> bool:
+        return False  # nothing to compile (tests/test_preloads.py has a compile that takes its time)
+
     def compile_ahead(self, total_mib: int) -> float | None:
-        return None  # nothing to compile (tests/test_preloads.py has a compile that takes its time)
+        return None
 
     def pin_kv_as(self, other: FakeEngine) -> int:
         return 0  # it profiles nothing (tests/test_preloads.py has engines that learn from a profile)

@@ -58,6 +58,7 @@ class EngineLike(Protocol):
     def preload(self) -> PreloadOutcome: ...
     def host_copy_after(self) -> str: ...
     def cached_already(self) -> PreloadOutcome | None: ...
+    def compiles_ahead(self, total_mib: int) -> bool: ...
     def compile_ahead(self, total_mib: int) -> float | None: ...
     def pin_kv_as(self, other: EngineLike) -> int: ...
     def start(self) -> float: ...
@@ -222,6 +223,10 @@ class Engine:
             self.keeper = KeeperView(self.model, self.kind, self.socket_dir, self.env(self.socket_dir))
         return nbytes
 
+    def compiles_ahead(self, total_mib: int) -> bool:
+        """Whether its kind has a compile ahead of its first start to run (``kinds.compile_ahead_command``)."""
+        return self.kind.compile_ahead_command(self.model, 0, self.parks, total_mib) is not None
+
     def compile_ahead(self, total_mib: int, timeout_s: float = 900.0) -> float | None:
         """Its first start's compile, run now by a server of its own without its weights (``kinds``:
         ``compile_ahead_command``; ``total_mib``: its GPU's memory), stopped once ready; the seconds it took, or None
@@ -231,7 +236,7 @@ class Engine:
             cmd, extra = self.kind.compile_ahead_command(self.model, port, self.parks, total_mib) or ([], {})
             return cmd, {**self.keeper.env, **extra, DIE_WITH_ENV: str(os.getpid())}
 
-        if self.kind.compile_ahead_command(self.model, 0, self.parks, total_mib) is None:
+        if not self.compiles_ahead(total_mib):
             return None
         self._ahead = ahead = EngineProcess(f"{self.model.name}'s compile ahead",
                                             self.log_path.with_suffix(".compile-ahead.log"))

@@ -89,6 +89,7 @@ class Preloads:
         self.wanted: list[str] = []  # a start waits for these
         self.starting: dict[str, GpuNeed] = {}  # engines that profile starting, or waiting to: no preload there
         self.ahead: dict[str, asyncio.Task[None]] = {}  # a compile ahead of a start (``begin_compile_ahead``)
+        self.compiled_ahead: set[str] = set()  # those that ended with the code compiled
         self.compiling: dict[str, GpuNeed] = {}  # those running, for the admission of preloads beside them
         self._look = asyncio.Event()
 
@@ -143,13 +144,17 @@ class Preloads:
             self._look.set()
 
     async def compiled(self, m: Model) -> float:
-        """Once the compile ahead of ``m``'s start has ended (at once where none runs): its start waits for it. The
-        seconds waited."""
-        task = self.ahead.get(m.name)
+        """Once every compile ahead has ended (at once where none runs): ``m``'s start waits for them, as one begun
+        before it ended would compile the same code again. The seconds waited."""
         began = time.monotonic()
-        if task is not None:
+        for task in list(self.ahead.values()):
             await asyncio.shield(task)
         return time.monotonic() - began
+
+    def first_start_compiles(self) -> bool:
+        """Whether the front's first start compiles its engine's code itself (no compile ahead runs, or it failed):
+        then no start joins it (``Switcher._joining``), as each would compile too."""
+        return not any(name in self.compiling or name in self.compiled_ahead for name in self.ahead)
 
     def begin_compile_ahead(self) -> None:
         """The front's first start (the first model of start-up's order) compiles beside its preload where that
@@ -174,6 +179,8 @@ class Preloads:
                         need.preload_mib(gpu.total_mib), need.ahead_mib)
             return
         total = gpu.total_mib if gpu is not None else 0
+        if not await asyncio.to_thread(m.engine.compiles_ahead, total):
+            return
         self.compiling[m.name] = need
         try:
             seconds = await asyncio.to_thread(m.engine.compile_ahead, total)
@@ -184,6 +191,7 @@ class Preloads:
             self.compiling.pop(m.name, None)
             self._look.set()
         if seconds is not None:
+            self.compiled_ahead.add(m.name)
             logger.info("switch: %s: compiled ahead of its start in %.1f s (its start loads the compiled code)",
                         m.name, seconds)
 
