@@ -35,9 +35,8 @@ cold() {  # an empty keeper (a fresh socket directory) and no compile cache; COL
   python3 -m hotweights standby --stop --socket-dir "${SOCK:-/nonexistent}" > /dev/null 2>&1  # the last preload's
   rm -rf ~/.cache/vllm/torch_compile_cache /tmp/torchinductor_"$(id -un)" ~/.triton/cache
   if [ "${COLD_DISK:-0}" = 1 ]; then  # the models' pages evicted, as after a reboot
-    python3 -c 'import os, sys
-for p in sys.argv[1:]:
-    fd = os.open(p, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "$W"/m*/*.safetensors
+    python3 -c 'import sys; from hotweights.verify.memory import evict_page_cache as e; [e(d) for d in sys.argv[1:]]' \
+      "$W"/m*
   fi
   SOCK=$(mktemp -d /tmp/hw-keep-XXXX)
 }

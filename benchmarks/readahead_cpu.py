@@ -3,12 +3,12 @@
 a vLLM preload of a model whose pages are not in the page cache (a box just booted), with and without the model's
 shards read into the page cache from the moment the preload begins, as the front does.
 
-Each round evicts the model's pages (``POSIX_FADV_DONTNEED``: what a reboot does to them), releases the keeper's
-entry, then times ``hotweights preload --engine vllm`` (vLLM's loader alone, vLLM's CPU build) until it returns, in
-the mode of the round: ``plain`` or ``read_ahead`` (``readahead.read_into_cache`` of its shards in a thread begun
-with the preload). The preload imports vLLM itself (``HOTWEIGHTS_VLLM_STANDBY=off``), as the first preload of a
-cold front does: no standby has vLLM imported yet. Rounds alternate the two modes, ABBA; the last line is the
-medians, their ratio and every round, as one JSON object.
+Each round evicts the model's pages (``verify.memory.evict_page_cache``: what a reboot does to them), releases the
+keeper's entry, then times ``hotweights preload --engine vllm`` (vLLM's loader alone, vLLM's CPU build) until it
+returns, in the mode of the round: ``plain`` or ``read_ahead`` (``readahead.read_into_cache`` of its shards in a
+thread begun with the preload). The preload imports vLLM itself (``HOTWEIGHTS_VLLM_STANDBY=off``), as the first
+preload of a cold front does: no standby has vLLM imported yet. Rounds alternate the two modes, ABBA; the last line
+is the medians, their ratio and every round, as one JSON object.
 
 The model: the demo model's ``1g`` shape with ``--layers`` layers (44: 4.4 GB), written once to ``--models-dir``.
 
@@ -31,15 +31,7 @@ from pathlib import Path
 
 from hotweights import demo_model
 from hotweights.switch.readahead import read_into_cache, shard_paths
-
-
-def evict(paths: list[Path]) -> None:
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+from hotweights.verify.memory import evict_page_cache
 
 
 def one(python: str, model: Path, sock: str, read_ahead: bool) -> dict:
@@ -47,7 +39,7 @@ def one(python: str, model: Path, sock: str, read_ahead: bool) -> dict:
     paths = shard_paths(model)
     subprocess.run([sys.executable, "-m", "hotweights", "release", "--all", "--socket-dir", sock],
                    capture_output=True, check=True)
-    evict(paths)
+    evict_page_cache(model)
     env = {**os.environ, "HOTWEIGHTS_VLLM_STANDBY": "off", "VLLM_CPU_KVCACHE_SPACE": "1"}
     read_s: list[float] = []
 

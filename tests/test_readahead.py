@@ -1,6 +1,6 @@
 """Start-up's read-ahead (``switch/readahead.py``): the next preloads' checkpoints read into the page cache, in
 start-up order, at most ``AHEAD`` models ahead of the preloads that ended, and only where the host's memory holds
-them; the pages really in the cache afterwards (``fincore``).
+them; the pages really in the cache afterwards (``mincore``).
 
 Run: pytest tests/test_readahead.py
 """
@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import subprocess
 import threading
 import time
 from pathlib import Path
 
-import pytest
 from test_preloads import switcher
 
 from hotweights.switch import preloads, readahead
 from hotweights.switch.readahead import AHEAD, RESERVE, ReadAhead, read_into_cache, shard_paths
+from hotweights.verify.memory import evict_page_cache, page_cache_resident
 
 
 def written(path: Path, nbytes: int) -> Path:
@@ -35,25 +33,13 @@ def test_it_reads_every_byte_of_each_file_and_stops_when_asked(tmp_path):
     assert read_into_cache(files, stop) == 0
 
 
-@pytest.mark.skipif(not shutil.which("fincore"), reason="needs util-linux's fincore")
 def test_what_it_read_is_in_the_page_cache(tmp_path):
-    """The file's pages evicted (``POSIX_FADV_DONTNEED`` on clean pages), then read ahead: all of them resident."""
-    path = written(tmp_path / "shard", 64 << 20)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-    def resident() -> int:
-        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
-                             capture_output=True, text=True, check=True).stdout
-        return int(out.split()[0])
-
-    before = resident()
+    """The file's pages evicted (``verify.memory.evict_page_cache``), then read ahead: all resident (mincore)."""
+    path = written(tmp_path / "shard.safetensors", 64 << 20)
+    evict_page_cache(tmp_path)
+    before = page_cache_resident(tmp_path)
     assert read_into_cache([path]) == 64 << 20
-    assert resident() == 64 << 20 and before < 64 << 20, before
+    assert page_cache_resident(tmp_path) == 1.0 and before is not None and before < 1.0, before
 
 
 def test_it_reads_in_start_up_order_at_most_ahead_models_beyond_the_preloads_that_ended(tmp_path):

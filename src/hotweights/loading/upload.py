@@ -90,7 +90,7 @@ class Pinned:
     a copy from it runs at the link's speed, and its pages stay the keeper's (``RssShmem``, sealed: no byte of the
     engine's own). OSError where it cannot be registered (the caller uploads through the stages instead)."""
 
-    READ_ONLY_PORTABLE = 0x08 | 0x01  # cudaHostRegisterReadOnly | cudaHostRegisterPortable
+    READ_ONLY_PORTABLE = 0x08 | PORTABLE  # cudaHostRegisterReadOnly | cudaHostRegisterPortable
 
     def __init__(self, fd: int, nbytes: int) -> None:
         import torch

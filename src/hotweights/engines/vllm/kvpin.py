@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ... import argv
+from ...evidence import GIB
 
 KV_BYTES = argv.Option(("--kv-cache-memory-bytes",))
 MAX_MODEL_LEN = argv.Option(("--max-model-len",))
@@ -68,7 +69,6 @@ def kv_pin(model_dir: str | Path, args: Sequence[str], tp_size: int = 1) -> int 
     return need if need <= CEILING else None
 
 
-GIB = 1 << 30
 _PROFILED_RE = re.compile(r"Available KV cache memory: (\d+(?:\.\d+)?) GiB")
 
 
