@@ -282,10 +282,19 @@ def serves(port: int, model: Path) -> bool:
         return False
 
 
+def port_taken(obs, ready: bool, port: int, model: Path) -> bool:
+    """Whether another process took the port picked for ``obs``'s server: another server answers on it
+    (``serves``), or the server exited on ``Address already in use`` (CI, 2026-12-05: vLLM's bind failed while
+    the other worker's server answered ``/health``)."""
+    if ready:
+        return not serves(port, model)
+    return "Address already in use" in obs.log_text()
+
+
 def serve_vllm(label: str, model: Path, out: Path, *args: str, expect_ready: bool = True,
                env: dict[str, str] | None = None, python: str | None = None, launcher: bool = False):
     """A vLLM server (``vllm_command``) started, asked once, stopped: ``(its Observed, the answer)``. Started
-    again on another port, once, where another server took the one picked (``serves``)."""
+    again on another port, once, where another process took the one picked (``port_taken``)."""
     from hotweights.observe import Observed
 
     for attempt in (1, 2):
@@ -294,8 +303,8 @@ def serve_vllm(label: str, model: Path, out: Path, *args: str, expect_ready: boo
                        health_url=f"http://127.0.0.1:{port}/health",
                        env={"VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})})
         receipt = obs.wait_ready(timeout_s=300, interval_s=0.5)
-        if receipt.ready and not serves(port, model) and attempt == 1:
-            obs.stop(grace_s=20)  # another server answered on its port: this one could not bind it
+        if attempt == 1 and port_taken(obs, receipt.ready, port, model):
+            obs.stop(grace_s=20)
             continue
         answer = ask(port, model) if receipt.ready else None
         obs.stop(grace_s=20)
