@@ -4,8 +4,8 @@
 # config files (engines/vllm/compile_key.py); then issue 52's "most 8B models at 0.1 req/s each". Each run starts
 # from an empty keeper and an empty compile cache (vLLM's and inductor's removed: the cold box, the worst case).
 #   1. three 8B (the front's defaults, --gpu-memory-utilization 0.25): start-up until every model serves (target
-#      60 s), then 30 s at 2 req/s; fill3off (not by default): the same with compile_ahead and read_ahead false,
-#      before fill3; COLD_DISK=1: each run with the models' pages evicted too (a reboot);
+#      60 s), then 30 s at 2 req/s; fill3off and fill3ahead (not by default): the same with read_ahead false,
+#      and with compile_ahead true, before fill3; COLD_DISK=1: each run with the models' pages evicted too (a reboot);
 #   2. ten 8B, six on the GPU tier and four in host memory, KV caches pinned to 2 GiB: start-up (target 180 s;
 #      1,014.6 s with the whole-start preloads, 581.6 s with the loader-alone ones, 2026-12-04; 297.5 s, then
 #      209.4 s on 2026-12-05), then per-model 0.1 and 0.5 req/s for 60 s each; then the same with preempt = true,
@@ -63,10 +63,15 @@ if runs one3; then  # issue 52's preempt on the GPU: three 8B, one awake at a ti
     --socket-dir "$SOCK"
   unset HOTWEIGHTS_PROFILE_WAKE
 fi
-if runs fill3off; then  # without the compile ahead and the read-ahead: before and after, one session
+if runs fill3off; then  # without the read-ahead: before and after, one session
   cold
   trace fill3off --models 3 "${TRACE[@]}" --engine-args "--max-model-len 4096 --gpu-memory-utilization 0.25" \
-    --modes park --rates 2 --duration-s 30 --socket-dir "$SOCK" --no-compile-ahead --no-read-ahead
+    --modes park --rates 2 --duration-s 30 --socket-dir "$SOCK" --no-read-ahead
+fi
+if runs fill3ahead; then  # with the compile ahead (off by default since fill3_h100_2026-12-05c.json)
+  cold
+  trace fill3ahead --models 3 "${TRACE[@]}" --engine-args "--max-model-len 4096 --gpu-memory-utilization 0.25" \
+    --modes park --rates 2 --duration-s 30 --socket-dir "$SOCK" --compile-ahead
 fi
 if runs fill3; then
   cold

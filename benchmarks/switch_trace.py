@@ -343,7 +343,7 @@ def mode_config(mode: str, models: dict[str, Path], args: argparse.Namespace) ->
     text += f"schedule = \"{'fifo' if mode == 'park_fifo' else 'fair'}\"\n"
     text += f"request_timeout_s = {args.request_timeout_s}\n" + ("preempt = true\n" if preempt else "")
     text += f"turn_s = {args.turn_s}\n" if args.turn_s is not None else ""
-    text += "compile_ahead = false\n" if args.no_compile_ahead else ""
+    text += "compile_ahead = true\n" if args.compile_ahead else ""
     text += "read_ahead = false\n" if args.no_read_ahead else ""
     text += "".join(model_table(name, path, [], args.engine, engine_args, name in host) for name, path in
                     models.items())
@@ -471,8 +471,8 @@ def main() -> int:  # noqa: PLR0915
     parser.add_argument("--request-timeout-s", type=float, default=120.0)
     parser.add_argument("--turn-s", type=float, default=None, help="the fronts' turn_s (default: the front's own)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-compile-ahead", action="store_true",
-                        help="the fronts' first start compiles after its preload (compile_ahead = false)")
+    parser.add_argument("--compile-ahead", action="store_true",
+                        help="the fronts' first start compiles beside its preload (compile_ahead = true)")
     parser.add_argument("--no-read-ahead", action="store_true",
                         help="the fronts read no checkpoint ahead of its preload (read_ahead = false)")
     parser.add_argument("--url", default="", help="a running front: run the trace against it once (mode given)")

@@ -716,6 +716,22 @@ def test_no_compile_ahead_where_the_keeper_holds_the_first_model_or_the_config_t
     assert asyncio.run(main(True, True)) == []  # its start is next: nothing to compile beside
 
 
+def test_the_compile_ahead_is_off_unless_asked_for(models):
+    """Off by default since it lost on an H100 (fill3_h100_2026-12-05c.json: three 8B ready in 181.8 s with it,
+    122.9 s without): ``--compile-ahead`` or ``compile_ahead = true`` turns it on, ``--no-compile-ahead`` off."""
+    from hotweights import cli, cli_engine, cli_keeper, cli_switch
+    from hotweights.switch import config as switch_config
+
+    parser = cli.build_parser(cli_keeper.register, cli_switch.register, cli_engine.register, cli.register)
+
+    def ahead(*flags: str) -> bool:
+        args = parser.parse_args(["switch", "--model", f"a={next(iter(models.values()))}", *flags])
+        given = {key: getattr(args, key, None) for key in switch_config.SWITCH_KEYS}
+        return switch_config.quick(args.models, args.engine, [], given, "gpu").compile_ahead
+
+    assert (ahead(), ahead("--compile-ahead"), ahead("--no-compile-ahead")) == (False, True, False)
+
+
 def test_no_compile_ahead_where_its_gpu_cannot_hold_it_beside_the_preload(monkeypatch, caplog):
     need = GpuNeed((0,), weights_mib=15_000, loader_only=True)  # preload 17,048 MiB at its peak, the compile too
     assert need.preload_mib(80_000) == need.ahead_mib == 17_048

@@ -164,9 +164,9 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--start-jobs", type=int, default=None,
                    help="start-up's engine starts at once where none profiles the GPU's memory (vLLM with "
                         "--kv-cache-memory-bytes) and GPU memory holds them (default 0: 4 with GPUs, else 1)")
-    p.add_argument("--no-compile-ahead", dest="compile_ahead", action="store_const", const=False, default=None,
-                   help="the first start compiles after its preload, not beside it (a vLLM server with dummy "
-                        "weights compiles ahead by default)")
+    p.add_argument("--compile-ahead", action=argparse.BooleanOptionalAction, default=None,
+                   help="the first start's compile runs beside its preload (a vLLM server with dummy weights), or "
+                        "not (the default: slower where the preload is short, docs/switch.md)")
     p.add_argument("--no-read-ahead", dest="read_ahead", action="store_const", const=False, default=None,
                    help="start-up does not read the next preloads' checkpoints into the page cache ahead of them")
     p.add_argument("--json", action="store_true", help="status: one JSON object")

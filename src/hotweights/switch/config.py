@@ -22,8 +22,8 @@
                              # preload is a whole vLLM start); 0: 4 where there are GPUs, else 1 (in each start)
     start_jobs = 0           # start-up's engine starts at once where no start profiles the GPU's memory (vLLM
                              # with --kv-cache-memory-bytes) and GPU memory holds them; 0: 4 where there are GPUs
-    compile_ahead = true     # the first start's compile runs beside its preload (vLLM, dummy weights), where that
-                             # preload runs (preloads.py); false: the start compiles after it
+    compile_ahead = false    # true: the first start's compile runs beside its preload (vLLM, dummy weights), where
+                             # that preload runs (preloads.py); off by default: slower on an H100 (docs/switch.md)
     read_ahead = true        # start-up reads the next preloads' checkpoints into the page cache (readahead.py)
 
     [[model]]
@@ -211,7 +211,7 @@ class SwitchConfig:
     preload_jobs: Annotated[int, Field(ge=0, description="0 (auto) or more")] = 0
     # start-up's starts at once where none profiles the GPU's memory (schedule.startup_batch); 0: auto
     start_jobs: Annotated[int, Field(ge=0, description="0 (auto) or more")] = 0
-    compile_ahead: bool = True  # the first start's compile beside its preload (preloads.begin_compile_ahead)
+    compile_ahead: bool = False  # the first start's compile beside its preload (preloads.begin_compile_ahead)
     read_ahead: bool = True  # the next preloads' checkpoints read into the page cache ahead of them (readahead.py)
     log_dir: str = ""  # each engine's log (and its preload's) go here; "": a new temporary directory per run
 

@@ -74,7 +74,7 @@ class Preloads:
 
     def __init__(self, models: list[Model], jobs: int, reserve_for: Callable[[], Sequence[Model]],
                  memory: Callable[[], dict[int, GpuMemory]] | None = None,
-                 need: Callable[[Model], GpuNeed] | None = None, compile_ahead: bool = True,
+                 need: Callable[[Model], GpuNeed] | None = None, compile_ahead: bool = False,
                  read_ahead: bool = True) -> None:
         self.models, self.jobs, self.reserve_for, self.compile_ahead = models, jobs, reserve_for, compile_ahead
         self.read_ahead = read_ahead
