@@ -15,6 +15,7 @@
 #      without and with preempt (issue 52: a busy engine's requests paused and continued, measured on the GPU);
 #   3. while time is left, seven 8B all on the GPU tier at 0.1 req/s each, without and with preempt (does the box
 #      serve seven at >= 90%? it did on 2026-12-05: 100%);
+#   fill3kept (not by default; after fill3): fill3 again from an empty keeper with the compile caches kept (a reboot);
 #   hostwake (not by default; first): benchmarks/host_wake_profile.py on m0, the pinned wake with its DMAs queued
 #      against each waited for, and the stages (resident.QUEUED_COPIES), interleaved;
 #   eight (not by default): eight 8B, seven on the GPU tier and one in host memory, 0.1 req/s each, without and
@@ -23,18 +24,20 @@
 #   captures CUDA graphs for batches of up to 64 (11 sizes, not 51), and a parked engine keeps 976 MiB on the GPU,
 #   not 1,902 (read there), so two host-tier models fit awake beside the rest, not one; at 0.1-0.5 req/s a model
 #   has a few requests at once at most.
+#   The runs go in this order: hostwake, one3, fill10, fill3off, fill3ahead, fill3, fill3kept, seven, eight.
 #   first call:  bash benchmarks/gpu_models_bg.sh /tmp/hw-models 10 8b     (while the next calls stage vLLM)
 #   then:        W=/tmp/hw-models OUT=DIR BUDGET_S=1400 [RUNS="fill3 fill10 seven"] bash benchmarks/gpu_fill_session.sh
-#                (RUNS: the runs to make, in this order; RUNS=fill3 needs only three models written;
+#                (RUNS: the runs to make, in the order above; RUNS=fill3 needs only three models written;
 #                FILL10_RATES=0.5: fill10's trace at one per-model rate, not two, where device time is short)
 #   polls:       bash benchmarks/gpu_poll.sh DIR 540 /tmp/hw-models
 NO_POOLS_MODEL=1 source "$(dirname "$0")/gpu_session_start.sh"
 TRACE=(--engine vllm --link-shards --gen-device cuda --burst-size 0 --max-tokens 32,512)
 TEN="--max-model-len 4096 --gpu-memory-utilization 0.17 --kv-cache-memory-bytes 2G --max-num-seqs 32"
-cold() {  # an empty keeper (a fresh socket directory) and no compile cache; COLD_DISK=1: no page cache either
+cold() {  # an empty keeper (a fresh socket directory) and no compile cache; COLD_DISK=1: no page cache either;
+  # `cold kept`: the compile caches kept (a reboot, where ~/.cache/vllm and the Triton cache survive)
   python3 -m hotweights stop --socket-dir "${SOCK:-/nonexistent}" > /dev/null 2>&1
   python3 -m hotweights standby --stop --socket-dir "${SOCK:-/nonexistent}" > /dev/null 2>&1  # the last preload's
-  rm -rf ~/.cache/vllm/torch_compile_cache /tmp/torchinductor_"$(id -un)" ~/.triton/cache
+  [ "${1:-}" = kept ] || rm -rf ~/.cache/vllm/torch_compile_cache /tmp/torchinductor_"$(id -un)" ~/.triton/cache
   if [ "${COLD_DISK:-0}" = 1 ]; then  # the models' pages evicted, as after a reboot
     python3 -c 'import sys; from hotweights.verify.memory import evict_page_cache as e; [e(d) for d in sys.argv[1:]]' \
       "$W"/m*
@@ -63,6 +66,14 @@ if runs one3; then  # issue 52's preempt on the GPU: three 8B, one awake at a ti
     --socket-dir "$SOCK"
   unset HOTWEIGHTS_PROFILE_WAKE
 fi
+if runs fill10; then
+  cold
+  export HOTWEIGHTS_PROFILE_WAKE=1  # vLLM's own wake_up profiled into the engines' logs (its slow mode)
+  export HOTWEIGHTS_PROFILE_START=1  # vLLM's warm-up sampled: what the 15-21 s after graph capture are
+  trace fill10 --models 10 "${TRACE[@]}" --engine-args "$TEN" --modes mixed,mixed_preempt --gpu-tier 6 \
+    --per-model-rate "${FILL10_RATES:-0.1,0.5}" --duration-s 60 --socket-dir "$SOCK"
+  unset HOTWEIGHTS_PROFILE_WAKE HOTWEIGHTS_PROFILE_START
+fi
 if runs fill3off; then  # without the read-ahead: before and after, one session
   cold
   trace fill3off --models 3 "${TRACE[@]}" --engine-args "--max-model-len 4096 --gpu-memory-utilization 0.25" \
@@ -78,13 +89,10 @@ if runs fill3; then
   trace fill3 --models 3 "${TRACE[@]}" --engine-args "--max-model-len 4096 --gpu-memory-utilization 0.25" \
     --modes park --rates 2 --duration-s 30 --socket-dir "$SOCK"
 fi
-if runs fill10; then
-  cold
-  export HOTWEIGHTS_PROFILE_WAKE=1  # vLLM's own wake_up profiled into the engines' logs (its slow mode)
-  export HOTWEIGHTS_PROFILE_START=1  # vLLM's warm-up sampled: what the 15-21 s after graph capture are
-  trace fill10 --models 10 "${TRACE[@]}" --engine-args "$TEN" --modes mixed,mixed_preempt --gpu-tier 6 \
-    --per-model-rate "${FILL10_RATES:-0.1,0.5}" --duration-s 60 --socket-dir "$SOCK"
-  unset HOTWEIGHTS_PROFILE_WAKE HOTWEIGHTS_PROFILE_START
+if runs fill3kept; then  # fill3's start again from an empty keeper, the compile caches the run before left kept
+  cold kept
+  trace fill3kept --models 3 "${TRACE[@]}" --engine-args "--max-model-len 4096 --gpu-memory-utilization 0.25" \
+    --modes park --rates 2 --duration-s 30 --socket-dir "$SOCK"
 fi
 if runs seven && [ "$(left)" -gt 420 ]; then
   cold
