@@ -498,6 +498,60 @@ def test_no_start_joins_the_first_start_of_the_front(monkeypatch):
     asyncio.run(main())
 
 
+def test_starts_join_the_first_start_of_the_front_once_its_log_says_its_code_is_compiled(monkeypatch, caplog):
+    """Where nothing compiles ahead, the first start compiles itself; once its log says the compile has ended (and
+    the compile cache is saved), a start beside it loads that code: the models whose preloads are done join it
+    then, not once it is up (three 8B on an H100: the first start 66.6 s, 36 s of it torch.compile)."""
+    on_one_gpu(monkeypatch, PINNED)
+
+    async def main():
+        s, engines, log, spans = switcher(["a", "b", "c"], jobs=3, start_jobs=3, totals={0: 400_000},
+                                          compile_ahead=False)
+        for e in engines.values():
+            e.need, e.delay_s = PINNED, 2 * PRELOAD_S
+        engines["a"].delay_s, engines["a"].compiled_after_s = 8 * PRELOAD_S, 3 * PRELOAD_S
+        task = await started(s)
+        starts = {n[6:]: (b, e) for n, b, e in spans if n.startswith("start ")}
+        assert overlapping(spans, "start ") == 3, spans  # b and c beside a
+        assert min(starts[n][0] for n in "bc") >= starts["a"][0] + 3 * PRELOAD_S, spans  # once a had compiled
+        assert max(starts[n][0] for n in "bc") < starts["a"][1] - 2 * PRELOAD_S, spans  # well before a was up
+        task.cancel()
+
+    with caplog.at_level("INFO", logger="hotweights.switch"):
+        asyncio.run(main())
+    assert caplog.text.count("switch: a's start has compiled its engine's code (its log says so): the starts whose "
+                             "preloads are done may join it now") == 1
+
+
+def test_a_first_start_that_profiles_is_joined_once_its_profile_is_done_by_models_that_take_its_kv_cache(
+        monkeypatch, caplog):
+    """The front's defaults (vLLM sizes its KV cache from a profile of the GPU): the first start's compile ends
+    before its profile does; the models that would profile as it did join it once its profile has given their KV
+    cache, not before (their allocations would count as its own), and profile nothing themselves."""
+    from hotweights.switch import preloads
+
+    need = GpuNeed((0,), share=0.25, weights_mib=15_000, parked_mib=1950)  # its KV cache from a profile
+    monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(400_000, 400_000)})
+
+    async def main():
+        s, engines, _, spans = switcher(["a", "b", "c"], jobs=3, start_jobs=3, totals={0: 400_000},
+                                        compile_ahead=False)
+        for e in engines.values():
+            e.need, e.delay_s, e.learns_kv = need, 2 * PRELOAD_S, True
+        a = engines["a"]
+        a.delay_s, a.compiled_after_s, a.profiled_after_s = 10 * PRELOAD_S, 2 * PRELOAD_S, 5 * PRELOAD_S
+        task = await started(s)
+        starts = {n[6:]: (b, e) for n, b, e in spans if n.startswith("start ")}
+        assert min(starts[n][0] for n in "bc") >= starts["a"][0] + 5 * PRELOAD_S, spans  # not before its profile
+        assert max(starts[n][0] for n in "bc") < starts["a"][1] - 2 * PRELOAD_S, spans
+        assert a.need.profiles and not any(engines[n].need.profiles for n in "bc")
+        task.cancel()
+
+    with caplog.at_level("INFO", logger="hotweights.switch"):
+        asyncio.run(main())
+    assert caplog.text.count("switch: b, c start with the KV cache vLLM's profile gave a") == 1
+
+
 def test_starts_join_the_first_start_of_the_front_once_its_code_is_compiled_ahead(monkeypatch):
     """With the code compiled ahead the first start compiles nothing: the models whose preloads ended meanwhile start
     beside it, all once the compile has ended (a start begun before would compile too)."""
@@ -612,6 +666,42 @@ def test_a_vllm_engine_pins_the_kv_cache_a_profile_gave_an_engine_that_starts_as
     assert same.keeper.env["HOTWEIGHTS_STANDBYS"] == "4"  # it may start with two others now: a standby each
     assert engine("w", seed).pin_kv_as(engine("quiet", small)) == 0  # no profile line: nothing to pin
     assert engine("v", seed).pin_kv_as(same) == 0  # same profiled nothing (pinned)
+
+
+def test_a_vllm_start_says_it_has_compiled_and_profiled_only_from_its_own_running_output(tmp_path, monkeypatch):
+    """``Engine.compiled``/``profiled`` read the start going on: a log an earlier front left (appended to) says
+    nothing while no process of this start runs."""
+    import subprocess
+
+    from hotweights.demo_model import write_demo_model
+    from hotweights.switch import kinds
+    from hotweights.switch.engines import Engine
+
+    monkeypatch.setattr(kinds, "is_cpu_build", lambda: False)
+    model = write_demo_model(tmp_path / "s", "small")
+    earlier = ("INFO [monitor.py:48] torch.compile took 35.81 s in total\n"
+               "INFO [gpu_worker.py:562] Available KV cache memory: 21.43 GiB\n")
+    e = Engine(ModelConfig("a", model, "vllm", ("--gpu-memory-utilization", "0.25")), tmp_path, start_jobs=3)
+    e.log_path.write_text(earlier)
+    assert not e.compiled() and not e.profiled()  # no start runs: the earlier front's lines
+    e.process._log_from = e.log_path.stat().st_size
+    e.process.proc = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not e.compiled() and not e.profiled()  # this start has said nothing yet
+        with open(e.log_path, "a") as f:
+            f.write("INFO [backends.py:1095] Using cache directory: /c/torch_compile_cache/663cfa9ddf/rank_0_0/backbone"
+                    " for vLLM's torch.compile\nINFO [monitor.py:48] torch.compile took 7.03 s in total\n")
+        assert e.compiled() and not e.profiled()
+        with open(e.log_path, "a") as f:
+            f.write("INFO [gpu_worker.py:562] Available KV cache memory: 3.02 GiB\n")
+        assert e.profiled()
+    finally:
+        e.process.proc.kill()
+        e.process.proc.wait()
+    assert not e.compiled()  # it exited
+    eager = Engine(ModelConfig("b", model, "vllm", ("--enforce-eager",)), tmp_path)
+    assert KINDS["vllm"].compiled_in(eager.model, "") and not KINDS["vllm"].compiled_in(e.model, "")
+    assert not KINDS["hotweights"].compiled_in(e.model, "torch.compile took 1.00 s in total")
 
 
 def test_the_starts_that_go_together_are_decided_from_memory_as_a_table():

@@ -63,8 +63,25 @@ class FakeEngine:
     def pin_kv_as(self, other: FakeEngine) -> int:
         return 0  # it profiles nothing (tests/test_preloads.py has engines that learn from a profile)
 
+    compiled_after_s: float | None = None  # its start's log says its code is compiled this long into it (None: never)
+    profiled_after_s: float | None = None  # and that its profile of the GPU's memory is done
+    _began: float | None = None  # its start going on began
+
+    def compiled(self) -> bool:
+        return self._into(self.compiled_after_s)
+
+    def profiled(self) -> bool:
+        return self._into(self.profiled_after_s)
+
+    def _into(self, after_s: float | None) -> bool:
+        return after_s is not None and self._began is not None and time.monotonic() - self._began >= after_s
+
     def start(self) -> float:
-        time.sleep(self.delay_s)
+        self._began = time.monotonic()
+        try:
+            time.sleep(self.delay_s)
+        finally:
+            self._began = None
         self.log.append(f"start {self.name}")
         if self.fail_start:
             raise EngineError(f"{self.name}: its engine exited with code 1 while starting: {self.fail_start}")

@@ -61,6 +61,8 @@ class EngineLike(Protocol):
     def compiles_ahead(self, total_mib: int) -> bool: ...
     def compile_ahead(self, total_mib: int) -> float | None: ...
     def pin_kv_as(self, other: EngineLike) -> int: ...
+    def compiled(self) -> bool: ...
+    def profiled(self) -> bool: ...
     def start(self) -> float: ...
     def park(self, level: int) -> None: ...
     def wake(self) -> WakeSource: ...
@@ -222,6 +224,21 @@ class Engine:
             self._need = None
             self.keeper = KeeperView(self.model, self.kind, self.socket_dir, self.env(self.socket_dir))
         return nbytes
+
+    def compiled(self) -> bool:
+        """Whether its start going on has compiled its engine's code (``kinds.compiled_in``): a start of the same
+        config beside it now loads that code, not compiles it again. False where no start of it runs."""
+        return self._running() and self.kind.compiled_in(self.model, self.process.output())
+
+    def profiled(self) -> bool:
+        """Whether its start going on has sized its KV cache from its profile of the GPU's memory (its output says
+        the size): what others allocate from now on no longer counts as its own. False where no start of it runs."""
+        return self._running() and self.kind.kv_profiled(self.process.output()) is not None
+
+    def _running(self) -> bool:
+        """Its process runs (the output since its start is this start's; a log may hold an earlier front's)."""
+        proc = self.process.proc
+        return proc is not None and proc.poll() is None
 
     def compiles_ahead(self, total_mib: int) -> bool:
         """Whether its kind has a compile ahead of its first start to run (``kinds.compile_ahead_command``)."""

@@ -32,6 +32,7 @@ from .memory import CONTEXT_MIB, GpuNeed
 
 SLEEP_MODE = argv.Option(("--enable-sleep-mode",), "none")
 EAGER = argv.Option(("--enforce-eager",), "none")
+COMPILED_LINE = "torch.compile took "  # vLLM's, once its compile (or its load from the cache) has ended
 MAX_SEQS = argv.Option(("--max-num-seqs",))
 DEVICE = argv.Option(("--device",))
 GPU_SHARE = argv.Option(("--gpu-memory-utilization",))
@@ -106,6 +107,11 @@ class EngineKind:
         None where it says none."""
         return None
 
+    def compiled_in(self, m: Spec, log: str) -> bool:
+        """Whether a start whose output so far is ``log`` has compiled what it compiles (a start of the same config
+        beside it from now on loads that code instead of compiling it again); False where it cannot tell."""
+        return False
+
     def with_kv(self, args: Sequence[str], nbytes: int) -> tuple[str, ...]:
         """``args`` with a KV cache of ``nbytes`` per GPU pinned (nothing profiled at start)."""
         return tuple(args)
@@ -165,6 +171,12 @@ class VllmKind(EngineKind):
 
     def kv_profiled(self, log: str) -> int | None:
         return kv_profiled(log)
+
+    def compiled_in(self, m: Spec, log: str) -> bool:
+        """vLLM 0.26 logs ``torch.compile took N s in total`` once its compile has ended and its compile cache is
+        saved (``compilation/monitor.py``; a start that loaded the code from the cache logs it too); a start with
+        ``--enforce-eager`` compiles nothing."""
+        return EAGER.present(m.args) or COMPILED_LINE in log
 
     def with_kv(self, args: Sequence[str], nbytes: int) -> tuple[str, ...]:
         return (*KV_BYTES.strip(args), "--kv-cache-memory-bytes", str(nbytes))

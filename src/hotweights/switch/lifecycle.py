@@ -129,7 +129,7 @@ class Lifecycle:
             logger.error("switch: %s unavailable: %s", m.name, exc)
             return
         m.failure, m.start_failures = None, 0
-        self._pin_kv_as(m)
+        self.pin_kv_as(m)
         how = " from a warm standby" if m.engine.server else ""
         awake = m.config is self.config.default or m.waiting or m.config.keep_awake
         if awake and not stays:  # a request came while it started: room for it, as for a wake, or it parks
@@ -151,12 +151,13 @@ class Lifecycle:
         logger.info("switch: %s ready in %.1f s (%s; started%s, %.1f s; %s)", m.name, time.monotonic() - began,
                     cached, how, started, note)
 
-    def _pin_kv_as(self, m: Model) -> None:
+    def pin_kv_as(self, m: Model) -> None:
         """Where ``m``'s engine sized its KV cache from a profile of the GPU's memory, the models yet to start that
         would start as it did have theirs pinned to that size (``Engine.pin_kv_as``): vLLM's profile reads the whole
         GPU, so each such start went alone, one after another, with no preload beside it (three 8B with the front's
         defaults on an H200: 60.4 s and 31.5 s after the first, each preload 4.5 s between them); pinned, they start
-        together and beside the preloads, with the KV cache the profile gives them."""
+        together and beside the preloads, with the KV cache the profile gives them. Asked once ``m``'s profile is
+        done, while it still starts (``Switcher._joining``), and again once it is up; each model is pinned once."""
         pinned = {x.name: n for x in self.models.values() if not x.started and (n := x.engine.pin_kv_as(m.engine))}
         if not pinned:
             return

@@ -211,8 +211,9 @@ def startup_batch(first: Model, models: Sequence[Model], totals: Mapping[int, in
 def joining(starting: Sequence[Model], models: Sequence[Model], totals: Mapping[int, int], jobs: int,
             preloaded: Callable[[Model], bool], preloading: Mapping[int, int]) -> list[Model]:
     """The models whose starts join ``starting`` (start-up's starts going on, or about to): as ``startup_batch``
-    says, up to ``jobs`` starts in all; none where one of ``starting`` profiles the GPU's memory."""
-    if any(x.engine.gpu_need().profiles for x in starting):
+    says, up to ``jobs`` starts in all; none where one of ``starting`` profiles the GPU's memory, until its profile
+    is done (``Engine.profiled``)."""
+    if any(x.engine.gpu_need().profiles and not x.engine.profiled() for x in starting):
         return []
     batch = list(starting)
     for m in models:

@@ -44,6 +44,8 @@ class Switcher:
         self.life = Lifecycle(config, metrics, engines, totals)
         self.models = self.life.models
         self.requests = Admission(config, self.models, self.life.changes, metrics)
+        self._said_compiled: set[str] = set()  # first starts whose compile ``_compiled_by`` has logged
+        self._learned_kv: set[str] = set()  # starts whose profile ``_joining`` has pinned others' KV caches to
 
     async def run(self) -> None:
         """Start-up, then every switch, one at a time, in the order ``next_model`` gives; with ``preload_jobs`` > 1
@@ -110,19 +112,37 @@ class Switcher:
 
     def _joining(self, starting: list[Model]) -> list[Model]:
         """The models whose starts join ``starting`` now (``schedule.joining``): none where those are not start-up's
-        starts, before the front's first engine is up unless its code was compiled ahead (the first start of an
-        architecture compiles it, 74.9 s for an 8B on an H200 against 16-37 s for the starts after it, which load the
-        compiled code: one beside it would compile too; every start waits for a compile ahead still running), or
-        while requests wait for a model that has started (the switch they need goes first)."""
+        starts, before the front's first engine is up unless its code was compiled ahead or the first start has
+        compiled it by now (the first start of an architecture compiles it, 74.9 s for an 8B on an H200 against
+        16-37 s for the starts after it, which load the compiled code: one beside it before that would compile too;
+        every start waits for a compile ahead still running), or while requests wait for a model that has started
+        (the switch they need goes first). A start that profiles the GPU's memory is joined once its profile is done,
+        by models that take the KV cache it gave (``Lifecycle.pin_kv_as``)."""
         life = self.life
         if (not starting or any(x.state is not S.STARTING for x in starting) or self.config.start_jobs <= 1
                 or life.preloads is None
-                or (not any(x.state in SERVING for x in self.models.values()) and life.preloads.first_start_compiles())
+                or (not any(x.state in SERVING for x in self.models.values()) and life.preloads.first_start_compiles()
+                    and not self._compiled_by(starting))
                 or any(x.started and x not in starting for x in wanted(self.models.values(), self.config))):
             return []
+        for x in starting:  # its profile done: the models that would profile as it does take its KV cache
+            if x.name not in self._learned_kv and x.engine.gpu_need().profiles and x.engine.profiled():
+                self._learned_kv.add(x.name)
+                life.pin_kv_as(x)
         order = startup_order(list(self.models.values()), self.models[self.config.default.name])
         return joining(starting, order, life.totals, self.config.start_jobs, life.preloads.preloaded,
                        life.preloads.peaks_mib(life.totals))
+
+    def _compiled_by(self, starting: list[Model]) -> bool:
+        """Whether the front's first start (one of ``starting``) has compiled its engine's code (``Engine.compiled``):
+        said once, as starts may join it from now on."""
+        done = [x for x in starting if x.engine.compiled()]
+        for x in done:
+            if x.name not in self._said_compiled:
+                self._said_compiled.add(x.name)
+                logger.info("switch: %s's start has compiled its engine's code (its log says so): the starts whose "
+                            "preloads are done may join it now", x.name)
+        return bool(done)
 
     def _startup_batch(self, m: Model) -> list[Model]:
         """``m`` and the models start-up starts beside it (``schedule.startup_batch``): only ``m`` unless it is a
