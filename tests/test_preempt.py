@@ -201,18 +201,24 @@ def test_a_client_that_leaves_while_its_stream_is_paused_gives_its_place_back(tm
         try:
             long = {"prompt": "The weight cache", "max_tokens": 480, "temperature": 0, "stream": True}
             ends: list[str] = []
+            go = threading.Event()
 
-            def b_stream() -> None:
-                with httpx.stream("POST", f.url + "/v1/completions", json={"model": "b", **long}, timeout=120) as r:
+            def b_stream(client: httpx.Client) -> None:
+                go.wait(60)
+                with client.stream("POST", f.url + "/v1/completions", json={"model": "b", **long}) as r:
                     ends.extend(line for line in r.iter_lines() if '"finish_reason":"length"' in
                                 line.replace(" ", ""))
 
+            # b's threads and clients ready beforehand: a's 480 tiny-model tokens take ~0.5 s, and threads started
+            # only once a's first byte came sent their requests ~0.3 s later on a busy machine, after a had ended
+            clients = [httpx.Client(timeout=120) for _ in range(6)]
+            others = [threading.Thread(target=b_stream, args=(c,)) for c in clients]
+            for t in others:
+                t.start()
             with httpx.stream("POST", f.url + "/v1/completions", json={"model": "a", **long}, timeout=120) as r:
                 lines = r.iter_lines()
                 next(lines)  # a's answer is under way
-                others = [threading.Thread(target=b_stream) for _ in range(6)]
-                for t in others:
-                    t.start()
+                go.set()
                 deadline = time.monotonic() + 30
                 while not (f.state("a")["waiting"] and f.state("a")["state"] != "awake"):  # paused, waiting for a
                     assert time.monotonic() < deadline, f.log.read_text()[-3000:]
@@ -224,6 +230,8 @@ def test_a_client_that_leaves_while_its_stream_is_paused_gives_its_place_back(tm
                 time.sleep(0.05)
             for t in others:
                 t.join(120)
+            for c in clients:
+                c.close()
             got = f.client().completions.create(model="a", prompt="x", max_tokens=4, temperature=0)
             rows = {m["name"]: m for m in f.status()["models"]}
         finally:
