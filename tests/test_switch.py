@@ -430,10 +430,12 @@ def test_a_parking_vllm_engine_is_preloaded_with_the_flags_it_starts_with(tmp_pa
 
 
 def test_vllm_engines_whose_starts_go_together_keep_a_standby_for_each_start(tmp_path):
-    """Starts of a batch (``start_jobs``, where no start profiles the GPU) each take a warm standby: with one kept,
-    the others imported vLLM themselves (H200, 33.7-36.9 s against 16.3-18.6 s). One start at a time keeps one.
-    Each keeps one more for the preloads' loaders, which run in standbys too: with none to spare, a start right
-    after a preload waited 17-25 s for the next to import (H200, three 8B, the front's defaults)."""
+    """Starts of a batch (``start_jobs``) each take a warm standby: with one kept, the others imported vLLM
+    themselves (H200, 33.7-36.9 s against 16.3-18.6 s). One start at a time keeps one. Engines that profile the GPU
+    keep as many: the models after the first take its KV cache and start together (with 2 places, the second of two
+    waited 12 s for a standby on an H100). Each keeps one more for the preloads' loaders, which run in standbys too:
+    with none to spare, a start right after a preload waited 17-25 s for the next to import (H200, three 8B, the
+    front's defaults)."""
     from hotweights.standby.handoff import PLACES_ENV
     from hotweights.switch.engines import Engine
     from hotweights.switch.memory import GpuNeed
@@ -445,7 +447,7 @@ def test_vllm_engines_whose_starts_go_together_keep_a_standby_for_each_start(tmp
 
     pinned, profiles = GpuNeed((0,), 0.25, 15000, engine_kv_mib=2048), GpuNeed((0,), 0.25, 15000)
     assert env(3, pinned)[PLACES_ENV] == "4"
-    assert env(3, profiles)[PLACES_ENV] == "2"  # its starts go one at a time
+    assert env(3, profiles)[PLACES_ENV] == "4"  # the first alone, the others together with its KV cache
     assert env(1, pinned)[PLACES_ENV] == "2"
     assert PLACES_ENV not in env(3, pinned, engine="hotweights")  # no standby: nothing imports ahead
 

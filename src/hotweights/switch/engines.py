@@ -107,18 +107,12 @@ class Engine:
         if self.kind.keeps_standbys:
             # a standby for each start of a batch (schedule.startup_batch), and one more for the preloads' loaders
             # (``launcher.run_module``): on an H200 (three 8B, the front's defaults) a preload took the one standby
-            # and the start right after it waited 17-25 s for the next to import
-            starts = self.start_jobs if self.start_jobs > 1 and self._starts_together() else 1
+            # and the start right after it waited 17-25 s for the next to import. Engines that profile the GPU's
+            # memory too: the models after the first take the KV cache its profile gave and start together, beside
+            # it (with 2 places for them, on an H100 the second of two such starts waited 12 s for a standby)
+            starts = self.start_jobs if self.start_jobs > 1 else 1
             env[PLACES_ENV] = str(starts + 1)
         return {**env, "HOTWEIGHTS_SOCKET_DIR": socket_dir} if socket_dir else env
-
-    def _starts_together(self) -> bool:
-        """Whether its start may go with others (it does not profile the GPU's memory); False where what it needs
-        cannot be read (the start says why)."""
-        try:
-            return not self.gpu_need().profiles
-        except (OSError, ValueError):
-            return False
 
     def command(self, port: int) -> tuple[list[str], dict[str, str]]:
         """Its server's command and environment: it dies with this front (``unix.die_with_parent``)."""
