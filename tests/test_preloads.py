@@ -508,7 +508,7 @@ def test_starts_join_the_first_start_of_the_front_once_its_log_says_its_code_is_
         s, engines, log, spans = switcher(["a", "b", "c"], jobs=3, start_jobs=3, totals={0: 400_000},
                                           compile_ahead=False)
         for e in engines.values():
-            e.need, e.delay_s = PINNED, 2 * PRELOAD_S
+            e.need, e.delay_s, e.compiled_after_s = PINNED, 2 * PRELOAD_S, PRELOAD_S / 2  # b, c load a's code
         engines["a"].delay_s, engines["a"].compiled_after_s = 8 * PRELOAD_S, 3 * PRELOAD_S
         task = await started(s)
         starts = {n[6:]: (b, e) for n, b, e in spans if n.startswith("start ")}
@@ -521,6 +521,7 @@ def test_starts_join_the_first_start_of_the_front_once_its_log_says_its_code_is_
         asyncio.run(main())
     assert caplog.text.count("switch: a's start has compiled its engine's code (its log says so): the starts whose "
                              "preloads are done may join it now") == 1
+    assert caplog.text.count("start has compiled") == 1  # not again for b and c
 
 
 def test_a_first_start_that_profiles_is_joined_once_its_profile_is_done_by_models_that_take_its_kv_cache(

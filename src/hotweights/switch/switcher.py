@@ -44,7 +44,7 @@ class Switcher:
         self.life = Lifecycle(config, metrics, engines, totals)
         self.models = self.life.models
         self.requests = Admission(config, self.models, self.life.changes, metrics)
-        self._said_compiled: set[str] = set()  # first starts whose compile ``_compiled_by`` has logged
+        self._said_compiled = False  # whether ``_compiled_by`` has said the first start compiled
         self._learned_kv: set[str] = set()  # starts whose profile ``_joining`` has pinned others' KV caches to
 
     async def run(self) -> None:
@@ -135,14 +135,13 @@ class Switcher:
 
     def _compiled_by(self, starting: list[Model]) -> bool:
         """Whether the front's first start (one of ``starting``) has compiled its engine's code (``Engine.compiled``):
-        said once, as starts may join it from now on."""
-        done = [x for x in starting if x.engine.compiled()]
-        for x in done:
-            if x.name not in self._said_compiled:
-                self._said_compiled.add(x.name)
-                logger.info("switch: %s's start has compiled its engine's code (its log says so): the starts whose "
-                            "preloads are done may join it now", x.name)
-        return bool(done)
+        said once, as starts may join it from now on (those that join find the compiled code: not said again)."""
+        done = next((x for x in starting if x.engine.compiled()), None)
+        if done is not None and not self._said_compiled:
+            self._said_compiled = True
+            logger.info("switch: %s's start has compiled its engine's code (its log says so): the starts whose "
+                        "preloads are done may join it now", done.name)
+        return done is not None
 
     def _startup_batch(self, m: Model) -> list[Model]:
         """``m`` and the models start-up starts beside it (``schedule.startup_batch``): only ``m`` unless it is a
