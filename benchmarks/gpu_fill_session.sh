@@ -28,7 +28,8 @@
 #   first call:  bash benchmarks/gpu_models_bg.sh /tmp/hw-models 10 8b     (while the next calls stage vLLM)
 #   then:        W=/tmp/hw-models OUT=DIR BUDGET_S=1400 [RUNS="fill3 fill10 seven"] bash benchmarks/gpu_fill_session.sh
 #                (RUNS: the runs to make, in the order above; RUNS=fill3 needs only three models written;
-#                FILL10_RATES=0.5: fill10's trace at one per-model rate, not two, where device time is short)
+#                FILL10_RATES=0.5: fill10's trace at one per-model rate, not two, where device time is short;
+#                FILL10_S=40: its seconds per cell, 60 by default)
 #   polls:       bash benchmarks/gpu_poll.sh DIR 540 /tmp/hw-models
 NO_POOLS_MODEL=1 source "$(dirname "$0")/gpu_session_start.sh"
 TRACE=(--engine vllm --link-shards --gen-device cuda --burst-size 0 --max-tokens 32,512)
@@ -73,7 +74,7 @@ if runs fill10; then
   export HOTWEIGHTS_PROFILE_WAKE=1  # vLLM's own wake_up profiled into the engines' logs (its slow mode)
   export HOTWEIGHTS_PROFILE_START=1  # vLLM's warm-up sampled: what the 15-21 s after graph capture are
   trace fill10 --models 10 "${TRACE[@]}" --engine-args "$TEN" --modes mixed,mixed_preempt --gpu-tier 6 \
-    --per-model-rate "${FILL10_RATES:-0.1,0.5}" --duration-s 60 --socket-dir "$SOCK"
+    --per-model-rate "${FILL10_RATES:-0.1,0.5}" --duration-s "${FILL10_S:-60}" --socket-dir "$SOCK"
   unset HOTWEIGHTS_PROFILE_WAKE HOTWEIGHTS_PROFILE_START
 fi
 if runs fill3off; then  # without the read-ahead: before and after, one session
