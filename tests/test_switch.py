@@ -429,6 +429,28 @@ def test_a_parking_vllm_engine_is_preloaded_with_the_flags_it_starts_with(tmp_pa
     assert tp2.preload_command()[5:] == ["--tensor-parallel-size", "2", "--vllm-arg=--dtype", "--vllm-arg=bfloat16"]
 
 
+def test_a_start_after_its_gpu_copy_is_made_again_counts_the_copy_once(tmp_path, monkeypatch):
+    """A host-tier model's start after a restart makes its GPU copy from its host copy first; the seconds its start
+    says are the copy's and the engine's. Its ready line said 30.6 s for a 5.9 s copy and a 12.4 s start (H200): the
+    engine's start was counted twice."""
+    from hotweights.switch.engines import Engine
+
+    e = Engine(switch_config.ModelConfig("a", tmp_path / "m"), tmp_path)
+
+    def copy_back() -> str:
+        time.sleep(0.2)
+        return "its GPU copy made from its host copy, 0.2 s"
+
+    def process_start(command, timeout_s: float) -> float:
+        time.sleep(0.3)
+        return 0.3
+
+    monkeypatch.setattr(e, "device_copy_back", copy_back)
+    monkeypatch.setattr(e.process, "start", process_start)
+    took = e.start()
+    assert 0.5 <= took < 0.7, took
+
+
 def test_vllm_engines_whose_starts_go_together_keep_a_standby_for_each_start(tmp_path):
     """Starts of a batch (``start_jobs``) each take a warm standby: with one kept, the others imported vLLM
     themselves (H200, 33.7-36.9 s against 16.3-18.6 s). One start at a time keeps one. Engines that profile the GPU

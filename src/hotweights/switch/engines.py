@@ -263,10 +263,11 @@ class Engine:
         copy is made again first, within those seconds (``device_copy_back``)."""
         began = time.monotonic()
         back = self.device_copy_back()
+        copied_s = time.monotonic() - began if back else 0.0
         if back:
             logger.info("switch: %s: %s", self.model.name, back)
         try:
-            return self.process.start(self.command, timeout_s) + (time.monotonic() - began if back else 0.0)
+            return self.process.start(self.command, timeout_s) + copied_s
         except EngineError:
             if back:  # failed: not resident, so the GPU copy made for it is not counted either: let it go
                 self.device_copy_off()
