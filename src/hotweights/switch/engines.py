@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -84,6 +85,7 @@ class Engine:
         self.process = EngineProcess(model.name, self.log_path)
         self._ahead = EngineProcess(model.name, self.log_path)  # its compile ahead (``compile_ahead``), if one runs
         self._need: GpuNeed | None = None
+        self._said: dict[str, int] = {}  # what a start has said in its log (``_start_says``): that start's pid
         self.start_jobs, self.socket_dir = start_jobs, socket_dir
         self.keeper = KeeperView(model, self.kind, socket_dir, self.env(socket_dir))
 
@@ -222,17 +224,26 @@ class Engine:
     def compiled(self) -> bool:
         """Whether its start going on has compiled its engine's code (``kinds.compiled_in``): a start of the same
         config beside it now loads that code, not compiles it again. False where no start of it runs."""
-        return self._running() and self.kind.compiled_in(self.model, self.process.output())
+        return self._start_says("compiled", lambda log: self.kind.compiled_in(self.model, log))
 
     def profiled(self) -> bool:
         """Whether its start going on has sized its KV cache from its profile of the GPU's memory (its output says
         the size): what others allocate from now on no longer counts as its own. False where no start of it runs."""
-        return self._running() and self.kind.kv_profiled(self.process.output()) is not None
+        return self._start_says("profiled", lambda log: self.kind.kv_profiled(log) is not None)
 
-    def _running(self) -> bool:
-        """Its process runs (the output since its start is this start's; a log may hold an earlier front's)."""
+    def _start_says(self, what: str, says: Callable[[str], bool]) -> bool:
+        """Whether the start going on has said ``what`` (``says`` of its output since it began; a log may hold an
+        earlier front's too). Asked every ``JOIN_LOOK_S`` while start-up's starts go on: once said, its log is not
+        read again for it (``_said``: the pid of the start that said it)."""
         proc = self.process.proc
-        return proc is not None and proc.poll() is None
+        if proc is None or proc.poll() is not None:
+            return False
+        if self._said.get(what) == proc.pid:
+            return True
+        if says(self.process.output()):
+            self._said[what] = proc.pid
+            return True
+        return False
 
     def compiles_ahead(self, total_mib: int) -> bool:
         """Whether its kind has a compile ahead of its first start to run (``kinds.compile_ahead_command``)."""
