@@ -23,7 +23,8 @@
     start_jobs = 0           # start-up's engine starts at once where no start profiles the GPU's memory (vLLM
                              # with --kv-cache-memory-bytes) and GPU memory holds them; 0: 4 where there are GPUs
     compile_ahead = false    # true: the first start's compile runs beside its preload (vLLM, dummy weights), where
-                             # that preload runs (preloads.py); off by default: slower on an H100 (docs/switch.md)
+                             # that preload runs (preloads.py); off by default: it wins only where the preload
+                             # outlasts a start without a standby (docs/switch.md)
     read_ahead = true        # start-up reads the next preloads' checkpoints into the page cache (readahead.py)
 
     [[model]]
