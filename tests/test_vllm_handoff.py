@@ -394,6 +394,27 @@ def test_a_standby_changing_its_note_is_never_seen_without_its_pid_or_its_note(t
         os.close(fd)
 
 
+def test_a_standby_that_has_taken_its_lock_but_not_yet_said_what_it_does_is_asked_again(tmp_path):
+    """A standby takes its lock, then writes its note. A start that read the lock in between saw no note, took a
+    standby waiting for the start before it for one importing, and waited the whole ``IMPORT_WAIT_S`` (CI,
+    2026-12-05). It waits for the first note instead: here one that says it waits for a start in progress."""
+    import threading
+
+    from hotweights.unix import take_pid_lock, write_lock_note
+
+    lock, sock = tmp_path / "s.lock", tmp_path / "s.sock"
+    fd = take_pid_lock(lock)
+    writer = threading.Timer(0.3, write_lock_note, (lock, "waiting", str(os.getpid()), "-"))
+    writer.start()
+    try:
+        began = time.monotonic()
+        handoff._wait_while_importing(lock, sock, timeout_s=20)
+        assert time.monotonic() - began < 5  # it saw the note, not the standby's silence
+    finally:
+        writer.join()
+        os.close(fd)
+
+
 @pytest.fixture
 def health():
     """A start in progress (a process) and its health URL, which answers 200 once ``ready`` is set."""

@@ -188,7 +188,7 @@ def _wait_while_importing(lock: Path, sock: Path, timeout_s: float = IMPORT_WAIT
     pid = lock_holder(lock) if not sock.exists() else 0
     if not pid:
         return
-    note = lock_note(lock)  # what the standby says it does: waiting PID URL, importing, ready
+    note = _first_note(lock, pid)  # what the standby says it does: waiting PID URL, importing, ready
     if note[:1] == ["waiting"] and len(note) == 3 and note[1].isdigit() and pid_alive(int(note[1])) \
             and not (note[2] != "-" and healthy(note[2], 1.0)):
         return
@@ -201,6 +201,19 @@ def _wait_while_importing(lock: Path, sock: Path, timeout_s: float = IMPORT_WAIT
             if probe.connect_ex(str(sock)) == 0:  # listening: it has imported (a connection it just drops)
                 return
         time.sleep(0.1)
+
+
+NOTE_WAIT_S = 2.0  # a standby says what it does right after it takes its lock (``zygote``)
+
+
+def _first_note(lock: Path, pid: int, timeout_s: float = NOTE_WAIT_S) -> list[str]:
+    """The note of ``lock``'s holder ``pid``, waiting up to ``timeout_s`` for its first one: a standby takes its
+    lock, then writes what it does. Read in between, the note was empty, and a start took a standby waiting for
+    the start before it for one importing, and waited the whole ``IMPORT_WAIT_S`` (CI, 2026-12-05)."""
+    deadline = time.monotonic() + timeout_s
+    while not (note := lock_note(lock)) and lock_holder(lock) == pid and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return note
 
 
 @contextlib.contextmanager
