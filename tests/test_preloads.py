@@ -284,9 +284,7 @@ def test_the_next_preload_is_decided_from_one_snapshot_as_a_table():
     assert begins(100_000, needs=pinned, done=frozenset({"a"})) == "b"  # a's start profiles nothing: b goes beside
     assert begins(100_000, done=frozenset({"a"}), failed_beside=frozenset({"b"}), wanted=("b",)) == "b"
     assert begins(100_000, failed_beside=frozenset({"b"}), **{**running_a, "done": frozenset()}) is None  # alone
-    assert begins(100_000, wanted=("a",), **running_a) is None  # the first start waits for a: a reads alone
-    assert begins(100_000, wanted=("a", "b"), **running_a) == "b"  # unless one waits for b too
-    assert begins(100_000, needs=cpu, wanted=("a",), **running_a) == "b"  # no GPU in common (cpu: none)
+    assert begins(100_000, wanted=("a",), **running_a) == "b"  # the first start waits for a: b goes beside it
     compiling = {"compiling": {"a": need}}  # a's start waits for its compile ahead (17,048 MiB: weights, activations)
     assert need.ahead_mib == 15_000 + 2048
     assert begins(100_000, done=frozenset({"a"}), **compiling) == "b"  # b's preload goes meanwhile
@@ -296,7 +294,7 @@ def test_the_next_preload_is_decided_from_one_snapshot_as_a_table():
     assert start_to_reserve_for(models, s.config, a) == (c,)  # the scheduler's next start: c, a request waits for it
     a.started = b.started = True  # a and b starting (together): both, whatever comes next
     assert start_to_reserve_for(models, s.config, a) == (a, b)
-    assert begins(100_000, wanted=("c",), running={"c": need}) == "a"  # an engine started: side by side again
+    assert begins(100_000, wanted=("c",), running={"c": need}) == "a"  # side by side
 
 
 def test_each_engine_kind_says_what_its_preload_and_start_take_on_the_gpu(tmp_path, monkeypatch):
@@ -409,6 +407,7 @@ def test_starts_whose_kv_cache_is_pinned_go_together_beside_the_preloads(monkeyp
         loads = {n: (b, e) for n, b, e in spans if not n.startswith("start ")}
         assert starts["a"][1] <= min(starts[n][0] for n in "bcd"), spans  # the default first, alone
         assert loads["e"][0] < starts["a"][1], spans  # e's preload went beside a's start
+        assert loads["b"][0] < loads["a"][1], spans  # and b's beside a's preload, which the first start waits for
         assert states(s) == {"a": "awake", "b": "parked", "c": "parked", "d": "parked", "e": "parked"}
         assert s.life.ready.is_set()
         task.cancel()

@@ -243,10 +243,9 @@ def next_preload(models: Sequence[Model], p: Preloading, need: Callable[[Model],
     Not on GPUs where an engine that profiles is starting (vLLM sizes its KV cache from a profile of the whole GPU),
     nor where a model whose preload is done and whose start profiles has yet to start (its start, seconds, goes
     before a preload, minutes, which would hold it back; not while that start waits for its compile ahead, which
-    takes longer), unless a start waits for it; nor, while no engine has started,
-    beside a preload a start waits for, unless one waits for this one too (the default's: on an H200 an 8B's took
-    56.8 s beside two others and 28.8-29.5 s alone, and the front's ``/health`` waited for it, then for its start;
-    later, preloads side by side fill the box sooner). Where none runs, it begins
+    takes longer), unless a start waits for it. Beside the preload of the front's first start too: on an H200
+    (cold caches) the default's took 48.8 s alone and 49.1 s beside three others, which were done by then. Where
+    none runs, it begins
     when it fits or a start waits for it (vLLM's own check decides then); beside others, only when it fits
     (``preload_fits``); one that failed beside others, only alone."""
     queued = queued_preloads(models, p)
@@ -255,9 +254,6 @@ def next_preload(models: Sequence[Model], p: Preloading, need: Callable[[Model],
     m, own = queued[0], need(queued[0])
     if (m.name in p.failed_beside and p.running) or any(set(o.gpus) & set(own.gpus) for o in p.starting):
         return None
-    if (m.name not in p.wanted and not any(x.started for x in models)
-            and any(n in p.wanted and set(o.gpus) & set(own.gpus) for n, o in p.running.items())):
-        return None  # the front's first start (its /health) waits for that one: the disk and the CPU are its own
     preloaded = (p.done | p.copying) - set(p.compiling)  # a host copy after a preload, or the compile ahead of its
     # start, holds that start back, not the rule
     if m.name not in p.wanted and any(not x.started and x.config.start == "eager" and x.name in preloaded
