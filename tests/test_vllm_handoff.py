@@ -41,11 +41,15 @@ sys.exit(7)
 '''
 
 LAUNCH = '''
-import logging, os, sys
+import logging, os, sys, time
 logging.basicConfig(level=logging.INFO)
 from pathlib import Path
 from hotweights.engines.vllm.standby import SPEC
 from hotweights.standby.handoff import hand_over, StandbyUnusable
+if os.environ.get("GATE"):  # imported, it waits to be let go: it looks at once then
+    Path(os.environ["GATE"] + ".armed").touch()
+    while not Path(os.environ["GATE"]).exists():
+        time.sleep(0.005)
 try:
     server = hand_over(SPEC, Path(sys.argv[1]), "probe_server", sys.argv[2:], dict(os.environ, PROBE_KNOB="on"))
 except StandbyUnusable as exc:
@@ -452,11 +456,21 @@ def test_a_start_right_after_a_ready_one_waits_for_the_standby_that_one_prepared
         out, err = launch(socket_dir, work).communicate(timeout=60)
         assert "unusable: no standby ready" in out and "Waiting" not in err, (out, err)
         assert time.monotonic() - began < 20  # not the 60 s a waiting start may wait
-        ready.set()  # the start is ready: the standby imports now, and the next start waits for it
-        launcher = launch(socket_dir, work)
+        # the start is ready: the standby imports now, and the next start, a moment later, waits for it. The
+        # launcher has imported what it needs by then: one that took longer than the standby's imports (2 CPUs
+        # under load) found it ready and did not wait
+        gate = work / "go"
+        launcher = launch(socket_dir, work, env={"GATE": str(gate)})
+        deadline = time.monotonic() + 60
+        while not gate.with_name("go.armed").exists():
+            assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+            time.sleep(0.01)
+        ready.set()
+        gate.touch()
         out, err = launcher.communicate(timeout=120)
-        assert launcher.returncode == 7, (out, err)
-        assert "Waiting for the warm standby" in err, err
+        said = handoff.standby_paths(socket_dir).log.read_text()  # the standby's own account, for a failure
+        assert launcher.returncode == 7, (out, err, said)
+        assert "Waiting for the warm standby" in err, (err, said)
     finally:
         handoff.stop(SPEC, socket_dir)
 

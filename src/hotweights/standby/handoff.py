@@ -175,6 +175,10 @@ def _hello(engine: EngineSpec, directory: Path, connect_timeout_s: float,
 
 SETTLE_S = 10.0  # how long the preload waits for the standby it spawned to hold its lock (``prepare``)
 IMPORT_WAIT_S = 60.0  # a standby importing its engine is ready sooner than a plain start imports it again
+# whether the start a standby waits for is ready: one that is not answers 503 or refuses at once, so only a loaded
+# machine answers late, and a late answer taken for "not ready" costs a plain start (CI, 2 CPUs, 1 s: a start
+# found no standby a moment after the one before was ready)
+HEALTH_ASK_S = 5.0
 
 
 def _wait_while_importing(lock: Path, sock: Path, timeout_s: float = IMPORT_WAIT_S) -> None:
@@ -190,7 +194,7 @@ def _wait_while_importing(lock: Path, sock: Path, timeout_s: float = IMPORT_WAIT
         return
     note = _first_note(lock, pid)  # what the standby says it does: waiting PID URL, importing, ready
     if note[:1] == ["waiting"] and len(note) == 3 and note[1].isdigit() and pid_alive(int(note[1])) \
-            and not (note[2] != "-" and healthy(note[2], 1.0)):
+            and not (note[2] != "-" and healthy(note[2], HEALTH_ASK_S)):
         return
     import socket
 
