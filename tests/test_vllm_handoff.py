@@ -23,7 +23,7 @@ import pytest
 from hotweights.engines.vllm.launcher import explicit_log_error_stack
 from hotweights.engines.vllm.start import VllmStart
 from hotweights.engines.vllm.standby import SPEC
-from hotweights.standby import handoff
+from hotweights.standby import busy, handoff
 from hotweights.standby.zygote import TRANSITIONS, Standby, State
 
 PROBE = '''
@@ -301,7 +301,7 @@ def test_engines_on_gpus_of_their_own_keep_a_standby_each(socket_dir, work, monk
 
 def test_a_prepared_standby_holds_its_place_when_prepare_returns(socket_dir):
     """The start right after a preload must see the standby the preload left, even one still importing: by
-    the time the preload's ``prepare`` (``settle_s``) returns, it holds its lock (``_wait_while_importing``
+    the time the preload's ``prepare`` (``settle_s``) returns, it holds its lock (``busy.wait_while_importing``
     finds it)."""
     try:
         assert handoff.prepare(SPEC, socket_dir, dict(os.environ), settle_s=handoff.SETTLE_S) == "prepared"
@@ -412,7 +412,7 @@ def test_a_standby_that_has_taken_its_lock_but_not_yet_said_what_it_does_is_aske
     writer.start()
     try:
         began = time.monotonic()
-        handoff._wait_while_importing(lock, sock, timeout_s=20)
+        busy.wait_while_importing(lock, sock, timeout_s=20)
         assert time.monotonic() - began < 5  # it saw the note, not the standby's silence
     finally:
         writer.join()

@@ -4,6 +4,7 @@ daemon's; a launcher hands it argv, env, cwd and stdio, it forks the server and 
 
 Files, in import order: ``messages`` (typed messages, the protocol's codec) · ``fingerprint`` (what a
 standby must share with a start, with field diffs) · ``engine`` (what an engine supplies: pre-imports,
-packages, variables) · ``handoff`` (the launcher's side) · ``zygote`` (the waiting process). The
+packages, variables) · ``busy`` (a start's wait for a standby that holds its place but does not answer yet) ·
+``handoff`` (the launcher's side) · ``zygote`` (the waiting process). The
 engine's own part is small: ``engines/vllm/standby.py`` is vLLM's ``EngineSpec``.
 """

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915
     standby = _take_a_place(spec(args.engine), directory, args.places)
     if standby is None:
         return 0
-    if args.after_pid:  # what it does now, for a start that asks (``handoff._wait_while_importing``)
+    if args.after_pid:  # what it does now, for a start that asks (``busy.wait_while_importing``)
         write_lock_note(standby.paths.lock, "waiting", str(args.after_pid), args.after_url or "-")
         logger.info("waiting for the start in progress (pid %d) to be ready: %s", args.after_pid,
                     _wait_for(args.after_pid, args.after_url))
