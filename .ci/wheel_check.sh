@@ -61,4 +61,13 @@ PY
 grep "Mapped " "$work/serve.log"
 kill $serve_pid && wait $serve_pid || true
 $hw stop --socket-dir "$work/sock"
+
+step "[cluster]: Ray Serve, and the application builder's config check"
+$hw cluster --config "$work/none.toml" 2>&1 | tee "$work/cluster.txt" && { echo "cluster ran without [cluster]"; exit 1; }
+grep -q "\[cluster\]'" "$work/cluster.txt"
+$pip install -q "$wheel[cluster]"
+printf '[cluster]\nrouter = "fast"\n[[model]]\nname = "tiny"\ncheckpoint = "%s"\n' "$work/tiny" > "$work/c.toml"
+if $hw cluster --config "$work/c.toml" > "$work/cluster.txt" 2>&1; then echo "a bad [cluster] ran"; exit 1; fi
+cat "$work/cluster.txt"; grep -q "router" "$work/cluster.txt"; ! grep -q Traceback "$work/cluster.txt"
+"$work/venv/bin/python" -c "import hotweights.cluster.app, hotweights.cluster.router"
 echo "wheel check: OK"

@@ -79,3 +79,26 @@ def test_the_keeper_the_standbys_zygote_and_the_switchs_front_load_no_torch_and_
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [], done.stdout
+
+
+def test_only_the_cluster_package_imports_ray():
+    """The keeper, the front and the engines stay Ray-free (DESIGN: past one machine): only ``hotweights.cluster``
+    imports Ray, and the ``cluster`` command inside its function; so the import graph says, and a fresh interpreter
+    that loads the keeper, the front and the whole command line loads no Ray."""
+    import subprocess
+    import sys
+
+    offenders = []
+    for path in (SRC / "hotweights").rglob("*.py"):
+        inside = path.relative_to(SRC / "hotweights").parts[0] in ("cluster", "cli_cluster.py")  # the latter: lazily
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(n.split(".")[0] == "ray" for n in names) and not inside:
+                offenders.append(str(path.relative_to(SRC)))
+    assert offenders == []
+    code = ("import sys; import hotweights.keeper.main, hotweights.switch.front, hotweights.cli, "
+            "hotweights.serve.app; print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] == 'ray')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [], done.stdout

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import cli_engine, cli_keeper, cli_switch
+from . import cli_cluster, cli_engine, cli_keeper, cli_switch
 from .cli_parser import DTYPES, build_parser, model_option, resolve_model, split_vllm
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     tail: list[str] = []
     if vllm_args is None and "--" in argv:  # observe: everything after -- is the server command, options included
         argv, tail = argv[:argv.index("--")], argv[argv.index("--") + 1:]
-    parser = build_parser(cli_keeper.register, cli_switch.register, cli_engine.register, register)
+    parser = build_parser(cli_keeper.register, cli_switch.register, cli_engine.register, cli_cluster.register, register)
     args = parser.parse_args(argv)
     resolve_model(parser, args)
     if tail:

@@ -63,11 +63,12 @@ class WeightCacheUnusable(HotweightsError):
 
 
 EXTRAS = {"torch": "engine", "safetensors": "engine", "transformers": "engine", "tokenizers": "engine",
-          "uvicorn": "serve", "pydantic": "serve", "starlette": "serve", "jinja2": "serve", "httpx": "serve"}
+          "uvicorn": "serve", "pydantic": "serve", "starlette": "serve", "jinja2": "serve", "httpx": "serve",
+          "ray": "cluster", "tomli_w": "cluster"}
 
 
 # a command whose extra brings every module it needs (serve includes engine)
-COMMAND_EXTRAS = {"serve": "serve", "switch": "serve"}
+COMMAND_EXTRAS = {"serve": "serve", "switch": "serve", "cluster": "cluster"}
 
 
 def install_command(extra: str) -> str:

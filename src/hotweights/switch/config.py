@@ -46,6 +46,8 @@
     gpus = [0]               # the GPUs it runs on (CUDA_VISIBLE_DEVICES of its preload and engine; as many as
                              # its --tensor-parallel-size); unset: those the front sees. max_awake counts per
                              # GPU: engines on GPUs of their own stay awake beside each other
+    ready_nodes = 2          # in a cluster (hotweights cluster, cluster/config.py): how many nodes keep it ready
+                             # ("all": every one); one front ignores it, as it ignores the [cluster] table
 """
 
 from __future__ import annotations
@@ -121,6 +123,9 @@ class ModelConfig:
     #                       "lazy": nothing until its first request (its preload then, and its start)
     park_after_s: Seconds = 0.0  # idle this long, an awake engine parks (0: while memory allows, it stays awake)
     stop_after_s: Seconds = 0.0  # idle this long, its engine stops: its host memory and GPU residue freed too
+    # a cluster's (hotweights.cluster): the nodes that keep it ready; None: [cluster] ready_nodes. One front ignores it
+    ready_nodes: Annotated[Annotated[int, Field(ge=1)] | Literal["all"] | None,
+                           Field(description='"all" or at least 1')] = None
 
     @field_validator("engine")
     @classmethod
@@ -329,9 +334,9 @@ def load(path: str | Path) -> SwitchConfig:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not TOML: {exc}") from None
-    unknown = set(data) - {"switch", "model"}
+    unknown = set(data) - {"switch", "model", "cluster"}  # [cluster]: hotweights cluster's (cluster/config.py)
     if unknown:
-        raise ConfigError(f"{path}: unknown table {sorted(unknown)[0]!r} (known: [switch], [[model]])")
+        raise ConfigError(f"{path}: unknown table {sorted(unknown)[0]!r} (known: [switch], [[model]], [cluster])")
     tables = data.get("model", [])
     if not isinstance(tables, list):
         raise ConfigError(f"{path}: models are [[model]] tables (an array), not one [model] table")

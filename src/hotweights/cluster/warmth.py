@@ -1,0 +1,117 @@
+"""What the cluster knows of a model on a node, and its choices over that, pure (no Ray, no I/O): a node's report
+(``NodeReport``, built from its front's own ``/switch/status``, never from the front's internals), the rank of
+replicas for one request (``rank``), and which nodes keep a model ready (``placed``).
+
+Warmth, warmest first: awake; parked with its weights on the GPU (a wake of milliseconds); deep-parked, its weights
+in host memory (a copy back to the GPU); cached in the node's keeper (an engine start that maps its weights); absent
+(a start that reads the checkpoint). Within a warmth, the node with the fewest requests in flight. A model whose
+queue on a node has reached ``spread_at`` ranks that node between the next two warmths (an awake one after a node
+where it is parked, before one where it is in host memory), so a hot model spreads to a node where a wake of
+milliseconds serves it, rather than queueing on one, yet never to a start while a queue is all it waits for.
+
+Not covered: how requests reach a node (``router.py``, Ray's), what a node's front does with them (``switch/``).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+import time
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+class Warmth(enum.IntEnum):
+    """How far a model on a node is from serving (lower: closer); a rank of the router's."""
+
+    AWAKE = 0
+    PARKED = 1
+    HOST = 2
+    CACHED = 3
+    ABSENT = 4
+
+
+def warmth_of(row: Mapping[str, Any]) -> Warmth:
+    """A model's warmth from its row of the front's ``/switch/status``: ``leaving`` (it parks once its requests end)
+    and ``starting`` (its engine is on the way) rank as parked and host memory; a stopped model whose preload said
+    ``cached`` (or ``cached already``: the keeper held it) is cached; a stopped model never preloaded, or a failed
+    one, is absent."""
+    state = row.get("state")
+    if state == "awake":
+        return Warmth.AWAKE
+    if state in ("parked", "leaving"):
+        return Warmth.PARKED
+    if state in ("deep-parked", "starting"):
+        return Warmth.HOST
+    if state == "stopped" and str(row.get("cached") or "").startswith("cached"):  # or "cached already (...)"
+        return Warmth.CACHED
+    return Warmth.ABSENT
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReport:
+    """One node as its replica reports it to the router (``record_routing_stats``) at ``at`` (``time.time()``):
+    whether its front answers ``/health``, its requests in flight and waiting in all, and per model (by name) its
+    warmth and its queue there (in flight and waiting)."""
+
+    node: str
+    at: float
+    healthy: bool
+    inflight: int = 0
+    models: dict[str, tuple[Warmth, int]] = field(default_factory=dict)
+
+    def to_stats(self) -> dict[str, Any]:
+        """What Ray carries to the routers (plain JSON-able values)."""
+        return {"node": self.node, "at": self.at, "healthy": self.healthy, "inflight": self.inflight,
+                "models": {name: [int(w), q] for name, (w, q) in self.models.items()}}
+
+    @classmethod
+    def from_stats(cls, stats: Mapping[str, Any]) -> NodeReport | None:
+        """The report in a replica's routing stats; None where it has none yet (a replica starting)."""
+        if not stats or "at" not in stats:
+            return None
+        models = {str(name): (Warmth(int(wq[0])), int(wq[1])) for name, wq in stats.get("models", {}).items()}
+        return cls(str(stats.get("node", "")), float(stats["at"]), bool(stats.get("healthy")),
+                   int(stats.get("inflight", 0)), models)
+
+    @classmethod
+    def from_status(cls, node: str, status: Mapping[str, Any] | None, at: float | None = None) -> NodeReport:
+        """A report from the front's ``/switch/status`` (None: the front did not answer: unhealthy, nothing warm)."""
+        at = time.time() if at is None else at
+        if status is None:
+            return cls(node, at, False)
+        rows = status.get("models", [])
+        models = {r["name"]: (warmth_of(r), int(r.get("inflight") or 0) + int(r.get("waiting") or 0)) for r in rows}
+        return cls(node, at, True, sum(q for _w, q in models.values()), models)
+
+
+def rank(reports: Mapping[K, NodeReport | None], model: str, *, spread_at: int, now: float, stale_after_s: float,
+         sent: Mapping[K, int] | None = None) -> list[list[K]]:
+    """The replicas for one request of ``model``, best first, in groups of equal rank (Ray picks within a group by
+    the fewest requests in flight). A replica's rank is its model's warmth, 1.5 colder where its queue for the model
+    (reported, plus ``sent``: what this router sent it since) has reached ``spread_at``; a replica whose report is
+    missing, older than ``stale_after_s`` or unhealthy ranks after every other, in one last group (the request
+    still goes somewhere when nothing better is left)."""
+    sent = sent or {}
+    groups: dict[float, list[K]] = {}
+    for key, report in reports.items():
+        if report is None or not report.healthy or now - report.at > stale_after_s:
+            score = math.inf
+        else:
+            warmth, queue = report.models.get(model, (Warmth.ABSENT, 0))
+            score = int(warmth) + (1.5 if queue + sent.get(key, 0) >= spread_at else 0.0)
+        groups.setdefault(score, []).append(key)
+    return [groups[s] for s in sorted(groups)]
+
+
+def placed(model: str, nodes: Sequence[str], count: int | None) -> set[str]:
+    """The nodes that keep ``model`` ready (``count`` of them; None: every one), by rendezvous hashing: each node
+    decides alone from the same list, and a node that joins or leaves moves only the models it wins or held."""
+    if count is None or count >= len(nodes):
+        return set(nodes)
+    score = {n: hashlib.blake2b(f"{model}\0{n}".encode(), digest_size=8).digest() for n in nodes}
+    return set(sorted(nodes, key=lambda n: score[n], reverse=True)[:count])
