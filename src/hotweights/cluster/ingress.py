@@ -69,6 +69,8 @@ class Ingress:
         name = self.routes[asked]
         if asked != name:  # an alias: the node's front knows both, its engine is asked by the name
             body = json.dumps({**json.loads(body), "model": name}).encode()
+        if not _streamed(body):
+            return await self._whole(path, body, name)
         problem = ""
         for attempt in range(1 + RETRIES):
             stream = cast(DeploymentResponseGenerator[Any], self.nodes.options(
@@ -77,7 +79,7 @@ class Ingress:
                 head = await stream.__anext__()
             except StopAsyncIteration:
                 return error(502, f"the node for `{name}` answered nothing")
-            except Exception as exc:
+            except Exception as exc:  # nothing sent to the client yet: another node may serve it
                 problem = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
                 logger.warning("cluster: %s: its node went away before answering (%s); %s", name, problem,
                                "trying another" if attempt < RETRIES else "giving up")
@@ -87,18 +89,40 @@ class Ingress:
             return StreamingResponse(self._rest(stream, name, events), status_code=head["status"], headers=headers)
         return error(503, f"no node answered for `{name}` ({problem})")
 
+    async def _whole(self, path: str, body: bytes, name: str) -> Response:
+        """An answer that is not streamed: one call to a node, tried again on another where the first went away."""
+        problem = ""
+        for attempt in range(1 + RETRIES):
+            try:
+                status, headers, content, node = await self.nodes.options(multiplexed_model_id=name).answer.remote(
+                    path, body)
+            except Exception as exc:  # a node gone (Ray says so several ways): another may serve it
+                problem = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                logger.warning("cluster: %s: its node went away before answering (%s); %s", name, problem,
+                               "trying another" if attempt < RETRIES else "giving up")
+                continue
+            return Response(content, status_code=status, headers={**headers, NODE_HEADER: node})
+        return error(503, f"no node answered for `{name}` ({problem})")
+
     async def _rest(self, stream: Any, name: str, events: bool) -> AsyncIterator[bytes]:
         tail = b"\n\n"
         try:
             async for chunk in stream:
                 tail = (tail + chunk)[-2:]
                 yield chunk
-        except Exception as exc:
+        except Exception as exc:  # a node's death reaches a stream as several of Ray's errors: each ends it
             logger.warning("cluster: %s: its node went away in the middle of an answer (%s)", name,
                            f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
             if events:
                 yield (b"" if tail == b"\n\n" else b"\n\n") + stream_error(
                     f"the node serving `{name}` went away in the middle of this answer; retry the request", 503)
+
+
+def _streamed(body: bytes) -> bool:
+    try:
+        return bool(json.loads(body).get("stream"))
+    except (ValueError, AttributeError):  # model_of took it: the node's front answers what is wrong
+        return False
 
 
 IngressDeployment = serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0},

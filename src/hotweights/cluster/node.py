@@ -101,20 +101,28 @@ class NodeFront:
                                    f"{_tail(self.log)}")
             time.sleep(0.2)
 
+    async def answer(self, path: str, body: bytes) -> tuple[int, dict[str, str], bytes, str]:
+        """One request whose answer is not streamed, in one round trip: its status, headers, body, and this node."""
+        await self._loaded()
+        r = await self.client.post(path, content=body, headers={**self.headers, "content-type": "application/json"})
+        return r.status_code, _kept(r.headers), r.content, self.node
+
     async def relay(self, path: str, body: bytes) -> AsyncIterator[Any]:
         """One request to the front: first ``{"status", "headers", "node"}``, then its body's bytes as they come."""
-        if self._multiplexed is not None:
-            await self._multiplexed(serve.get_multiplexed_model_id())
+        await self._loaded()
         request = self.client.build_request("POST", path, content=body, headers={**self.headers,
                                                                                   "content-type": "application/json"})
         upstream = await self.client.send(request, stream=True)
         try:
-            kept = {k: v for k, v in upstream.headers.items() if k.lower() in ("content-type", "cache-control")}
-            yield {"status": upstream.status_code, "headers": kept, "node": self.node}
+            yield {"status": upstream.status_code, "headers": _kept(upstream.headers), "node": self.node}
             async for chunk in upstream.aiter_raw():
                 yield chunk
         finally:
             await upstream.aclose()
+
+    async def _loaded(self) -> None:
+        if self._multiplexed is not None:  # router = "multiplex": Ray counts this model as loaded here
+            await self._multiplexed(serve.get_multiplexed_model_id())
 
     async def get(self, path: str) -> tuple[int, bytes]:
         """A GET of the front's own (its ``/switch/status``, ``/v1/models``): status and body."""
@@ -147,6 +155,10 @@ class NodeFront:
 
     def __del__(self) -> None:  # Ray Serve's graceful stop of a replica
         self.stop()
+
+
+def _kept(headers: httpx.Headers) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() in ("content-type", "cache-control")}
 
 
 def _tail(path: Path, lines: int = 8) -> str:
