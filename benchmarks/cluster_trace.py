@@ -206,7 +206,7 @@ def main() -> int:  # noqa: PLR0915
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--max-awake", type=int, default=2, help="each node's awake places")
     parser.add_argument("--ready-nodes", type=int, default=2)
-    parser.add_argument("--spread-at", type=int, default=4)
+    parser.add_argument("--spread-at", type=int, default=8)
     parser.add_argument("--park-after-s", type=float, default=10.0)
     parser.add_argument("--stop-after-s", type=float, default=30.0)
     parser.add_argument("--modes", default="direct,warmth,multiplex,round_robin")

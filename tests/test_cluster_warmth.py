@@ -69,6 +69,25 @@ def test_what_this_router_sent_since_a_report_counts_toward_the_bound():
     assert ranked(reports, sent={"a": 2}) == [["b"], ["a"]]
 
 
+def test_a_model_sent_to_a_node_since_its_report_is_awake_there_so_a_second_request_follows_it():
+    """Two requests for a model parked on two nodes within one stats period: the second goes where the first woke
+    it, not to wake it on the other node too."""
+    reports = {"a": report("a", m=(W.PARKED, 0)), "b": report("b", m=(W.PARKED, 0))}
+    assert ranked(reports) == [["a", "b"]]
+    assert ranked(reports, sent={"b": 1}) == [["b"], ["a"]]
+    reports = {"a": report("a", m=(W.CACHED, 0)), "b": report("b", m=(W.PARKED, 0))}
+    assert ranked(reports, sent={"a": 1}) == [["a"], ["b"]], "a start under way beats a second wake"
+
+
+def test_a_wake_that_would_park_another_model_ranks_after_one_into_a_free_place():
+    full = NodeReport("a", 100.0, True, 0, {"m": (W.PARKED, 0)}, room=0)
+    free = NodeReport("b", 100.0, True, 0, {"m": (W.PARKED, 0)}, room=1)
+    unknown = NodeReport("c", 100.0, True, 0, {"m": (W.PARKED, 0)}, room=None)  # max_awake "auto": memory decides
+    assert ranked({"a": full, "b": free, "c": unknown}) == [["b", "c"], ["a"]]
+    host = NodeReport("d", 100.0, True, 0, {"m": (W.HOST, 0)}, room=1)
+    assert ranked({"a": full, "d": host}) == [["a"], ["d"]], "still warmer than host memory"
+
+
 def test_a_model_a_node_does_not_report_is_absent_there():
     reports = {"a": report("a", other=(W.AWAKE, 0)), "b": report("b", m=(W.CACHED, 0))}
     assert ranked(reports) == [["b"], ["a"]]
@@ -82,18 +101,20 @@ def test_stale_unhealthy_and_silent_nodes_rank_last_in_one_group():
 
 
 def test_a_report_survives_rays_stats_as_plain_values():
-    r = report("n1", m=(W.PARKED, 3), k=(W.AWAKE, 1))
+    r = NodeReport("n1", 100.0, True, 4, {"m": (W.PARKED, 3), "k": (W.AWAKE, 1)}, room=1)
     stats = r.to_stats()
-    assert stats["models"] == {"m": [1, 3], "k": [0, 1]}
+    assert stats["models"] == {"m": [1, 3], "k": [0, 1]} and stats["room"] == 1
     assert NodeReport.from_stats(stats) == r
     assert NodeReport.from_stats({}) is None
 
 
 def test_a_report_from_a_fronts_status_counts_waiting_and_in_flight():
-    status = {"models": [{"name": "a", "state": "awake", "inflight": 2, "waiting": 1},
-                         {"name": "b", "state": "stopped", "cached": "cached", "inflight": 0, "waiting": 3}]}
+    status = {"max_awake": 2, "models": [{"name": "a", "state": "awake", "inflight": 2, "waiting": 1},
+                                         {"name": "b", "state": "stopped", "cached": "cached", "inflight": 0,
+                                          "waiting": 3}]}
     r = NodeReport.from_status("n", status, at=5.0)
     assert r.models == {"a": (W.AWAKE, 3), "b": (W.CACHED, 3)} and r.inflight == 6 and r.healthy
+    assert r.room == 1 and NodeReport.from_status("n", {**status, "max_awake": "auto"}).room is None
     assert not NodeReport.from_status("n", None).healthy
 
 

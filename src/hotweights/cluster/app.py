@@ -36,8 +36,10 @@ def build(config: str | Path, *, router: str | None = None, nodes: int | None = 
         raise ClusterConfigError(f"router must be warmth, multiplex or round_robin, got {router!r}")
     if router != s.router:  # the nodes read it from the text: multiplex makes them report what Ray loads
         text = _with_router(text, cluster, router)
-    count = nodes or s.nodes or _alive_nodes()
+    count = nodes or s.nodes or _alive_nodes(s.node_resource)
     options: dict[str, Any] = {"num_replicas": count}
+    if s.node_resource:  # a sliver of it: max_replicas_per_node keeps one a node, the resource keeps them on its nodes
+        options["ray_actor_options"] = {"num_cpus": 0, "resources": {s.node_resource: 0.01}}
     kwargs = {"spread_at": s.spread_at, "stale_after_s": STALE_PERIODS * s.stats_period_s}
     config_kwargs: dict[str, Any] = {"request_routing_stats_period_s": s.stats_period_s,
                                      "request_routing_stats_timeout_s": max(1.0, 2 * s.stats_period_s)}
@@ -58,8 +60,9 @@ def app_builder(args: dict[str, str]) -> Application:
     return build(args["config"], router=args.get("router"), nodes=int(args["nodes"]) if args.get("nodes") else None)
 
 
-def _alive_nodes() -> int:
-    return len([n for n in ray.nodes() if n.get("Alive")])  # type: ignore[no-untyped-call]
+def _alive_nodes(resource: str) -> int:
+    alive = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+    return len([n for n in alive if not resource or n.get("Resources", {}).get(resource)]) or 1
 
 
 def _with_router(text: str, cluster: Cluster, router: str) -> str:

@@ -6,9 +6,12 @@ configuration derived from it (``node_toml``). Ray-free.
     host = "127.0.0.1"       # Ray Serve's HTTP proxy (hotweights cluster; serve run/deploy take their own)
     port = 8000
     nodes = 0                # node replicas, one per Ray node; 0: every node of the Ray cluster at deploy time
+                             # (with node_resource: every node that has it)
+    node_resource = ""       # a Ray custom resource that marks the nodes a replica may run on (KubeRay: the GPU
+                             # workers' rayStartParams resources), so none lands on a head without GPUs
     ready_nodes = 2          # a model's ready_nodes where its [[model]] table does not say: how many nodes keep it
                              # ready (its own start: eager or cached), the others start it on a request; "all"
-    spread_at = 4            # a model's requests in flight and waiting on a node at which its next request goes to
+    spread_at = 8            # a model's requests in flight and waiting on a node at which its next request goes to
                              # another node where it is parked or awake (warmth.py)
     stats_period_s = 1.0     # how often each node reports its models' warmth to the routers
     router = "warmth"        # "warmth" (ours), "multiplex" (Ray's default router with multiplexed model ids),
@@ -55,8 +58,9 @@ class ClusterConfig:
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 8000
     nodes: Annotated[int, Field(ge=0)] = 0
+    node_resource: str = ""
     ready_nodes: ReadyNodes = 2
-    spread_at: Annotated[int, Field(ge=1)] = 4
+    spread_at: Annotated[int, Field(ge=1)] = 8
     stats_period_s: Annotated[float, Field(gt=0)] = 1.0
     router: Router = "warmth"
     multiplexed_models: Annotated[int, Field(ge=0)] = 0

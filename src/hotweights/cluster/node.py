@@ -44,7 +44,9 @@ class NodeFront:
         self.cluster = parse(config_text, Path(config_name))
         s = self.cluster.settings
         self.node = ray.get_runtime_context().get_node_id()
-        nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))  # type: ignore[no-untyped-call]
+        res = s.node_resource
+        nodes = sorted(n["NodeID"] for n in ray.nodes()  # type: ignore[no-untyped-call]
+                       if n.get("Alive") and (not res or n.get("Resources", {}).get(res)))
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix=f"hotweights-node-{self.node[:12]}-"))
         sock = str(Path(s.socket_root) / self.node[:12]) if s.socket_root else ""

@@ -20,7 +20,7 @@ from .warmth import NodeReport, rank
 
 
 class WarmthRouter(FIFOMixin, RequestRouter):
-    def initialize_state(self, spread_at: int = 4, stale_after_s: float = 3.0, **_: Any) -> None:
+    def initialize_state(self, spread_at: int = 8, stale_after_s: float = 3.0, **_: Any) -> None:
         self.spread_at = spread_at
         self.stale_after_s = stale_after_s
         # per replica: the report time its counts are since, and requests sent since per model

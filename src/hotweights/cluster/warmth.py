@@ -4,10 +4,17 @@ replicas for one request (``rank``), and which nodes keep a model ready (``place
 
 Warmth, warmest first: awake; parked with its weights on the GPU (a wake of milliseconds); deep-parked, its weights
 in host memory (a copy back to the GPU); cached in the node's keeper (an engine start that maps its weights); absent
-(a start that reads the checkpoint). Within a warmth, the node with the fewest requests in flight. A model whose
-queue on a node has reached ``spread_at`` ranks that node between the next two warmths (an awake one after a node
-where it is parked, before one where it is in host memory), so a hot model spreads to a node where a wake of
-milliseconds serves it, rather than queueing on one, yet never to a start while a queue is all it waits for.
+(a start that reads the checkpoint). Within a warmth, the node with the fewest requests in flight. Three
+refinements, each from the first run of ``benchmarks/cluster_trace.py``:
+
+- a model this router sent to a node since that node's last report is awake there (it is being woken or started
+  for that request): without it, two requests within one stats period woke a parked model on two nodes, and a
+  third parked another model for it;
+- a wake on a node with no free awake place (``room`` 0) parks another model there: such a node ranks half a
+  warmth colder than one with room;
+- a model whose queue on a node has reached ``spread_at`` ranks that node between parked and host memory, so a hot
+  model spreads to a node where a wake serves it rather than queueing on one, yet never to a start while a queue is
+  all it waits for. An engine batches what it has in flight: the bound is a queue, not a batch.
 
 Not covered: how requests reach a node (``router.py``, Ray's), what a node's front does with them (``switch/``).
 """
@@ -55,19 +62,21 @@ def warmth_of(row: Mapping[str, Any]) -> Warmth:
 @dataclass(frozen=True, slots=True)
 class NodeReport:
     """One node as its replica reports it to the router (``record_routing_stats``) at ``at`` (``time.time()``):
-    whether its front answers ``/health``, its requests in flight and waiting in all, and per model (by name) its
-    warmth and its queue there (in flight and waiting)."""
+    whether its front answers ``/health``, its requests in flight and waiting in all, its free awake places
+    (``room``; None where its front's ``max_awake`` is "auto": memory decides), and per model (by name) its warmth
+    and its queue there (in flight and waiting)."""
 
     node: str
     at: float
     healthy: bool
     inflight: int = 0
     models: dict[str, tuple[Warmth, int]] = field(default_factory=dict)
+    room: int | None = None
 
     def to_stats(self) -> dict[str, Any]:
         """What Ray carries to the routers (plain JSON-able values)."""
         return {"node": self.node, "at": self.at, "healthy": self.healthy, "inflight": self.inflight,
-                "models": {name: [int(w), q] for name, (w, q) in self.models.items()}}
+                "room": self.room, "models": {name: [int(w), q] for name, (w, q) in self.models.items()}}
 
     @classmethod
     def from_stats(cls, stats: Mapping[str, Any]) -> NodeReport | None:
@@ -75,8 +84,9 @@ class NodeReport:
         if not stats or "at" not in stats:
             return None
         models = {str(name): (Warmth(int(wq[0])), int(wq[1])) for name, wq in stats.get("models", {}).items()}
+        room = stats.get("room")
         return cls(str(stats.get("node", "")), float(stats["at"]), bool(stats.get("healthy")),
-                   int(stats.get("inflight", 0)), models)
+                   int(stats.get("inflight", 0)), models, None if room is None else int(room))
 
     @classmethod
     def from_status(cls, node: str, status: Mapping[str, Any] | None, at: float | None = None) -> NodeReport:
@@ -86,15 +96,18 @@ class NodeReport:
             return cls(node, at, False)
         rows = status.get("models", [])
         models = {r["name"]: (warmth_of(r), int(r.get("inflight") or 0) + int(r.get("waiting") or 0)) for r in rows}
-        return cls(node, at, True, sum(q for _w, q in models.values()), models)
+        cap = status.get("max_awake")
+        room = max(0, cap - sum(w is Warmth.AWAKE for w, _q in models.values())) if isinstance(cap, int) else None
+        return cls(node, at, True, sum(q for _w, q in models.values()), models, room)
 
 
 def rank(reports: Mapping[K, NodeReport | None], model: str, *, spread_at: int, now: float, stale_after_s: float,
          sent: Mapping[K, int] | None = None) -> list[list[K]]:
     """The replicas for one request of ``model``, best first, in groups of equal rank (Ray picks within a group by
-    the fewest requests in flight). A replica's rank is its model's warmth, 1.5 colder where its queue for the model
-    (reported, plus ``sent``: what this router sent it since) has reached ``spread_at``; a replica whose report is
-    missing, older than ``stale_after_s`` or unhealthy ranks after every other, in one last group (the request
+    the fewest requests in flight). A replica's rank is its model's warmth (awake where this router sent the model
+    since the replica's report: ``sent``), half a warmth colder where a wake would park another model (no room),
+    1.5 colder where the model's queue there (reported plus sent) has reached ``spread_at``. A replica whose report
+    is missing, older than ``stale_after_s`` or unhealthy ranks after every other, in one last group (the request
     still goes somewhere when nothing better is left)."""
     sent = sent or {}
     groups: dict[float, list[K]] = {}
@@ -103,7 +116,10 @@ def rank(reports: Mapping[K, NodeReport | None], model: str, *, spread_at: int, 
             score = math.inf
         else:
             warmth, queue = report.models.get(model, (Warmth.ABSENT, 0))
-            score = int(warmth) + (1.5 if queue + sent.get(key, 0) >= spread_at else 0.0)
+            if sent.get(key, 0):
+                warmth = Warmth.AWAKE
+            crowded = warmth is not Warmth.AWAKE and report.room == 0
+            score = int(warmth) + (0.5 if crowded else 0.0) + (1.5 if queue + sent.get(key, 0) >= spread_at else 0.0)
         groups.setdefault(score, []).append(key)
     return [groups[s] for s in sorted(groups)]
 
