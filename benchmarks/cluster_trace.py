@@ -67,7 +67,7 @@ def sample_states(get: callable, stop: threading.Event, samples: list[tuple[floa
     while not stop.is_set():
         try:
             samples.append((time.monotonic(), get()))
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, httpx.HTTPError):  # a front between two answers: the next sample
             pass
         stop.wait(0.25)
 
@@ -253,6 +253,7 @@ def main() -> int:  # noqa: PLR0915
                     result["runs"][mode].append(run_direct(config, models, trace, args, out, rep))
                 else:
                     ray_nodes.serve.delete("hw")
+                    ray_nodes.wait_fronts(0, gone=True)  # the last mode's fronts stopped before the new ones start
                     ray_nodes.deploy(router=mode)
                     fronts = ray_nodes.wait_fronts(args.nodes)
                     time.sleep(3.0)  # three stats periods: the routers have every node's report

@@ -79,12 +79,15 @@ class RayNodes:
     def states(self, model: str) -> dict[str, str]:
         return {n: next(m["state"] for m in s["models"] if m["name"] == model) for n, s in self.statuses().items()}
 
-    def wait_fronts(self, count: int, timeout_s: float = 120) -> dict[str, str]:
+    def wait_fronts(self, count: int, timeout_s: float = 120, gone: bool = False) -> dict[str, str]:
+        """Until ``count`` fronts answer (``gone``: until no more than ``count`` do)."""
         deadline = time.monotonic() + timeout_s
-        while len(found := self.fronts()) < count:
-            assert time.monotonic() < deadline, f"{len(found)} of {count} fronts up"
+        while True:
+            found = self.fronts()
+            if (len(found) <= count) if gone else (len(found) >= count):
+                return found
+            assert time.monotonic() < deadline, f"{len(found)} fronts up, waiting for {count}"
             time.sleep(0.5)
-        return found
 
     def ingress_node(self) -> str:
         """The node id of the ingress replica (a node removed with it takes the streams through it)."""

@@ -16,6 +16,7 @@ Run: pytest tests/test_cluster.py   (slow: about 2-3 minutes)
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import tempfile
@@ -41,6 +42,38 @@ def demo_models(tmp_path_factory) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("cluster-models")
     return {f"m{i}": write_demo_model(root / f"m{i}", "tiny", seed=i) for i in range(4)}
+
+
+def test_hotweights_cluster_starts_a_local_ray_prints_its_url_serves_and_stops_on_ctrl_c(demo_models, tmp_path):
+    """The command for those who do not know Ray (first in this module: its own local Ray, before the cluster of
+    raylets below starts)."""
+    import subprocess
+    import sys
+
+    from hotweights.observe import free_port
+
+    port = free_port()
+    socket_root = tempfile.mkdtemp(prefix="hwl", dir="/tmp")
+    config = write_config(tmp_path / "one.toml", {"m0": demo_models["m0"], "m1": demo_models["m1"]},
+                          cluster={"socket_root": socket_root, "port": port}, switch={"max_awake": 1})
+    proc = subprocess.Popen([sys.executable, "-m", "hotweights", "cluster", "--config", str(config), "--num-cpus", "1",
+                             "--json"], stdout=subprocess.PIPE, stderr=open(tmp_path / "cluster.log", "wb"), text=True)
+    try:
+        said = json.loads(proc.stdout.readline() or "{}")
+        assert said.get("url") == f"http://127.0.0.1:{port}", (tmp_path / "cluster.log").read_text()[-3000:]
+        assert said["nodes"] == 1 and said["models"] == ["m0", "m1"] and said["router"] == "warmth"
+        assert complete(said["url"], "m1").status_code == 200
+        fronts = list(front_pids().values())
+        assert fronts
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(120) == 0
+        assert "stopped" in proc.stdout.read()
+        assert not any(pid_alive(p) for p in fronts)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for sock in Path(socket_root).glob("*"):
+            subprocess.run([sys.executable, "-m", "hotweights", "stop", "--socket-dir", str(sock)], capture_output=True)
 
 
 @pytest.fixture(scope="module")

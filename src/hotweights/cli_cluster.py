@@ -30,7 +30,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
     s = cluster.settings
     host, port = args.host or s.host, args.port or s.port
-    ray.init(address=args.address, namespace="hotweights", log_to_driver=False, include_dashboard=False,
+    ray.init(address=args.address or "local", namespace="hotweights", log_to_driver=False, include_dashboard=False,
              **({} if args.address else {"num_cpus": args.num_cpus} if args.num_cpus else {}))
     serve.start(http_options={"host": host, "port": port})
     app = build(args.config, router=args.router)

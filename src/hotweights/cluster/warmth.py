@@ -12,9 +12,10 @@ refinements, each from the first run of ``benchmarks/cluster_trace.py``:
   third parked another model for it;
 - a wake on a node with no free awake place (``room`` 0) parks another model there: such a node ranks half a
   warmth colder than one with room;
-- a model whose queue on a node has reached ``spread_at`` ranks that node between parked and host memory, so a hot
-  model spreads to a node where a wake serves it rather than queueing on one, yet never to a start while a queue is
-  all it waits for. An engine batches what it has in flight: the bound is a queue, not a batch.
+- a model whose queue on a node has reached ``spread_at`` ranks that node after any node where it is parked and
+  before host memory, so a hot model spreads to a node where a wake serves it rather than queueing on one, yet
+  never to a start while a queue is all it waits for. An engine batches what it has in flight: the bound is a
+  queue, not a batch.
 
 Not covered: how requests reach a node (``router.py``, Ray's), what a node's front does with them (``switch/``).
 """
@@ -30,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 K = TypeVar("K", bound=Hashable)
+CROWDED = 0.5  # a wake that parks another model: after a wake into a free place, before host memory
+QUEUED = 1.75  # a queue at the bound: after any wake on the GPU (crowded or not), before host memory
 
 
 class Warmth(enum.IntEnum):
@@ -105,10 +108,10 @@ def rank(reports: Mapping[K, NodeReport | None], model: str, *, spread_at: int, 
          sent: Mapping[K, int] | None = None) -> list[list[K]]:
     """The replicas for one request of ``model``, best first, in groups of equal rank (Ray picks within a group by
     the fewest requests in flight). A replica's rank is its model's warmth (awake where this router sent the model
-    since the replica's report: ``sent``), half a warmth colder where a wake would park another model (no room),
-    1.5 colder where the model's queue there (reported plus sent) has reached ``spread_at``. A replica whose report
-    is missing, older than ``stale_after_s`` or unhealthy ranks after every other, in one last group (the request
-    still goes somewhere when nothing better is left)."""
+    since the replica's report: ``sent``), ``CROWDED`` colder where a wake would park another model (no room),
+    ``QUEUED`` colder where the model's queue there (reported plus sent) has reached ``spread_at``. A replica whose
+    report is missing, older than ``stale_after_s`` or unhealthy ranks after every other, in one last group (the
+    request still goes somewhere when nothing better is left)."""
     sent = sent or {}
     groups: dict[float, list[K]] = {}
     for key, report in reports.items():
@@ -119,7 +122,8 @@ def rank(reports: Mapping[K, NodeReport | None], model: str, *, spread_at: int, 
             if sent.get(key, 0):
                 warmth = Warmth.AWAKE
             crowded = warmth is not Warmth.AWAKE and report.room == 0
-            score = int(warmth) + (0.5 if crowded else 0.0) + (1.5 if queue + sent.get(key, 0) >= spread_at else 0.0)
+            queued = queue + sent.get(key, 0) >= spread_at
+            score = int(warmth) + (CROWDED if crowded else 0.0) + (QUEUED if queued else 0.0)
         groups.setdefault(score, []).append(key)
     return [groups[s] for s in sorted(groups)]
 
