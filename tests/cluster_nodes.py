@@ -4,12 +4,12 @@ tests/test_cluster.py and benchmarks/cluster_trace.py."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import tomllib
 import urllib.request
@@ -57,15 +57,15 @@ class RayNodes:
         self.serve.run(build(self.config, router=router), name="hw", route_prefix="/")
 
     def fronts(self) -> dict[str, str]:
-        """Each live node front's URL by its node id's first 12 (from the config each node wrote)."""
+        """Each running node front that answers its ``/health``: its URL by its node id's first 12 (from the config
+        each node wrote; a node's directory outlives its front, and another process may have its port since)."""
         found = {}
-        for toml in Path(tempfile.gettempdir()).glob("hotweights-node-*/switch.toml"):
-            port = tomllib.loads(toml.read_text())["switch"]["port"]
-            url = f"http://127.0.0.1:{port}"
+        for node, (_pid, toml) in front_processes().items():
+            url = f"http://127.0.0.1:{tomllib.loads(toml.read_text())['switch']['port']}"
             try:
                 with urllib.request.urlopen(url + "/health", timeout=2):
-                    found[toml.parent.name.split("-")[2]] = url
-            except OSError:
+                    found[node] = url
+            except (OSError, http.client.HTTPException):
                 continue
         return found
 
@@ -107,3 +107,19 @@ class RayNodes:
                     subprocess.run([sys.executable, "-m", "hotweights", "stop", "--socket-dir", str(sock)],
                                    capture_output=True, timeout=60, env=os.environ)
                 shutil.rmtree(socket_root, ignore_errors=True)
+
+
+def front_processes() -> dict[str, tuple[int, Path]]:
+    """Each running node front's pid and config by its node id's first 12 (the config's path names the node)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        config = next((c.decode() for c in cmd if b"hotweights-node-" in c and c.endswith(b"switch.toml")), "")
+        if b"switch" in cmd and config and Path(config).is_file():
+            found[Path(config).parent.name.split("-")[2]] = (int(proc.name), Path(config))
+    return found

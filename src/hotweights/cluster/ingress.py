@@ -86,7 +86,8 @@ class Ingress:
                 continue
             events = head["headers"].get("content-type", "").startswith("text/event-stream")
             headers = {**head["headers"], NODE_HEADER: head["node"]}  # which node served it: for the curious, and tests
-            return StreamingResponse(self._rest(stream, name, events), status_code=head["status"], headers=headers)
+            return StreamingResponse(self._rest(head["first"], stream, name, events), status_code=head["status"],
+                                     headers=headers)
         return error(503, f"no node answered for `{name}` ({problem})")
 
     async def _whole(self, path: str, body: bytes, name: str) -> Response:
@@ -104,8 +105,10 @@ class Ingress:
             return Response(content, status_code=status, headers={**headers, NODE_HEADER: node})
         return error(503, f"no node answered for `{name}` ({problem})")
 
-    async def _rest(self, stream: Any, name: str, events: bool) -> AsyncIterator[bytes]:
-        tail = b"\n\n"
+    async def _rest(self, first: bytes, stream: Any, name: str, events: bool) -> AsyncIterator[bytes]:
+        tail = (b"\n\n" + first)[-2:]
+        if first:
+            yield first
         try:
             async for chunk in stream:
                 tail = (tail + chunk)[-2:]

@@ -110,14 +110,18 @@ class NodeFront:
         return r.status_code, _kept(r.headers), r.content, self.node
 
     async def relay(self, path: str, body: bytes) -> AsyncIterator[Any]:
-        """One request to the front: first ``{"status", "headers", "node"}``, then its body's bytes as they come."""
+        """One request to the front: first ``{"status", "headers", "node", "first"}`` (``first``: the body's first
+        bytes, with the head: one streamed item less before a client's first token), then the rest as it comes."""
         await self._loaded()
         request = self.client.build_request("POST", path, content=body, headers={**self.headers,
                                                                                   "content-type": "application/json"})
         upstream = await self.client.send(request, stream=True)
         try:
-            yield {"status": upstream.status_code, "headers": _kept(upstream.headers), "node": self.node}
-            async for chunk in upstream.aiter_raw():
+            chunks = upstream.aiter_raw()
+            first = await anext(chunks, b"")
+            yield {"status": upstream.status_code, "headers": _kept(upstream.headers), "node": self.node,
+                   "first": first}
+            async for chunk in chunks:
                 yield chunk
         finally:
             await upstream.aclose()
