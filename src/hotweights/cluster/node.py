@@ -155,9 +155,10 @@ class NodeFront:
 
     def stop(self) -> None:
         """The front, and its engines, stopped; returns once they are gone."""
-        if self.proc is not None and self.proc.poll() is None:
-            stop_group(self.proc.pid, 60.0, first=signal.SIGTERM, child=self.proc)
-        logger.info("cluster: node %s: front stopped", self.node[:12])
+        proc = getattr(self, "proc", None)  # None, or not yet set: a replica whose start failed before its front
+        if proc is not None and proc.poll() is None:
+            stop_group(proc.pid, 60.0, first=signal.SIGTERM, child=proc)
+            logger.info("cluster: node %s: front stopped", self.node[:12])
 
     def __del__(self) -> None:  # Ray Serve's graceful stop of a replica
         self.stop()
