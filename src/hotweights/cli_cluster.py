@@ -63,7 +63,9 @@ def register(sub: Subparsers) -> None:
                                                    "default: start a local Ray")
     p.add_argument("--host", default=None, help="the endpoint's address (default: [cluster] host, 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="the endpoint's port (default: [cluster] port, 8000)")
-    p.add_argument("--router", choices=["warmth", "multiplex", "round_robin"], default=None,
+    from .cluster.config import ROUTERS  # Ray-free: the parser stays cheap
+
+    p.add_argument("--router", choices=ROUTERS, default=None,
                    help="warmth (ours, the default), or Ray's own routers for comparison")
     p.add_argument("--num-cpus", type=int, default=None, help="a local Ray's CPUs (default: the machine's)")
     p.add_argument("--json", action="store_true", help="the URL line as one JSON object")

@@ -16,7 +16,7 @@ import ray
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
-from .config import Cluster, ClusterConfigError, parse, read
+from .config import ROUTERS, Cluster, ClusterConfigError, parse, read
 from .ingress import IngressDeployment
 from .node import Node
 
@@ -32,8 +32,8 @@ def build(config: str | Path, *, router: str | None = None, nodes: int | None = 
     cluster = parse(text, Path(config))
     s = cluster.settings
     router = router or s.router
-    if router not in ("warmth", "multiplex", "round_robin"):
-        raise ClusterConfigError(f"router must be warmth, multiplex or round_robin, got {router!r}")
+    if router not in ROUTERS:
+        raise ClusterConfigError(f"router must be one of {', '.join(ROUTERS)}, got {router!r}")
     if router != s.router:  # the nodes read it from the text: multiplex makes them report what Ray loads
         text = _with_router(text, cluster, router)
     count = nodes or s.nodes or _alive_nodes(s.node_resource)

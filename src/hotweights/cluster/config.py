@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import tomli_w
 from pydantic import ConfigDict, Field, ValidationError
@@ -43,7 +43,7 @@ from pydantic.dataclasses import dataclass
 from .warmth import placed
 
 Router = Literal["warmth", "multiplex", "round_robin"]
-ROUTERS: tuple[str, ...] = ("warmth", "multiplex", "round_robin")
+ROUTERS: tuple[str, ...] = get_args(Router)
 ReadyNodes = Annotated[Annotated[int, Field(ge=1)] | Literal["all"], Field(description='"all" or at least 1')]
 
 
@@ -68,7 +68,7 @@ class ClusterConfig:
     start_timeout_s: Annotated[float, Field(gt=0)] = 900.0
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ModelEntry:
     """What the ingress and placement need of a ``[[model]]``: its name, its other names, how many nodes keep it
     ready (None: all), whether it is the default."""

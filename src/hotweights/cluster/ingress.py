@@ -67,9 +67,10 @@ class Ingress:
         except Refused as exc:
             return error(exc.status, str(exc), exc.param)
         name = self.routes[asked]
+        fields = json.loads(body)  # a JSON object: model_of checked it
         if asked != name:  # an alias: the node's front knows both, its engine is asked by the name
-            body = json.dumps({**json.loads(body), "model": name}).encode()
-        if not _streamed(body):
+            body = json.dumps({**fields, "model": name}).encode()
+        if not fields.get("stream"):
             return await self._whole(path, body, name)
         problem = ""
         for attempt in range(1 + RETRIES):
@@ -80,9 +81,7 @@ class Ingress:
             except StopAsyncIteration:
                 return error(502, f"the node for `{name}` answered nothing")
             except Exception as exc:  # nothing sent to the client yet: another node may serve it
-                problem = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-                logger.warning("cluster: %s: its node went away before answering (%s); %s", name, problem,
-                               "trying another" if attempt < RETRIES else "giving up")
+                problem = _gone_before(name, exc, attempt)
                 continue
             events = head["headers"].get("content-type", "").startswith("text/event-stream")
             headers = {**head["headers"], NODE_HEADER: head["node"]}  # which node served it: for the curious, and tests
@@ -98,9 +97,7 @@ class Ingress:
                 status, headers, content, node = await self.nodes.options(multiplexed_model_id=name).answer.remote(
                     path, body)
             except Exception as exc:  # a node gone (Ray says so several ways): another may serve it
-                problem = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-                logger.warning("cluster: %s: its node went away before answering (%s); %s", name, problem,
-                               "trying another" if attempt < RETRIES else "giving up")
+                problem = _gone_before(name, exc, attempt)
                 continue
             return Response(content, status_code=status, headers={**headers, NODE_HEADER: node})
         return error(503, f"no node answered for `{name}` ({problem})")
@@ -114,18 +111,22 @@ class Ingress:
                 tail = (tail + chunk)[-2:]
                 yield chunk
         except Exception as exc:  # a node's death reaches a stream as several of Ray's errors: each ends it
-            logger.warning("cluster: %s: its node went away in the middle of an answer (%s)", name,
-                           f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+            logger.warning("cluster: %s: its node went away in the middle of an answer (%s)", name, _said(exc))
             if events:
                 yield (b"" if tail == b"\n\n" else b"\n\n") + stream_error(
                     f"the node serving `{name}` went away in the middle of this answer; retry the request", 503)
 
 
-def _streamed(body: bytes) -> bool:
-    try:
-        return bool(json.loads(body).get("stream"))
-    except (ValueError, AttributeError):  # model_of took it: the node's front answers what is wrong
-        return False
+def _said(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+
+def _gone_before(name: str, exc: BaseException, attempt: int) -> str:
+    """A node that went away before its answer began, logged; the line a final 503 gives."""
+    problem = _said(exc)
+    logger.warning("cluster: %s: its node went away before answering (%s); %s", name, problem,
+                   "trying another" if attempt < RETRIES else "giving up")
+    return problem
 
 
 IngressDeployment = serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0},

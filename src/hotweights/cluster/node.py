@@ -130,11 +130,6 @@ class NodeFront:
         if self._multiplexed is not None:  # router = "multiplex": Ray counts this model as loaded here
             await self._multiplexed(serve.get_multiplexed_model_id())
 
-    async def get(self, path: str) -> tuple[int, bytes]:
-        """A GET of the front's own (its ``/switch/status``, ``/v1/models``): status and body."""
-        r = await self.client.get(path, headers=self.headers)
-        return r.status_code, r.content
-
     async def record_routing_stats(self) -> dict[str, Any]:
         """Ray asks every ``stats_period_s``: the front's models and their warmth, from its ``/switch/status``."""
         try:
