@@ -149,15 +149,6 @@ def test_a_hot_model_spreads_to_its_second_node_and_never_to_the_one_where_it_is
     assert set(served) == placed, (served, placed)
 
 
-def stream_events(url: str, model: str, max_tokens: int) -> tuple[str, list[str]]:
-    """The node that served a stream, and its events' data lines (``[DONE]`` included)."""
-    with httpx.stream("POST", f"{url}/v1/completions", timeout=120, json={
-            "model": model, "prompt": "hello", "max_tokens": max_tokens, "temperature": 0, "stream": True}) as r:
-        assert r.status_code == 200
-        data = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
-        return r.headers[NODE][:12], data
-
-
 def test_a_replica_killed_takes_its_front_and_comes_back_on_its_node_with_its_models_cached(ray_nodes):
     fronts = front_pids()
     node, front = sorted(fronts.items())[0]

@@ -12,6 +12,7 @@ it until the replica's next report.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
@@ -24,7 +25,7 @@ class WarmthRouter(FIFOMixin, RequestRouter):
         self.spread_at = spread_at
         self.stale_after_s = stale_after_s
         # per replica: the report time its counts are since, and requests sent since per model
-        self._sent: dict[ReplicaID, tuple[float, dict[str, int]]] = {}
+        self._sent: dict[ReplicaID, tuple[float, Counter[str]]] = {}
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
@@ -43,10 +44,10 @@ class WarmthRouter(FIFOMixin, RequestRouter):
                 self._since(first, reports[first])[model] += 1
         return [[r] for r in order]
 
-    def _since(self, rid: ReplicaID, report: NodeReport | None) -> dict[str, int]:
+    def _since(self, rid: ReplicaID, report: NodeReport | None) -> Counter[str]:
         at = report.at if report is not None else 0.0
         if rid not in self._sent or self._sent[rid][0] != at:
-            self._sent[rid] = (at, _Counts())
+            self._sent[rid] = (at, Counter())
         return self._sent[rid][1]
 
     def _load(self, rid: ReplicaID, report: NodeReport | None) -> int:
@@ -55,8 +56,3 @@ class WarmthRouter(FIFOMixin, RequestRouter):
             return int(known)
         since = sum(self._sent[rid][1].values()) if rid in self._sent else 0
         return (report.inflight if report is not None else 0) + since
-
-
-class _Counts(dict[str, int]):
-    def __missing__(self, key: str) -> int:
-        return 0
