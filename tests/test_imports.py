@@ -102,3 +102,16 @@ def test_only_the_cluster_package_imports_ray():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [], done.stdout
+
+
+def test_the_command_lines_parser_builds_without_the_cluster_extra():
+    """Every command's parser is built at each start (the cluster's included): it must not need Ray, tomli-w or
+    pydantic, which a base install, or vLLM's own environment, lacks (a review's move once made every CLI start
+    there fail on ``import tomli_w``)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules.update(ray=None, tomli_w=None, pydantic=None); "
+            "from hotweights import cli; cli.main(['--version'])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "hotweights" in done.stdout, done.stderr

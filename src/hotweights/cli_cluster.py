@@ -63,7 +63,7 @@ def register(sub: Subparsers) -> None:
                                                    "default: start a local Ray")
     p.add_argument("--host", default=None, help="the endpoint's address (default: [cluster] host, 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="the endpoint's port (default: [cluster] port, 8000)")
-    from .cluster.config import ROUTERS  # Ray-free: the parser stays cheap
+    from .cluster.warmth import ROUTERS  # stdlib only: every command's parser builds without the [cluster] extra
 
     p.add_argument("--router", choices=ROUTERS, default=None,
                    help="warmth (ours, the default), or Ray's own routers for comparison")

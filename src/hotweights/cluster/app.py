@@ -16,9 +16,10 @@ import ray
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
-from .config import ROUTERS, Cluster, ClusterConfigError, parse, read
+from .config import Cluster, ClusterConfigError, parse, read
 from .ingress import IngressDeployment
 from .node import Node
+from .warmth import ROUTERS
 
 ROUTER_CLASSES = {"warmth": "hotweights.cluster.router:WarmthRouter",
                   "round_robin": "ray.serve.experimental.round_robin_router:RoundRobinRouter"}

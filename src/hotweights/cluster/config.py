@@ -34,16 +34,14 @@ from __future__ import annotations
 import dataclasses
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 import tomli_w
 from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass
 
-from .warmth import placed
+from .warmth import Router, placed
 
-Router = Literal["warmth", "multiplex", "round_robin"]
-ROUTERS: tuple[str, ...] = get_args(Router)
 ReadyNodes = Annotated[Annotated[int, Field(ge=1)] | Literal["all"], Field(description='"all" or at least 1')]
 
 

@@ -28,9 +28,11 @@ import math
 import time
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 K = TypeVar("K", bound=Hashable)
+Router = Literal["warmth", "multiplex", "round_robin"]  # ours, and Ray's own two for comparison
+ROUTERS: tuple[str, ...] = get_args(Router)  # here, stdlib only: the command line's parser reads it without extras
 CROWDED = 0.5  # a wake that parks another model: after a wake into a free place, before host memory
 QUEUED = 1.75  # a queue at the bound: after any wake on the GPU (crowded or not), before host memory
 
