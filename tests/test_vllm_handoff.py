@@ -26,22 +26,30 @@ from hotweights.engines.vllm.standby import SPEC
 from hotweights.standby import busy, handoff
 from hotweights.standby.zygote import TRANSITIONS, Standby, State
 
+# Each line is one write(2) of under PIPE_BUF bytes, so the two processes' lines never cut into each other on the
+# one pipe (print's pieces did: ``argvstarted 31996``, CI on 2026-12-06).
+SAY = '''
+def say(*words):
+    os.write(1, (" ".join(map(str, words)) + "\\n").encode())
+'''
+
 PROBE = '''
 import os, signal, sys, time
-print("argv", sys.argv[1:], "cwd", os.getcwd(), "knob", os.environ.get("PROBE_KNOB"), "nice", os.nice(0),
-      flush=True)
+''' + SAY + '''
+say("argv", sys.argv[1:], "cwd", os.getcwd(), "knob", os.environ.get("PROBE_KNOB"), "nice", os.nice(0))
 def stopped(signum, frame):
     open("stopped", "w").write(str(signum))
     sys.exit(0)
 signal.signal(signal.SIGTERM, stopped)
 if "--wait" in sys.argv:
-    print("waiting", flush=True)
+    say("waiting")
     time.sleep(120)
 sys.exit(7)
 '''
 
 LAUNCH = '''
 import logging, os, sys, time
+''' + SAY + '''
 logging.basicConfig(level=logging.INFO)
 from pathlib import Path
 from hotweights.engines.vllm.standby import SPEC
@@ -53,9 +61,9 @@ if os.environ.get("GATE"):  # imported, it waits to be let go: it looks at once 
 try:
     server = hand_over(SPEC, Path(sys.argv[1]), "probe_server", sys.argv[2:], dict(os.environ, PROBE_KNOB="on"))
 except StandbyUnusable as exc:
-    print("unusable:", exc, flush=True)
+    say("unusable:", exc)
     sys.exit(2)
-print("started", server.pid, flush=True)
+say("started", server.pid)
 sys.exit(server.wait())
 '''
 
@@ -84,8 +92,7 @@ def launch(socket_dir: Path, work: Path, *args: str, env: dict[str, str] | None 
 
 def until_waiting(launcher: subprocess.Popen) -> str:
     """The launcher's output until it has said ``started`` and its server ``waiting``: the two come from two
-    processes on one pipe, and may come in either order, even one inside the other (``argvstarted 15045``, seen
-    under load on 2026-12-04)."""
+    processes on one pipe, and may come in either order (each whole: see ``SAY``)."""
     said = ""
     while "waiting" not in said or "started " not in said:  # the server may wait before the launcher says started
         line = launcher.stdout.readline()
