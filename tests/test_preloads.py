@@ -26,6 +26,7 @@ from hotweights.switch.kinds import KINDS, GpuNeed
 from hotweights.switch.metrics import SwitchMetrics
 from hotweights.switch.preloads import Preloads
 from hotweights.switch.schedule import Preloading, next_preload, start_to_reserve_for, startup_batch
+from hotweights.switch.snapshot import Snapshot
 from hotweights.switch.states import PreloadOutcome
 from hotweights.switch.switcher import Switcher
 
@@ -99,7 +100,7 @@ class SlowPreload(FakeEngine):
 
 
 def switcher(names: list[str], jobs: int, start_jobs: int = 0, totals: dict[int, int] | None = None,
-             compile_ahead: bool = True, read_ahead: bool = True,
+             compile_ahead: bool = True, read_ahead: bool = True, need: GpuNeed | None = None,
              **engine) -> tuple[Switcher, dict[str, SlowPreload], list[str], list]:
     log: list[str] = []
     spans: list[tuple[str, float, float]] = []
@@ -108,6 +109,8 @@ def switcher(names: list[str], jobs: int, start_jobs: int = 0, totals: dict[int,
     def factory(m: ModelConfig) -> SlowPreload:
         engines[m.name] = SlowPreload(m, log)
         engines[m.name].spans = spans
+        if need is not None:  # every engine's, for the scheduler and the preloads alike
+            engines[m.name].need = need
         for k, v in engine.get(m.name, {}).items():
             setattr(engines[m.name], k, v)
         return engines[m.name]
@@ -117,11 +120,10 @@ def switcher(names: list[str], jobs: int, start_jobs: int = 0, totals: dict[int,
     return Switcher(config, SwitchMetrics(), factory, totals), engines, log, spans
 
 
-def on_one_gpu(monkeypatch, need: GpuNeed, total_mib: int = 400_000, free_mib: int | None = None) -> None:
-    """Every model's preload needs ``need`` on GPU 0, whose memory reads ``total_mib`` (``free_mib`` of it free)."""
+def on_one_gpu(monkeypatch, total_mib: int = 400_000, free_mib: int | None = None) -> None:
+    """GPU 0's memory reads ``total_mib`` (``free_mib`` of it free)."""
     from hotweights.switch import preloads
 
-    monkeypatch.setattr(preloads, "kind_need", lambda m: need)
     monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(total_mib, total_mib if free_mib is None
                                                                       else free_mib)})
 
@@ -188,8 +190,6 @@ def test_an_engine_starts_with_no_preload_beside_it_on_its_gpu(monkeypatch):
     """vLLM sizes its KV cache from the whole GPU's memory: a preload allocating during a start corrupts it."""
     from hotweights.switch import preloads
 
-    monkeypatch.setattr(preloads, "kind_need", lambda m: GpuNeed((0,), weights_mib=1))
-
     def slow_memory() -> dict[int, GpuMemory]:  # nvidia-smi takes its time: a start may begin while it runs
         time.sleep(PRELOAD_S / 4)
         return {0: GpuMemory(100_000, 100_000)}
@@ -197,7 +197,7 @@ def test_an_engine_starts_with_no_preload_beside_it_on_its_gpu(monkeypatch):
     monkeypatch.setattr(preloads, "gpu_memory", slow_memory)
 
     async def main():
-        s, engines, _, spans = switcher(["a", "b", "c", "d"], jobs=2)
+        s, engines, _, spans = switcher(["a", "b", "c", "d"], jobs=2, need=GpuNeed((0,), weights_mib=1))
         for e in engines.values():
             e.delay_s = PRELOAD_S / 2
         task = await started(s)
@@ -213,12 +213,13 @@ def test_a_start_whose_preload_is_done_goes_before_a_new_preload_on_its_gpu(monk
     """A start takes seconds and a vLLM preload minutes, and neither runs beside the other: a preload begun while
     a preloaded model waits its turn to start holds that start back a whole preload (on an H200, ten 8B: m7's
     18 s start waited 100 s behind m9's preload, begun while m6 parked)."""
-    on_one_gpu(monkeypatch, GpuNeed((0,), weights_mib=1), 100_000)
+    on_one_gpu(monkeypatch, 100_000)
 
     async def main():
         slow_park = {"park_s": PRELOAD_S / 2}  # the window in which a preload was admitted
         # c's preload ends first: ending with a's and b's, d was admitted at times while c's still ran (under load)
-        s, _, _, spans = switcher(["a", "b", "c", "d"], jobs=3, **{n: slow_park for n in "abd"},
+        s, _, _, spans = switcher(["a", "b", "c", "d"], jobs=3, need=GpuNeed((0,), weights_mib=1),
+                                  **{n: slow_park for n in "abd"},
                                   c={**slow_park, "preload_s": PRELOAD_S / 2})
         task = await started(s)
         began = {n: b for n, b, _ in spans}
@@ -239,10 +240,10 @@ def test_gpu_memory_admits_a_preload_only_beside_what_the_others_and_the_next_st
 
     def run(free_mib: int, names: list[str], need: GpuNeed = need) -> int:
         async def main() -> int:
-            s, _, _, spans = switcher(names, jobs=4)
+            s, _, _, spans = switcher(names, jobs=4, need=need)
             models = list(s.models.values())
-            s.life.preloads = Preloads(models, 4, lambda: start_to_reserve_for(models, s.config, models[0]),
-                                       memory=lambda: {0: GpuMemory(100_000, free_mib)}, need=lambda m: need)
+            s.life.preloads = Preloads(models, 4, s.life.snapshot, lambda snap: start_to_reserve_for(snap, s.config),
+                                       memory=lambda: {0: GpuMemory(100_000, free_mib)})
             preloading = asyncio.create_task(s.life.preloads.run())
             await asyncio.gather(*(s.life.preloads.result(m) for m in s.models.values()))
             await preloading
@@ -263,10 +264,13 @@ def test_the_next_preload_is_decided_from_one_snapshot_as_a_table():
     need = GpuNeed((0,), share=0.25, weights_mib=15_000)  # at its peak 40 GB of 100; its start 10
     cpu = GpuNeed(())
 
+    def views(of, needs):
+        return [dataclasses.replace(m.view(), need=needs) for m in of]
+
     def begins(free_mib: int, reserve_for=(), needs=need, **seen) -> str | None:
         p = Preloading(**{"jobs": 2, **seen})
-        m = next_preload(models, p, lambda m: needs, {0: GpuMemory(100_000, free_mib)}, reserve_for)
-        return m.name if m else None
+        v = next_preload(views(models, needs), p, {0: GpuMemory(100_000, free_mib)}, views(reserve_for, needs))
+        return v.name if v else None
 
     running_a = {"running": {"a": need}}
     assert begins(100_000) == "a"  # the head of the queue: start-up order
@@ -291,9 +295,13 @@ def test_the_next_preload_is_decided_from_one_snapshot_as_a_table():
     assert begins(97_048, **running_a, **compiling) == "b" and begins(97_047, **running_a, **compiling) is None
     c.ledger.arrive()  # a request waits for c: its preload goes first
     assert begins(100_000) == "c" and begins(100_000, wanted=("b",)) == "b"  # a start waiting goes before that
-    assert start_to_reserve_for(models, s.config, a) == (c,)  # the scheduler's next start: c, a request waits for it
+
+    def reserved() -> list[str]:
+        return [v.name for v in start_to_reserve_for(s.life.snapshot(), s.config)]
+
+    assert reserved() == ["c"]  # the scheduler's next start: c, a request waits for it
     a.started = b.started = True  # a and b starting (together): both, whatever comes next
-    assert start_to_reserve_for(models, s.config, a) == (a, b)
+    assert reserved() == ["a", "b"]
     assert begins(100_000, wanted=("c",), running={"c": need}) == "a"  # side by side
 
 
@@ -394,7 +402,7 @@ def test_starts_whose_kv_cache_is_pinned_go_together_beside_the_preloads(monkeyp
     """vLLM 0.26 skips its memory profile where --kv-cache-memory-bytes is given: such starts neither corrupt nor
     are corrupted by each other or a preload. On an H200 ten 8B took 581.6 s to serve, each ~20 s start alone and
     no preload beside it (gpu_load/fill_2026-12-04.json)."""
-    on_one_gpu(monkeypatch, PINNED)
+    on_one_gpu(monkeypatch)
 
     async def main():
         names = ["a", "b", "c", "d", "e"]
@@ -434,7 +442,7 @@ def test_a_model_whose_preload_ends_while_others_start_joins_their_starts(monkey
     """On an H200 (ten 8B, KV caches pinned) each batch of start-up's starts ran to its end before the next began: a
     model whose preload was done waited for the slowest start of the batch before it. It now starts at once beside
     them, within ``start_jobs`` and memory, once the front's first engine is up (the first start compiles)."""
-    on_one_gpu(monkeypatch, PINNED)
+    on_one_gpu(monkeypatch)
 
     async def main():
         s, engines, log, spans = switcher(["a", "b", "c", "d"], jobs=4, start_jobs=2, totals={0: 400_000})
@@ -457,7 +465,7 @@ def test_a_model_whose_preload_ends_while_others_start_joins_their_starts(monkey
 def test_no_start_joins_while_a_request_waits_for_a_model_that_has_started(monkeypatch):
     """A request for a parked model waits for the starts going on to end (they hold the switch); a start joining them
     meanwhile would make it wait longer still. Its switch goes first, then the start-up's next start."""
-    on_one_gpu(monkeypatch, PINNED)
+    on_one_gpu(monkeypatch)
 
     async def main():
         s, engines, log, spans = switcher(["a", "b", "c", "d"], jobs=4, start_jobs=2, totals={0: 400_000})
@@ -483,7 +491,7 @@ def test_no_start_joins_while_a_request_waits_for_a_model_that_has_started(monke
 def test_no_start_joins_the_first_start_of_the_front(monkeypatch):
     """The first start compiles the engine's code (74.9 s for an 8B on an H200, against 16-37 s after it): a start
     beside it would compile too. Models whose preloads end during it wait for it."""
-    on_one_gpu(monkeypatch, PINNED)
+    on_one_gpu(monkeypatch)
 
     async def main():
         s, engines, log, spans = switcher(["a", "b"], jobs=2, start_jobs=2, totals={0: 400_000})
@@ -502,7 +510,7 @@ def test_starts_join_the_first_start_of_the_front_once_its_log_says_its_code_is_
     """Where nothing compiles ahead, the first start compiles itself; once its log says the compile has ended (and
     the compile cache is saved), a start beside it loads that code: the models whose preloads are done join it
     then, not once it is up (three 8B on an H100: the first start 66.6 s, 36 s of it torch.compile)."""
-    on_one_gpu(monkeypatch, PINNED)
+    on_one_gpu(monkeypatch)
 
     async def main():
         s, engines, log, spans = switcher(["a", "b", "c"], jobs=3, start_jobs=3, totals={0: 400_000},
@@ -556,7 +564,7 @@ def test_a_first_start_that_profiles_is_joined_once_its_profile_is_done_by_model
 def test_starts_join_the_first_start_of_the_front_once_its_code_is_compiled_ahead(monkeypatch):
     """With the code compiled ahead the first start compiles nothing: the models whose preloads ended meanwhile start
     beside it, all once the compile has ended (a start begun before would compile too)."""
-    on_one_gpu(monkeypatch, PINNED)
+    on_one_gpu(monkeypatch)
 
     async def main():
         s, engines, log, spans = switcher(["a", "b", "c"], jobs=3, start_jobs=3, totals={0: 400_000},
@@ -576,7 +584,7 @@ def test_a_front_started_again_on_a_full_keeper_runs_no_preload_job_and_starts_i
     """Models the keeper holds already need no preload and no memory for one. Admitted as preloads, they waited one
     by one for room for a whole preload on a GPU the keeper's entries filled, behind the starts, so no start went
     beside another (H200, ten 8B, a front started again)."""
-    on_one_gpu(monkeypatch, PINNED, 140_000, 20_000)  # no room for a preload
+    on_one_gpu(monkeypatch, 140_000, 20_000)  # no room for a preload
 
     async def main():
         names = ["a", "b", "c", "d"]
@@ -594,7 +602,7 @@ def test_a_front_started_again_on_a_full_keeper_runs_no_preload_job_and_starts_i
 
 def test_starts_that_profile_the_gpu_stay_one_at_a_time_whatever_start_jobs_says(monkeypatch):
     need = GpuNeed((0,), share=0.17, weights_mib=15_000, parked_mib=1950)  # its KV cache from a profile
-    on_one_gpu(monkeypatch, need)
+    on_one_gpu(monkeypatch)
 
     async def main():
         s, engines, _, spans = switcher(["a", "b", "c", "d"], jobs=4, start_jobs=4, totals={0: 400_000})
@@ -719,8 +727,9 @@ def test_the_starts_that_go_together_are_decided_from_memory_as_a_table():
     one = 15_000 + 2048 + 2048 + 1950  # an 8B resident with its KV cache pinned: weights, KV, activations, parked
 
     def batch(total_mib: int, jobs: int = 4, done: str = "abcd", preloading: int = 0) -> str:
-        together = startup_batch(a, models, {0: total_mib}, jobs, lambda m: m.name in done, {0: preloading})
-        return "".join(m.name for m in together)
+        snap = Snapshot(tuple(m.view(preloaded=m.name in done) for m in models), {0: total_mib}, 0.0, "a",
+                        preloads_ahead=True, preloading={0: preloading})
+        return "".join(startup_batch(snap["a"], snap, dataclasses.replace(s.config, start_jobs=jobs)))
 
     room = 1024 + 4 * one  # the reserve, and four resident (a model not starting keeps its weights on the GPU)
     assert batch(room) == "abcd"
@@ -832,10 +841,10 @@ def test_no_compile_ahead_where_its_gpu_cannot_hold_it_beside_the_preload(monkey
     assert need.preload_mib(80_000) == need.ahead_mib == 17_048
 
     def compiled(free_mib: int) -> list[str]:
-        on_one_gpu(monkeypatch, need, 80_000, free_mib)
+        on_one_gpu(monkeypatch, 80_000, free_mib)
 
         async def main() -> list[str]:
-            s, _, log, spans = switcher(["a", "b"], jobs=2, a={"ahead_s": PRELOAD_S})
+            s, _, log, spans = switcher(["a", "b"], jobs=2, need=need, a={"ahead_s": PRELOAD_S})
             task = await started(s)
             task.cancel()
             return [n for n, _, _ in spans if n.startswith("compile ")]

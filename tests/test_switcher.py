@@ -557,32 +557,70 @@ def test_the_engine_that_leaves_parks_even_when_the_model_after_it_parked_first(
 
 
 def test_room_for_parks_idle_engines_first_then_waits_for_turns_as_a_table():
+    """Review f, move 1: ``room_for`` is a function of a snapshot's views alone (no engine, no clock): each row is
+    one situation and what makes room for c."""
     from hotweights.switch.schedule import room_for
+    from hotweights.switch.snapshot import Snapshot, View
 
-    async def main():
-        s, engines, _ = make(["a", "b", "c", "d"], {0: 112 * GIB}, max_awake="auto", turn_s=1.0)  # room for two awake
-        on_gpu(engines)
-        task = await started(s)
-        models = list(s.models.values())
-        a, b, c, d = models
-        await request(s, "b")  # a and b awake, idle; b used last
-        now = time.monotonic()
-        assert room_for(c, models, s.life.totals, s.config, now).park == (a,)  # the least recently used idle one
-        b.ledger.inflight, a.ledger.inflight = 1, 1  # both busy: c waits for a turn to end
-        c.ledger.arrivals = [now - 0.4]
-        room = room_for(c, models, s.life.totals, s.config, now)
-        assert room.wait and not room.park and not room.leave and abs(room.look_in_s - 0.6) < 0.01, room
-        c.ledger.arrivals = [now - 0.7, now - 0.4]  # 1.1 request-seconds waited: a turn of one request ends
-        room = room_for(c, models, s.life.totals, s.config, now)
-        assert room.wait and len(room.leave) == 1 and not room.park, room
-        b.ledger.inflight = 3  # b owes more: a leaves
-        assert room_for(c, models, s.life.totals, s.config, now).leave == (a,)
-        c.ledger.arrivals = [now - 20]  # starving: whatever is in flight
-        assert room_for(c, models, s.life.totals, s.config, now).leave == (a,)
-        a.ledger.inflight = b.ledger.inflight = 0
-        c.ledger.arrivals = []
-        task.cancel()
-    asyncio.run(main())
+    config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in "abcd"), max_awake="auto", turn_s=1.0)
+    need = GpuNeed((0,), 0.0, 15 * GIB, 20 * GIB, parked_mib=1950)  # as ``on_gpu``: room for two awake of 112 GiB
+    now = 1000.0
+
+    def room(a_inflight=0, b_inflight=0, waited=()):
+        views = (View(config.models[0], ModelState.AWAKE, need, True, inflight=a_inflight, last_used=1.0),
+                 View(config.models[1], ModelState.AWAKE, need, True, inflight=b_inflight, last_used=2.0),
+                 View(config.models[2], ModelState.PARKED, need, True, waiting=len(waited),
+                      arrivals=tuple(now - w for w in waited)),
+                 View(config.models[3], ModelState.PARKED, need, True))
+        s = Snapshot(views, {0: 112 * GIB}, now, "a")
+        return room_for(s["c"], s, config)
+
+    assert room().park == ("a",)  # the least recently used idle one
+    r = room(1, 1, (0.4,))  # both busy: c waits for a turn to end
+    assert r.wait and not r.park and not r.leave and abs(r.look_in_s - 0.6) < 1e-9, r
+    r = room(1, 1, (0.7, 0.4))  # 1.1 request-seconds waited: a turn of one request ends
+    assert r.wait and len(r.leave) == 1 and not r.park, r
+    assert room(1, 3, (0.7, 0.4)).leave == ("a",)  # b owes more: a leaves
+    assert room(1, 3, (20,)).leave == ("a",)  # starving: whatever is in flight
+    assert room(0, 1, (0.4,)).park == ("a",)  # an idle one parks before any turn ends
+
+
+def test_the_plan_is_a_function_of_a_snapshot_as_a_table():
+    """Review f, move 1: ``schedule.plan`` says what the scheduler does next from a snapshot alone: start a model
+    requests wait for that start-up has not reached, wake one that fits, make busy engines whose turn is over leave
+    (and wake another beside them only where it fits with nothing moved), start-up's next start, or wait."""
+    from hotweights.switch.schedule import Leave, Room, Start, Wait, Wake, plan
+    from hotweights.switch.snapshot import Snapshot, View
+
+    config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in "abcd"), max_awake="auto", turn_s=1.0)
+    need = GpuNeed((0,), 0.0, 15 * GIB, 20 * GIB, parked_mib=1950)  # room for two awake of 112 GiB
+    small = GpuNeed((0,), 0.0, 1 * GIB, 1 * GIB)
+    now = 1000.0
+
+    def snap(**given):
+        """Each model (a-d) parked, started, idle, unless ``given`` says (state, inflight, waited, started, need)."""
+        views = []
+        for i, c in enumerate(config.models):
+            state, inflight, waited, started, n = given.get(c.name, ("parked", 0, (), True, need))
+            views.append(View(c, ModelState(state), n, started, inflight=inflight, last_used=float(i),
+                              waiting=len(waited), arrivals=tuple(now - w for w in waited)))
+        return Snapshot(tuple(views), {0: 112 * GIB}, now, "a")
+
+    awake, busy = ("awake", 0, (), True, need), ("awake", 1, (), True, need)
+    assert plan(snap(), config).then == Wait()  # nothing waits, start-up is done
+    assert plan(snap(c=("starting", 0, (), False, need)), config).then == Start(("c",))  # start-up's next
+    assert plan(snap(c=("starting", 0, (0.1,), False, need)), config).then == Start(("c",))  # a request waits
+    assert plan(snap(a=awake, c=("parked", 0, (0.1,), True, need)), config).then == Wake("c")  # fits beside a
+    p = plan(snap(a=awake, b=awake, c=("parked", 0, (0.1,), True, need)), config)
+    assert p.then == Wake("c", Room(park=("a",))) and not p.leave  # a, idle and used first, parks
+    p = plan(snap(a=busy, b=busy, c=("parked", 0, (0.1,), True, need)), config)
+    assert p.then == Wait(look_in_s=p.then.look_in_s) and 0.89 < p.then.look_in_s < 0.91 and not p.leave
+    p = plan(snap(a=busy, b=busy, c=("parked", 0, (5.0,), True, need), d=("parked", 0, (0.1,), True, small)),
+             config)  # c waited its turn: a leaves for it; d fits beside the leaving a and b with nothing moved
+    assert p.leave == (Leave("a", "c", 1),) and p.then == Wake("d"), p
+    p = plan(snap(a=busy, b=busy, c=("parked", 0, (5.0,), True, need), d=("parked", 0, (0.1,), True, need)),
+             config)  # d does not fit until c has woken: it waits too
+    assert p.leave == (Leave("a", "c", 1),) and p.then == Wait(), p
 
 
 def test_the_lifecycle_alone_starts_parks_wakes_and_stops_engines_without_requests():
@@ -601,7 +639,7 @@ def test_the_lifecycle_alone_starts_parks_wakes_and_stops_engines_without_reques
             await life.start_up(b)  # not the default, no request waits: it parks right after its start
         assert changed.done() and (a.state, b.state) == (ModelState.AWAKE, ModelState.PARKED)
         room = life.room(b)  # max_awake 1: a (idle) parks for b
-        assert room.park == (a,) and not room.wait
+        assert room.park == ("a",) and not room.wait
         async with life.busy:
             await life.switch_to(b, room)
         assert (a.state, b.state) == (ModelState.PARKED, ModelState.AWAKE) and b.wakes == 1

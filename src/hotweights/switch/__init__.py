@@ -6,8 +6,9 @@ memory allows and parked when another needs it.
   relayed request's log line; open streams ended when the front stops; a paused stream's relay), ``preempt.py``
   (which streams may be paused, and how each continues), ``metrics.py``;
 - the scheduler: ``switcher.py``, which holds ``admission.py`` (the requests waiting and in flight) and
-  ``lifecycle.py`` (start, park, wake, stop: every move through the state table of ``states.py``); ``schedule.py``
-  (its decisions, the preloads' and which starts go together, pure); ``preloads.py`` (start-up's preloads,
+  ``lifecycle.py`` (start, park, wake, stop: every move through the state table of ``states.py``); ``snapshot.py``
+  (the switch at one moment, frozen: what is decided over), ``schedule.py`` (its decisions over a snapshot, pure:
+  the plan, the preloads' and which starts go together); ``preloads.py`` (start-up's preloads,
   several at once where memory allows); ``actions.py`` (an operator's park, stop, start and idle timeouts);
   ``model.py`` (a model and its requests' ``Ledger``);
 - memory: ``memory.py`` (the GPU memory model), ``gpus.py`` (what nvidia-smi reads), ``fit.py`` (each GPU's worst

@@ -40,7 +40,7 @@ class Admission:
                     raise Unavailable("the server is shutting down; retry the request")
                 if m.attempts_failed != failed:  # the switch this request waited for failed
                     raise Unavailable(m.error or f"the model `{name}` could not be woken")
-                if said := refusal(m):
+                if said := refusal(m.view(), time.monotonic()):
                     raise Unavailable(said)
                 left = arrived + self.config.request_timeout_s - time.monotonic()
                 if left <= 0:

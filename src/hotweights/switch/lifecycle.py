@@ -19,7 +19,8 @@ from .engines import EngineError, EngineLike, WakeRefused
 from .metrics import SwitchMetrics
 from .model import Model, Switched
 from .preloads import Preloads, preload_then_copy
-from .schedule import Room, pick_victim, room_for, start_to_reserve_for, startup_order
+from .schedule import Room, room_for, start_to_reserve_for, startup_order, victim
+from .snapshot import Snapshot
 from .states import SERVING, TRANSITIONS, Failure, FailureKind, InvalidTransition, ModelState, WakeSource
 
 S = ModelState
@@ -68,10 +69,9 @@ class Lifecycle:
         """With ``jobs`` > 1, start-up's preloads run ahead of the starts (``preloads.py``): their task."""
         if jobs <= 1:
             return None
-        models, default = list(self.models.values()), self.models[self.config.default.name]
-        order = startup_order(models, default)
-        self.preloads = Preloads([m for m in order if m.config.start != "lazy"], jobs,
-                                 lambda: start_to_reserve_for(models, self.config, default),
+        order = [self.models[v.name] for v in startup_order(self.snapshot())]
+        self.preloads = Preloads([m for m in order if m.config.start != "lazy"], jobs, self.snapshot,
+                                 lambda s: start_to_reserve_for(s, self.config),
                                  compile_ahead=self.config.compile_ahead, read_ahead=self.config.read_ahead)
         return asyncio.create_task(self.preloads.run())
 
@@ -84,16 +84,21 @@ class Lifecycle:
         self.metrics.state(m.name, to)
         self.changes.changed()
 
-    def awake_beside(self, m: Model) -> list[Model]:
-        """The awake engines other than ``m`` that share a GPU with it."""
-        return [x for x in self.models.values() if x.state is S.AWAKE and x is not m
-                and x.config.shares_a_gpu(m.config)]
+    def snapshot(self) -> Snapshot:
+        """The switch now, as ``schedule.py`` decides over it: one frozen value, taken with no await (the caller holds
+        ``busy`` where it acts on what is decided)."""
+        p = self.preloads
+        views = tuple(m.view(preloaded=p is None or p.preloaded(m), start_log=True) for m in self.models.values())
+        return Snapshot(views, dict(self.totals), time.monotonic(), self.config.default.name,
+                        preloads_ahead=p is not None, preloading=p.peaks_mib(self.totals) if p is not None else {},
+                        first_start_compiles=p is None or p.first_start_compiles())
 
     def room(self, m: Model, capped: bool = True) -> Room:
-        """What must make room for ``m`` now (``schedule.room_for`` over the memory model; ``capped``: ``max_awake``
+        """What must make room for ``m`` now (``schedule.room_for`` over a snapshot; ``capped``: ``max_awake``
         counts, as it does not for a start that parks right after)."""
         config = self.config if capped else dataclasses.replace(self.config, max_awake="auto")
-        return room_for(m, list(self.models.values()), self.totals, config)
+        s = self.snapshot()
+        return room_for(s[m.name], s, config)
 
     def exited(self, m: Model) -> None:
         m.failure = Failure(FailureKind.DIED, f"its engine exited (code {m.engine.exit_code}); it starts again on "
@@ -162,7 +167,7 @@ class Lifecycle:
         if not pinned:
             return
         if self.preloads is not None:
-            self.preloads.forget_needs(pinned)
+            self.preloads.look_again()  # their needs changed with their arguments
         logger.info("switch: %s start with the KV cache vLLM's profile gave %s (%s; --kv-cache-memory-bytes %d): "
                     "they profile nothing, so they start beside each other and the preloads", ", ".join(pinned),
                     m.name, evidence.size_text(min(pinned.values())), min(pinned.values()))
@@ -205,7 +210,8 @@ class Lifecycle:
             parked = await self.park_for(victim, f"for {m.name}") and victim.engine.parks
             return victim.name, time.monotonic() - began, parked
 
-        idle = [x for x in room.park if x.state is S.AWAKE and not x.inflight]  # nothing went in since the plan
+        idle = [x for n in room.park if (x := self.models[n]).state is S.AWAKE and not x.inflight]  # nothing went
+        # in since the plan
         return list(await asyncio.gather(*(one(x) for x in idle)))
 
     async def switch_to(self, m: Model, room: Room) -> None:
@@ -299,15 +305,15 @@ class Lifecycle:
     async def _park_one(self, keep: Model) -> bool:
         """Park one more awake engine beside ``keep`` (not kept awake), once its requests in flight are done: the
         GPU refused ``keep``'s wake for memory, so the memory model's estimate was short. False when there is none."""
-        candidates = [x for x in self.awake_beside(keep) if not x.config.keep_awake]
-        if not candidates:
+        name = victim(self.snapshot(), keep.name, self.config)  # planned again
+        if name is None:
             return False
-        victim = pick_victim(candidates, self.config.schedule)
-        self.move(victim, S.LEAVING)
-        self.pause_streams(victim)
-        if victim.inflight:
-            await victim.idle.wait()
-        await self.park_for(victim, f"for {keep.name} (its wake was refused for memory)")
+        other = self.models[name]
+        self.move(other, S.LEAVING)
+        self.pause_streams(other)
+        if other.inflight:
+            await other.idle.wait()
+        await self.park_for(other, f"for {keep.name} (its wake was refused for memory)")
         return True
 
     async def park_for(self, victim: Model, why: str) -> bool:

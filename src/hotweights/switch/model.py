@@ -15,7 +15,8 @@ from .engines import EngineLike
 from .gpus import host_mib
 from .kinds import KINDS, EngineKind
 from .preempt import Resumable
-from .states import Failure, ModelState
+from .snapshot import View
+from .states import Failure, FailureKind, ModelState
 
 T = TypeVar("T")
 
@@ -172,6 +173,20 @@ class Model:
     def waited_s(self, now: float | None = None) -> float:
         """How long its longest-waiting request has waited."""
         return (now or time.monotonic()) - min(self.arrivals) if self.arrivals else 0.0
+
+    def view(self, preloaded: bool = True, start_log: bool = False) -> View:
+        """It now, as the scheduler decides over it (``snapshot.View``); ``start_log``: what its start going on has
+        said in its log is read (whether its profile is done; its code compiled), else taken as not said. Its
+        checkpoint's files are scanned only where its start failed (they decide when it is tried again)."""
+        need = self.engine.gpu_need()
+        f = self.failure
+        failed_start = self.state is ModelState.FAILED and f is not None and f.kind is FailureKind.START
+        starting = start_log and self.started and self.state is ModelState.STARTING
+        return View(self.config, self.state, need, self.started, self.engine.parks, self.waiting, self.reserved,
+                    self.inflight, self.last_used, tuple(self.arrivals), f,
+                    files_changed=failed_start and f is not None and self.engine.files() != f.files,
+                    profiled=starting and need.profiles and self.engine.profiled(),
+                    compiled=starting and self.engine.compiled(), preloaded=preloaded)
 
     def row(self, gpu: dict[int, int]) -> ModelRow:
         pids = self.engine.pids()

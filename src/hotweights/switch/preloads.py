@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from .gpus import GpuMemory, gpu_memory
@@ -39,14 +39,11 @@ from .memory import RESERVE_MIB, GpuNeed
 from .model import Model
 from .readahead import ReadAhead, shard_paths
 from .schedule import Preloading, next_preload, queued_preloads
+from .snapshot import Snapshot, View
 from .states import PreloadOutcome
 
 logger = logging.getLogger("hotweights.switch")
 LOOK_AGAIN_S = 1.0  # free memory changes as engines start and park: admission looks again this often
-
-
-def kind_need(m: Model) -> GpuNeed:
-    return m.engine.gpu_need()
 
 
 async def preload_then_copy(m: Model, ended: Callable[[], None] = lambda: None) -> PreloadOutcome:
@@ -69,19 +66,20 @@ class Job:
 
 
 class Preloads:
-    """The preloads of ``models`` (in start-up order: the default first), up to ``jobs`` at a time; ``reserve_for``:
-    the start they leave room for (``schedule.start_to_reserve_for``)."""
+    """The preloads of ``models`` (in start-up order: the default first), up to ``jobs`` at a time, decided over the
+    switch's snapshot (``look``: ``Lifecycle.snapshot``); ``reserve_for``: the starts they leave room for in it
+    (``schedule.start_to_reserve_for``)."""
 
-    def __init__(self, models: list[Model], jobs: int, reserve_for: Callable[[], Sequence[Model]],
-                 memory: Callable[[], dict[int, GpuMemory]] | None = None,
-                 need: Callable[[Model], GpuNeed] | None = None, compile_ahead: bool = False,
+    def __init__(self, models: list[Model], jobs: int, look: Callable[[], Snapshot],
+                 reserve_for: Callable[[Snapshot], Sequence[View]],
+                 memory: Callable[[], dict[int, GpuMemory]] | None = None, compile_ahead: bool = False,
                  read_ahead: bool = True) -> None:
         self.models, self.jobs, self.reserve_for, self.compile_ahead = models, jobs, reserve_for, compile_ahead
+        self.look = look
         self.read_ahead = read_ahead
         self.ended: set[str] = set()  # models whose preload has ended (read by the read-ahead's thread too)
         self.reading: asyncio.Task[None] | None = None  # the read-ahead (``_reader``)
-        self.memory, self._need = memory or gpu_memory, need or kind_need
-        self._needs: dict[str, GpuNeed] = {}
+        self.memory = memory or gpu_memory
         self.done: dict[str, asyncio.Future[tuple[PreloadOutcome, float]]] = {}
         self.running: dict[str, Job] = {}
         self.failed_beside: set[str] = set()  # failed beside others: tried again with none running
@@ -93,16 +91,8 @@ class Preloads:
         self.compiling: dict[str, GpuNeed] = {}  # those running, for the admission of preloads beside them
         self._look = asyncio.Event()
 
-    def need(self, m: Model) -> GpuNeed:
-        """``m``'s GPU need, read once (its checkpoint's shards and config.json)."""
-        if m.name not in self._needs:
-            self._needs[m.name] = self._need(m)
-        return self._needs[m.name]
-
-    def forget_needs(self, names: Iterable[str]) -> None:
-        """The GPU needs of ``names`` read again when next asked (their engines' arguments changed)."""
-        for name in names:
-            self._needs.pop(name, None)
+    def look_again(self) -> None:
+        """Something the admission reads changed (an engine's GPU need, as its arguments did): it looks again."""
         self._look.set()
 
     async def result(self, m: Model) -> tuple[PreloadOutcome, float]:
@@ -129,7 +119,7 @@ class Preloads:
         vLLM sizes its KV cache from a profile of the whole GPU's memory, which a preload allocating meanwhile would
         shrink (or leave none). The preloads running there end first, and none begins there until it is done. A
         start whose KV cache its arguments pin goes at once."""
-        need = self.need(m)
+        need = m.engine.gpu_need()
         if not need.profiles:
             yield
             return
@@ -170,7 +160,7 @@ class Preloads:
             self.ahead[first.name] = asyncio.create_task(self._compile_ahead(first))
 
     async def _compile_ahead(self, m: Model) -> None:
-        need = self.need(m)
+        need = m.engine.gpu_need()
         memory = await asyncio.to_thread(self.memory) if need.gpus else {}
         gpu = memory.get(need.gpus[0]) if need.gpus else None
         if gpu is not None and gpu.free_mib - need.preload_mib(gpu.total_mib) - need.ahead_mib < RESERVE_MIB:
@@ -205,12 +195,14 @@ class Preloads:
         if reader is not None:  # a thread: it blocks on the disk; ends by itself, or stopped below
             self.reading = asyncio.create_task(asyncio.to_thread(reader.run))
         try:
-            while (queued := queued_preloads(self.models, self.snapshot())) or self.running:
+            while (queued := queued_preloads(self._views(self.look()), self.preloading())) or self.running:
                 # one that failed beside others comes back to the queue
-                memory = await asyncio.to_thread(self.memory) if queued and self.need(queued[0]).gpus else {}
-                m = next_preload(self.models, self.snapshot(), self.need, memory, self.reserve_for())  # no await
-                if m is not None:
-                    self.running[m.name] = Job(self.need(m))
+                memory = await asyncio.to_thread(self.memory) if queued and queued[0].need.gpus else {}
+                s = self.look()  # no await from here to the decision
+                v = next_preload(self._views(s), self.preloading(), memory, self.reserve_for(s))
+                if v is not None:
+                    m = next(x for x in self.models if x.name == v.name)
+                    self.running[m.name] = Job(v.need)
                     for job in self.running.values():
                         job.beside |= len(self.running) > 1
                     task = asyncio.create_task(self._preload(m))
@@ -263,7 +255,11 @@ class Preloads:
         if not self.done[m.name].done():
             self.done[m.name].set_result((said, seconds))
 
-    def snapshot(self) -> Preloading:
+    def _views(self, s: Snapshot) -> list[View]:
+        """Its models as ``s`` sees them, in start-up order."""
+        return [s[m.name] for m in self.models]
+
+    def preloading(self) -> Preloading:
         """The preloads now, as ``next_preload`` reads them."""
         return Preloading(self.jobs, {n: job.need for n, job in self.running.items()},
                           frozenset(n for n, f in self.done.items() if f.done()), tuple(self.wanted),

@@ -1,6 +1,8 @@
-"""The switch's choices, as functions of its models' state and one memory model (so that they are tested without
-engines): which model a switch serves next, what must make room for it, and when a request is answered 503 without
-a switch.
+"""The switch's choices, as pure functions of one ``Snapshot`` (``snapshot.py``: frozen views of its models, the GPU
+totals and the time) and the config: no engine, no clock, so that every rule is a table over views. ``plan`` says
+what the scheduler does next (``Plan``: engines that leave, then a start, a wake, or a wait); ``Lifecycle`` only acts
+on it, and a wake refused for memory is planned again (``victim``). Besides: which model a switch serves next, what
+must make room for it, and when a request is answered 503 without a switch.
 
 Which model: ``fair`` (the default) takes a model whose longest-waiting request has waited over ``starve_after_s``
 first (the longest first), else the one with the most requests waiting (then the longest-waiting); ``fifo`` the
@@ -30,15 +32,14 @@ compiles), unless requests wait for a model that has started: the switches they 
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .config import SwitchConfig
 from .gpus import GpuMemory
-from .memory import GpuNeed, Holder, over_mib
-from .model import Model
-from .states import FailureKind, ModelState
+from .memory import GpuNeed, over_mib
+from .snapshot import Snapshot, View
+from .states import SERVING, FailureKind, ModelState
 
 S = ModelState
 
@@ -46,11 +47,11 @@ S = ModelState
 @dataclass(frozen=True)
 class Room:
     """What a switch to a model does first: park ``park`` (idle), take ``leave`` (busy, their turn over) out of
-    service; ``wait``: the model wakes only once the leaving engines have parked (or, with nothing to leave, a busy
-    engine's turn ends in ``look_in_s``)."""
+    service (both by name); ``wait``: the model wakes only once the leaving engines have parked (or, with nothing to
+    leave, a busy engine's turn ends in ``look_in_s``)."""
 
-    park: tuple[Model, ...] = ()
-    leave: tuple[Model, ...] = ()
+    park: tuple[str, ...] = ()
+    leave: tuple[str, ...] = ()
     wait: bool = False
     look_in_s: float | None = None
 
@@ -60,55 +61,121 @@ class Room:
         return not (self.park or self.leave or self.wait)
 
 
-def wanted(models: Iterable[Model], config: SwitchConfig) -> list[Model]:
+@dataclass(frozen=True)
+class Leave:
+    """``name`` takes no new request and parks once its requests end: its turn is over, for ``For`` (``waiting`` of
+    whose requests wait)."""
+
+    name: str
+    for_: str
+    waiting: int
+
+
+@dataclass(frozen=True)
+class Start:
+    """Start these models' engines (the first, and start-up's starts that go with it: ``startup_batch``)."""
+
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Make ``room`` and wake ``name`` (or start its engine again)."""
+
+    name: str
+    room: Room = Room()
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing goes now: look again at the next change, or in ``look_in_s`` (a busy engine's turn ends)."""
+
+    look_in_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the scheduler does now: ``leave`` first (busy engines whose turn is over), then ``then``."""
+
+    then: Start | Wake | Wait
+    leave: tuple[Leave, ...] = ()
+
+
+def plan(s: Snapshot, config: SwitchConfig) -> Plan:
+    """The scheduler's next step: the first model requests wait for (by the schedule) starts, or wakes making room
+    (busy engines whose turn is over leave for it, even where it must wait for them); a model after it wakes only
+    where it fits with nothing moved (it takes no memory the first one waits for); with no request waiting,
+    start-up's next start; else a wait, until the earliest end of a busy engine's turn."""
+    look: float | None = None
+    order = wanted(s, config)
+    leave: tuple[Leave, ...] = ()
+    for i, v in enumerate(order):
+        if not v.started or retried_now(v, s.now):
+            if i == 0:
+                return Plan(Start(startup_batch(v, s, config)))
+            continue
+        room = room_for(v, s, config)
+        if i == 0 and room.leave:
+            leave = tuple(Leave(x, v.name, v.waiting) for x in room.leave)
+            s = s.moved(room.leave, S.LEAVING)
+        if not room.wait and (i == 0 or room.now):
+            return Plan(Wake(v.name, room), leave)
+        if room.look_in_s is not None:
+            look = room.look_in_s if look is None else min(look, room.look_in_s)
+    if order:
+        return Plan(Wait(look), leave)
+    following = startup_next(s)
+    return Plan(Start(startup_batch(following, s, config)) if following is not None else Wait())
+
+
+def wanted(s: Snapshot, config: SwitchConfig) -> list[View]:
     """Models requests wait for that a switch may serve, the next first (by the schedule)."""
-    now = time.monotonic()
-    found = [m for m in models if m.waiting > m.reserved and m.state not in (S.AWAKE, S.LEAVING) and not refusal(m)]
+    now = s.now
+    found = [v for v in s.models
+             if v.waiting > v.reserved and v.state not in (S.AWAKE, S.LEAVING) and not refusal(v, now)]
     if config.schedule == "fifo":
-        return sorted(found, key=lambda m: -m.waited_s(now))
-    return sorted(found, key=lambda m: (m.waited_s(now) <= config.starve_after_s,
-                                        -(m.waited_s(now) if m.waited_s(now) > config.starve_after_s else 0),
-                                        -(m.waiting - m.reserved), -m.waited_s(now)))
+        return sorted(found, key=lambda v: -v.waited_s(now))
+    return sorted(found, key=lambda v: (v.waited_s(now) <= config.starve_after_s,
+                                        -(v.waited_s(now) if v.waited_s(now) > config.starve_after_s else 0),
+                                        -(v.waiting - v.reserved), -v.waited_s(now)))
 
 
-def next_model(models: Iterable[Model], config: SwitchConfig, default: Model) -> Model | None:
+def next_model(s: Snapshot, config: SwitchConfig) -> View | None:
     """The model to start or switch to next: one requests wait for (by the schedule), else the next one start-up
     has not reached (``startup_order``), else one whose start failed and may be tried again, else None."""
-    models = list(models)
-    first = wanted(models, config)
-    if first:
-        return first[0]
-    return startup_next(models, default)
+    first = wanted(s, config)
+    return first[0] if first else startup_next(s)
 
 
-def startup_next(models: Sequence[Model], default: Model) -> Model | None:
+def startup_next(s: Snapshot) -> View | None:
     """The next model start-up has not reached (an eager one: a cached or lazy one starts for its first request),
     else one whose start failed and may be tried again, else None."""
-    left = [m for m in startup_order(models, default) if not m.started and m.config.start == "eager"]
-    left = left or retried(list(models))
+    left = [v for v in startup_order(s) if not v.started and v.config.start == "eager"]
+    left = left or [v for v in s.models if retried_now(v, s.now)]
     return left[0] if left else None
 
 
-def startup_order(models: Iterable[Model], default: Model) -> list[Model]:
+def startup_order(s: Snapshot) -> list[View]:
     """The order start-up takes the models in: the default, then those whose parked weights go to host memory
     (``parked_weights = "host"``), then the rest, each group as configured. A host-tier engine's weights leave the
     GPU once it has started and parked, so its preload (which holds them on the GPU, twice at its peak) finds more
     room early than late, when every GPU-tier model's weights are there: ten 8B vLLM models, six of them on the GPU
     tier, fit an H200 in this order and not in the configured one (the seventh preload would need 34 GiB where
     30 are free)."""
-    rest = [m for m in models if m is not default]
-    return [default, *sorted(rest, key=lambda m: m.config.parked_weights != "host")]
+    default = s[s.default]
+    rest = [v for v in s.models if v.name != s.default]
+    return [default, *sorted(rest, key=lambda v: v.config.parked_weights != "host")]
 
 
-def retried(models: list[Model]) -> list[Model]:
-    """Models whose start failed and whose back-off is over (or whose files changed): start-up tries them again by
+def retried_now(v: View, now: float) -> bool:
+    """Whether ``v``'s start failed and its back-off is over (or its files changed): start-up tries it again by
     itself, no request needed (a default that failed once would otherwise leave ``/health`` at 503 until a request
     came, and a health-gated deployment sends none)."""
-    return [m for m in models if m.state is ModelState.FAILED and m.failure is not None
-            and m.failure.kind is FailureKind.START and not m.waiting and not refusal(m)]
+    return (v.state is ModelState.FAILED and v.failure is not None and v.failure.kind is FailureKind.START
+            and not v.waiting and not refusal(v, now))
 
 
-def pick_victim(candidates: list[Model], schedule: str) -> Model:
+def pick_victim(candidates: Sequence[View], schedule: str) -> View:
     """The awake engine to park for another where its own wake says the GPU has too little (the memory model's
     estimate was short)."""
     if schedule == "fifo":
@@ -116,68 +183,70 @@ def pick_victim(candidates: list[Model], schedule: str) -> Model:
     return min(candidates, key=lambda x: (x.inflight > 0, x.last_used))
 
 
-def holder(m: Model, state: ModelState | None = None) -> Holder:
-    """``m`` as the memory model sees it (in ``state``, else its own; a model start-up has not reached holds no
-    engine)."""
-    state = state or (m.state if m.started else S.STOPPED)
-    return Holder(m.engine.gpu_need(), state, m.config.parked_weights == "gpu" or not m.engine.parks)
+def victim(s: Snapshot, keep: str, config: SwitchConfig) -> str | None:
+    """A wake of ``keep`` refused for memory, planned again: the awake engine beside it (not kept awake) to park
+    first, None where there is none."""
+    v = s[keep]
+    candidates = [x for x in s.models if x.state is S.AWAKE and x.name != keep and x.config.shares_a_gpu(v.config)
+                  and not x.config.keep_awake]
+    return pick_victim(candidates, config.schedule).name if candidates else None
 
 
-def fits(m: Model, models: Sequence[Model], totals: dict[int, int], config: SwitchConfig,
-         gone: Sequence[Model] = ()) -> bool:
-    """Whether ``m`` awake fits beside the others, those in ``gone`` parked: ``max_awake`` (where set) and each of
-    its GPUs' memory."""
-    beside = [x for x in models if x is not m and x.config.shares_a_gpu(m.config)]
-    if config.awake_cap and sum(x.state in (S.AWAKE, S.LEAVING) and x not in gone for x in beside) >= config.awake_cap:
+def fits(v: View, s: Snapshot, config: SwitchConfig, gone: Sequence[str] = ()) -> bool:
+    """Whether ``v`` awake fits beside the others, those named in ``gone`` parked: ``max_awake`` (where set) and each
+    of its GPUs' memory."""
+    beside = [x for x in s.models if x.name != v.name and x.config.shares_a_gpu(v.config)]
+    if config.awake_cap and sum(x.state in (S.AWAKE, S.LEAVING) and x.name not in gone
+                                for x in beside) >= config.awake_cap:
         return False
-    holders = [holder(m, S.AWAKE), *(holder(x, S.PARKED if x in gone else None) for x in models if x is not m)]
-    return all(over_mib(g, totals[g], holders) <= 0 for g in m.engine.gpu_need().gpus if g in totals)
+    holders = [v.holder(S.AWAKE), *(x.holder(S.PARKED if x.name in gone else None)
+                                    for x in s.models if x.name != v.name)]
+    return all(over_mib(g, s.totals[g], holders) <= 0 for g in v.need.gpus if g in s.totals)
 
 
-def turn_left_s(busy: Model, m: Model, config: SwitchConfig, now: float) -> float:
-    """Seconds until ``busy``'s turn ends for ``m``: once ``m``'s waiting requests have waited, in sum, ``turn_s`` per
+def turn_left_s(busy: View, v: View, config: SwitchConfig, now: float) -> float:
+    """Seconds until ``busy``'s turn ends for ``v``: once ``v``'s waiting requests have waited, in sum, ``turn_s`` per
     request in flight on ``busy`` (0 at once where one of them starves)."""
-    if not m.arrivals:
+    if not v.arrivals:
         return config.turn_s
-    if now - min(m.arrivals) > config.starve_after_s:
+    if now - min(v.arrivals) > config.starve_after_s:
         return 0.0
-    owed = config.turn_s * max(1, busy.inflight) - sum(now - a for a in m.arrivals)
-    return max(0.0, owed / len(m.arrivals))
+    owed = config.turn_s * max(1, busy.inflight) - sum(now - a for a in v.arrivals)
+    return max(0.0, owed / len(v.arrivals))
 
 
-def room_for(m: Model, models: Sequence[Model], totals: dict[int, int], config: SwitchConfig,
-             now: float | None = None) -> Room:
-    """What must make room for ``m`` to wake (``totals``: each GPU's MiB): see the module's docstring."""
-    now = time.monotonic() if now is None else now
-    if fits(m, models, totals, config):
+def room_for(v: View, s: Snapshot, config: SwitchConfig) -> Room:
+    """What must make room for ``v`` to wake: see the module's docstring."""
+    now = s.now
+    if fits(v, s, config):
         return Room()
-    beside = [x for x in models if x is not m and x.config.shares_a_gpu(m.config)]
+    beside = [x for x in s.models if x.name != v.name and x.config.shares_a_gpu(v.config)]
     movable = [x for x in beside if x.state is S.AWAKE and not x.config.keep_awake]
-    idle = sorted((x for x in movable if not x.inflight), key=lambda x: x.last_used)
+    idle = [x.name for x in sorted((x for x in movable if not x.inflight), key=lambda x: x.last_used)]
     for i in range(1, len(idle) + 1):
-        if fits(m, models, totals, config, idle[:i]):
+        if fits(v, s, config, idle[:i]):
             return Room(park=tuple(idle[:i]))
-    gone = [*idle, *(x for x in beside if x.state is S.LEAVING)]
-    if len(gone) > len(idle) and fits(m, models, totals, config, gone):
+    gone = [*idle, *(x.name for x in beside if x.state is S.LEAVING)]
+    if len(gone) > len(idle) and fits(v, s, config, gone):
         return Room(wait=True)  # the leaving engines will do; the idle ones park then if still needed
-    busy = sorted((x for x in movable if x.inflight), key=lambda x: (turn_left_s(x, m, config, now), x.last_used))
-    over = [x for x in busy if turn_left_s(x, m, config, now) <= 0]
+    busy = sorted((x for x in movable if x.inflight), key=lambda x: (turn_left_s(x, v, config, now), x.last_used))
+    over = [x.name for x in busy if turn_left_s(x, v, config, now) <= 0]
     for i in range(1, len(over) + 1):
-        if fits(m, models, totals, config, [*gone, *over[:i]]):
+        if fits(v, s, config, [*gone, *over[:i]]):
             return Room(leave=tuple(over[:i]), wait=True)
-    if busy and fits(m, models, totals, config, [*gone, *busy]):  # once more turns end
-        return Room(wait=True, look_in_s=min(turn_left_s(x, m, config, now) for x in busy if x not in over))
+    if busy and fits(v, s, config, [*gone, *(x.name for x in busy)]):  # once more turns end
+        return Room(wait=True, look_in_s=min(turn_left_s(x, v, config, now) for x in busy if x.name not in over))
     return Room(park=tuple(idle))  # it does not fit even alone, by the estimate: its own wake says whether it does
 
 
-def refusal(m: Model) -> str:
-    """Why a request for ``m`` is answered 503 now without a switch ("" when a switch may serve it): its start
+def refusal(v: View, now: float) -> str:
+    """Why a request for ``v`` is answered 503 now without a switch ("" when a switch may serve it): its start
     failed, the back-off has not passed and its checkpoint's files are as they were."""
-    f = m.failure
-    if m.state is not ModelState.FAILED or f is None or f.kind is not FailureKind.START:
+    f = v.failure
+    if v.state is not ModelState.FAILED or f is None or f.kind is not FailureKind.START:
         return ""
-    left = f.retry_at - time.monotonic()
-    if left <= 0 or m.engine.files() != f.files:
+    left = f.retry_at - now
+    if left <= 0 or v.files_changed:
         return ""
     return f"{f.message} (tried again in {left:.0f} s, or at once when its checkpoint's files change)"
 
@@ -196,48 +265,60 @@ class Preloading:
     compiling: Mapping[str, GpuNeed] = field(default_factory=dict)  # compiles ahead of a start, by its model
 
 
-def startup_batch(first: Model, models: Sequence[Model], totals: Mapping[int, int], jobs: int,
-                  preloaded: Callable[[Model], bool], preloading: Mapping[int, int]) -> list[Model]:
-    """The models start-up starts together with ``first`` (itself first): where no start among them profiles the
-    GPU's memory, the next eager models start-up has not reached whose preloads are done (``preloaded``), in
-    start-up order (``models``' order), up to ``jobs`` in all, each only where every GPU of its holds it and all
-    those before it resident (``memory.over_mib``) beside the others as they are and the peaks of the preloads
-    running (``preloading``: MiB per GPU). Just ``first`` otherwise."""
-    if first.started or first.engine.gpu_need().profiles:
-        return [first]
-    return [first, *joining([first], models, totals, jobs, preloaded, preloading)]
+def startup_batch(first: View, s: Snapshot, config: SwitchConfig) -> tuple[str, ...]:
+    """The models start-up starts together with ``first`` (itself first): where start-up's preloads run ahead of the
+    starts and no start among them profiles the GPU's memory, the next eager models start-up has not reached whose
+    preloads are done, in start-up order, up to ``start_jobs`` in all, each only where every GPU of its holds it and
+    all those before it resident (``memory.over_mib``) beside the others as they are and the peaks of the preloads
+    running. Just ``first`` otherwise."""
+    if first.started or config.start_jobs <= 1 or not s.preloads_ahead or first.need.profiles:
+        return (first.name,)
+    return (first.name, *joining((first.name,), s, config.start_jobs))
 
 
-def joining(starting: Sequence[Model], models: Sequence[Model], totals: Mapping[int, int], jobs: int,
-            preloaded: Callable[[Model], bool], preloading: Mapping[int, int]) -> list[Model]:
+def joining(starting: Sequence[str], s: Snapshot, jobs: int) -> list[str]:
     """The models whose starts join ``starting`` (start-up's starts going on, or about to): as ``startup_batch``
     says, up to ``jobs`` starts in all; none where one of ``starting`` profiles the GPU's memory, until its profile
-    is done (``Engine.profiled``)."""
-    if any(x.engine.gpu_need().profiles and not x.engine.profiled() for x in starting):
+    is done (``View.profiled``)."""
+    if any(s[x].need.profiles and not s[x].profiled for x in starting):
         return []
     batch = list(starting)
-    for m in models:
+    for v in startup_order(s):
         if len(batch) >= jobs:
             break
-        need = m.engine.gpu_need()
-        if (m in batch or m.started or m.config.start != "eager" or m.state is not S.STARTING or need.profiles
-                or not need.gpus or not preloaded(m)):
+        if (v.name in batch or v.started or v.config.start != "eager" or v.state is not S.STARTING
+                or v.need.profiles or not v.need.gpus or not v.preloaded):
             continue
-        holders = [holder(x, S.STARTING if x in batch or x is m else None) for x in models]
-        if all(over_mib(g, totals[g], holders) + preloading.get(g, 0) <= 0 for g in need.gpus if g in totals):
-            batch.append(m)
+        holders = [x.holder(S.STARTING if x.name in batch or x is v else None) for x in s.models]
+        if all(over_mib(g, s.totals[g], holders) + s.preloading.get(g, 0) <= 0 for g in v.need.gpus if g in s.totals):
+            batch.append(v.name)
     return batch[len(starting):]
 
 
-def queued_preloads(models: Sequence[Model], p: Preloading) -> list[Model]:
+def may_join(starting: Sequence[str], s: Snapshot, config: SwitchConfig) -> bool:
+    """Whether models may join ``starting`` now (``joining`` says which): not where those are not start-up's starts,
+    before the front's first engine is up unless its code was compiled ahead or the first start has compiled it by
+    now (the first start of an architecture compiles it, 74.9 s for an 8B on an H200 against 16-37 s for the starts
+    after it, which load the compiled code: one beside it before that would compile too; every start waits for a
+    compile ahead still running), nor while requests wait for a model that has started (the switch they need goes
+    first)."""
+    views = [s[x] for x in starting]
+    return not (not views or any(v.state is not S.STARTING for v in views) or config.start_jobs <= 1
+                or not s.preloads_ahead
+                or (not any(v.state in SERVING for v in s.models) and s.first_start_compiles
+                    and not any(v.compiled for v in views))
+                or any(v.started and v.name not in starting for v in wanted(s, config)))
+
+
+def queued_preloads(views: Sequence[View], p: Preloading) -> list[View]:
     """Models whose preload has not begun, the next first: one a start waits for, one a request waits for, then
-    start-up order (``models``' order)."""
-    left = [m for m in models if m.name not in p.running and m.name not in p.done and m.name not in p.copying]
-    return sorted(left, key=lambda m: (m.name not in p.wanted, not m.waiting, models.index(m)))
+    start-up order (``views``' order)."""
+    left = [v for v in views if v.name not in p.running and v.name not in p.done and v.name not in p.copying]
+    return sorted(left, key=lambda v: (v.name not in p.wanted, not v.waiting, views.index(v)))
 
 
-def next_preload(models: Sequence[Model], p: Preloading, need: Callable[[Model], GpuNeed],
-                 memory: Mapping[int, GpuMemory], reserve_for: Sequence[Model]) -> Model | None:
+def next_preload(views: Sequence[View], p: Preloading, memory: Mapping[int, GpuMemory],
+                 reserve_for: Sequence[View]) -> View | None:
     """The preload to begin now: the head of the queue where a job is free and it is admitted, else None.
 
     Not on GPUs where an engine that profiles is starting (vLLM sizes its KV cache from a profile of the whole GPU),
@@ -245,41 +326,40 @@ def next_preload(models: Sequence[Model], p: Preloading, need: Callable[[Model],
     before a preload, minutes, which would hold it back; not while that start waits for its compile ahead, which
     takes longer), unless a start waits for it. Beside the preload of the front's first start too: on an H200
     (cold caches) the default's took 48.8 s alone and 49.1 s beside three others, which were done by then. Where
-    none runs, it begins
-    when it fits or a start waits for it (vLLM's own check decides then); beside others, only when it fits
-    (``preload_fits``); one that failed beside others, only alone."""
-    queued = queued_preloads(models, p)
+    none runs, it begins when it fits or a start waits for it (vLLM's own check decides then); beside others, only
+    when it fits (``preload_fits``); one that failed beside others, only alone."""
+    queued = queued_preloads(views, p)
     if not queued or len(p.running) >= p.jobs:
         return None
-    m, own = queued[0], need(queued[0])
-    if (m.name in p.failed_beside and p.running) or any(set(o.gpus) & set(own.gpus) for o in p.starting):
+    v = queued[0]
+    own = v.need
+    if (v.name in p.failed_beside and p.running) or any(set(o.gpus) & set(own.gpus) for o in p.starting):
         return None
     preloaded = (p.done | p.copying) - set(p.compiling)  # a host copy after a preload, or the compile ahead of its
     # start, holds that start back, not the rule
-    if m.name not in p.wanted and any(not x.started and x.config.start == "eager" and x.name in preloaded
-                                      and need(x).profiles and set(need(x).gpus) & set(own.gpus) for x in models):
+    if v.name not in p.wanted and any(not x.started and x.config.start == "eager" and x.name in preloaded
+                                      and x.need.profiles and set(x.need.gpus) & set(own.gpus) for x in views):
         return None
-    fits = all(preload_fits(m, own, g, memory[g], p, need, reserve_for) for g in own.gpus if g in memory)
-    return m if fits or (not p.running and m.name in p.wanted) else None
+    fits = all(preload_fits(v, g, memory[g], p, reserve_for) for g in own.gpus if g in memory)
+    return v if fits or (not p.running and v.name in p.wanted) else None
 
 
-def preload_fits(m: Model, own: GpuNeed, gpu: int, mem: GpuMemory, p: Preloading, need: Callable[[Model], GpuNeed],
-                 reserve_for: Sequence[Model]) -> bool:
-    """Free memory on ``gpu`` holds ``m``'s preload at its peak beside the peaks of those running and of the compiles
+def preload_fits(v: View, gpu: int, mem: GpuMemory, p: Preloading, reserve_for: Sequence[View]) -> bool:
+    """Free memory on ``gpu`` holds ``v``'s preload at its peak beside the peaks of those running and of the compiles
     ahead (``GpuNeed.ahead_mib``; each counted whole, even once it has taken part of it: conservative), and what the
     starts of ``reserve_for`` need there (each counted whole, even once it has taken part of it; they wait for no
     preload, nor for the weights those leave in the keeper)."""
     held = (sum(n.preload_mib(mem.total_mib) for n in p.running.values() if gpu in n.gpus)
             + sum(n.ahead_mib for n in p.compiling.values() if gpu in n.gpus))
-    reserve = sum(need(x).start_mib(mem.total_mib) for x in reserve_for
-                  if x is not m and x.name not in p.running and gpu in need(x).gpus)
-    return mem.free_mib - held - reserve >= own.preload_mib(mem.total_mib)
+    reserve = sum(x.need.start_mib(mem.total_mib) for x in reserve_for
+                  if x.name != v.name and x.name not in p.running and gpu in x.need.gpus)
+    return mem.free_mib - held - reserve >= v.need.preload_mib(mem.total_mib)
 
 
-def start_to_reserve_for(models: Sequence[Model], config: SwitchConfig, default: Model) -> tuple[Model, ...]:
+def start_to_reserve_for(s: Snapshot, config: SwitchConfig) -> tuple[View, ...]:
     """The starts a preload leaves room for: those in progress, else the one the scheduler takes next."""
-    starting = tuple(x for x in models if x.started and x.state is S.STARTING)
+    starting = tuple(v for v in s.models if v.started and v.state is S.STARTING)
     if starting:
         return starting
-    following = next_model(models, config, default)
+    following = next_model(s, config)
     return (following,) if following is not None else ()

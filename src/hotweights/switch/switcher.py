@@ -29,7 +29,7 @@ from .engines import EngineError, EngineLike
 from .lifecycle import Lifecycle
 from .metrics import SwitchMetrics
 from .model import Model
-from .schedule import Room, joining, retried, startup_batch, startup_next, startup_order, wanted
+from .schedule import Plan, Room, Start, Wait, Wake, joining, may_join, plan
 from .states import SERVING, Failure, FailureKind, ModelState
 
 S = ModelState
@@ -44,11 +44,11 @@ class Switcher:
         self.life = Lifecycle(config, metrics, engines, totals)
         self.models = self.life.models
         self.requests = Admission(config, self.models, self.life.changes, metrics)
-        self._said_compiled = False  # whether ``_compiled_by`` has said the first start compiled
+        self._said_compiled = False  # whether ``_joining`` has said the first start compiled
         self._learned_kv: set[str] = set()  # starts whose profile ``_joining`` has pinned others' KV caches to
 
     async def run(self) -> None:
-        """Start-up, then every switch, one at a time, in the order ``next_model`` gives; with ``preload_jobs`` > 1
+        """Start-up, then every switch, one at a time, as ``schedule.plan`` says; with ``preload_jobs`` > 1
         start-up's preloads run ahead of the starts, that many at once where memory allows, and with ``start_jobs``
         > 1 up to that many starts go together where none profiles the GPU's memory (``schedule.startup_batch``)."""
         preloading = self.life.begin_preloads(self.config.preload_jobs)
@@ -62,26 +62,33 @@ class Switcher:
         life, kick = self.life, self.life.changes.kick
         while True:
             async with life.busy:
-                m, room, look = self._plan()
-                if m is not None:
-                    together = self._startup_batch(m)
-                    if len(together) > 1:
+                step = self._act(plan(life.snapshot(), self.config))
+                if isinstance(step, Start):
+                    if len(step.names) > 1:
                         logger.info("switch: starting %s together (no start profiles the GPU's memory)",
-                                    ", ".join(x.name for x in together))
-                    await self._starts(together, room)
-            if m is None:
+                                    ", ".join(step.names))
+                    await self._starts(list(step.names), None)
+                elif isinstance(step, Wake):
+                    await self._starts([step.name], step.room)
+            if isinstance(step, Wait):
                 try:
-                    await asyncio.wait_for(kick.wait(), look)
+                    await asyncio.wait_for(kick.wait(), step.look_in_s)
                 except TimeoutError:
                     pass
                 kick.clear()
 
-    async def _go(self, m: Model, room: Room) -> None:
-        """Start ``m`` (or start it again), or switch to it making ``room``; start-up is ready once the default is
-        (or every model has started)."""
+    def _act(self, p: Plan) -> Start | Wake | Wait:
+        """The plan's first steps done (busy engines whose turn is over leave); what it does then."""
+        for x in p.leave:
+            self.life.leave(self.models[x.name], f"for {x.for_}", f", {x.waiting} wait for {x.for_}")
+        return p.then
+
+    async def _go(self, m: Model, room: Room | None) -> None:
+        """Start ``m`` (or start it again: ``room`` None), or switch to it making ``room``; start-up is ready once
+        the default is (or every model has started)."""
         life = self.life
         try:
-            await (life.start_up(m) if not m.started or m in retried([m]) else life.switch_to(m, room))
+            await (life.start_up(m) if room is None else life.switch_to(m, room))
         except Exception as exc:  # never the end of the scheduler, a bug included: its requests get 503
             logger.exception("switch: %s: %s", m.name, exc)
             m.attempts_failed += 1
@@ -92,11 +99,11 @@ class Switcher:
                                                   for x in self.models.values()):
             life.ready.set()
 
-    async def _starts(self, together: list[Model], room: Room) -> None:
-        """Start (or switch to) ``together``; a start-up's starts are joined by models whose preloads end meanwhile
-        (``schedule.joining``): on an H200 the second of ten 8B had its preload done 58 s before the first's cold
-        start ended, and waited for it."""
-        tasks = {asyncio.create_task(self._go(x, room)): x for x in together}
+    async def _starts(self, names: list[str], room: Room | None) -> None:
+        """Start ``names`` (``room`` None), or switch to the one of them making ``room``; a start-up's starts are
+        joined by models whose preloads end meanwhile (``schedule.joiners``): on an H200 the second of ten 8B had its
+        preload done 58 s before the first's cold start ended, and waited for it."""
+        tasks = {asyncio.create_task(self._go(self.models[x], room)): x for x in names}
         try:
             while tasks:
                 done, _ = await asyncio.wait(tasks, timeout=JOIN_LOOK_S, return_when=asyncio.FIRST_COMPLETED)
@@ -104,78 +111,30 @@ class Switcher:
                     del tasks[task]
                 for x in self._joining(list(tasks.values())):
                     logger.info("switch: %s starts beside %s (its preload done; no start profiles the GPU's memory)",
-                                x.name, ", ".join(y.name for y in tasks.values()))
-                    tasks[asyncio.create_task(self._go(x, Room()))] = x
+                                x, ", ".join(tasks.values()))
+                    tasks[asyncio.create_task(self._go(self.models[x], None))] = x
         finally:  # the front stops: as gather did, what goes on is cancelled with it
             for task in tasks:
                 task.cancel()
 
-    def _joining(self, starting: list[Model]) -> list[Model]:
-        """The models whose starts join ``starting`` now (``schedule.joining``): none where those are not start-up's
-        starts, before the front's first engine is up unless its code was compiled ahead or the first start has
-        compiled it by now (the first start of an architecture compiles it, 74.9 s for an 8B on an H200 against
-        16-37 s for the starts after it, which load the compiled code: one beside it before that would compile too;
-        every start waits for a compile ahead still running), or while requests wait for a model that has started
-        (the switch they need goes first). A start that profiles the GPU's memory is joined once its profile is done,
-        by models that take the KV cache it gave (``Lifecycle.pin_kv_as``)."""
+    def _joining(self, starting: list[str]) -> list[str]:
+        """The models whose starts join ``starting`` now (``schedule.may_join``, ``schedule.joining``). A start that
+        profiles the GPU's memory is joined once its profile is done, by models that take the KV cache it gave
+        (``Lifecycle.pin_kv_as``), pinned here first, and the decision taken again over what they are now."""
         life = self.life
-        if (not starting or any(x.state is not S.STARTING for x in starting) or self.config.start_jobs <= 1
-                or life.preloads is None
-                or (not any(x.state in SERVING for x in self.models.values()) and life.preloads.first_start_compiles()
-                    and not self._compiled_by(starting))
-                or any(x.started and x not in starting for x in wanted(self.models.values(), self.config))):
+        s = life.snapshot()
+        if not may_join(starting, s, self.config):
             return []
-        for x in starting:  # its profile done: the models that would profile as it does take its KV cache
-            if x.name not in self._learned_kv and x.engine.gpu_need().profiles and x.engine.profiled():
-                self._learned_kv.add(x.name)
-                life.pin_kv_as(x)
-        order = startup_order(list(self.models.values()), self.models[self.config.default.name])
-        return joining(starting, order, life.totals, self.config.start_jobs, life.preloads.preloaded,
-                       life.preloads.peaks_mib(life.totals))
-
-    def _compiled_by(self, starting: list[Model]) -> bool:
-        """Whether the front's first start (one of ``starting``) has compiled its engine's code (``Engine.compiled``):
-        said once, as starts may join it from now on (those that join find the compiled code: not said again)."""
-        done = next((x for x in starting if x.engine.compiled()), None)
-        if done is not None and not self._said_compiled:
+        done = next((x for x in starting if s[x].compiled), None)
+        if done is not None and not self._said_compiled:  # said once: those that join find the compiled code
             self._said_compiled = True
             logger.info("switch: %s's start has compiled its engine's code (its log says so): the starts whose "
-                        "preloads are done may join it now", done.name)
-        return done is not None
-
-    def _startup_batch(self, m: Model) -> list[Model]:
-        """``m`` and the models start-up starts beside it (``schedule.startup_batch``): only ``m`` unless it is a
-        start-up's start."""
-        life = self.life
-        if m.started or self.config.start_jobs <= 1 or life.preloads is None:  # no preloads ahead: each start
-            return [m]                                                          # preloads its own model
-        order = startup_order(list(self.models.values()), self.models[self.config.default.name])
-        return startup_batch(m, order, life.totals, self.config.start_jobs, life.preloads.preloaded,
-                             life.preloads.peaks_mib(life.totals))
-
-    def _plan(self) -> tuple[Model | None, Room, float | None]:
-        """The model to start or wake now and what makes room for it; (None, _, seconds until a busy engine's turn
-        ends, or None) when none can go now. The first model requests wait for may make busy engines leave; one
-        after it goes only where it fits with nothing moved (it takes no memory the first one waits for)."""
-        models = list(self.models.values())
-        look: float | None = None
-        order = wanted(models, self.config)
-        for i, m in enumerate(order):
-            if not m.started or m in retried([m]):
-                if i == 0:
-                    return m, Room(), None
-                continue
-            room = self.life.room(m)
-            if i == 0:
-                for victim in room.leave:
-                    self.life.leave(victim, f"for {m.name}", f", {m.waiting} wait for {m.name}")
-            if not room.wait and (i == 0 or room.now):
-                return m, room, None
-            if room.look_in_s is not None:
-                look = room.look_in_s if look is None else min(look, room.look_in_s)
-        if order:
-            return None, Room(), look
-        return startup_next(models, self.models[self.config.default.name]), Room(), None
+                        "preloads are done may join it now", done)
+        learned = [x for x in starting if x not in self._learned_kv and s[x].profiled]
+        for x in learned:  # its profile done: the models that would profile as it does take its KV cache
+            self._learned_kv.add(x)
+            life.pin_kv_as(self.models[x])
+        return joining(starting, life.snapshot() if learned else s, self.config.start_jobs)
 
     async def watch(self, interval_s: float = 0.5) -> None:
         """Engines that died are marked failed (their next request starts them again); parked embedded engines

@@ -1,0 +1,82 @@
+"""What the scheduler decides over: the switch's models at one moment (``Snapshot``), each as a frozen ``View``, taken
+by ``Lifecycle.snapshot`` under its lock with no await, so nothing changes between what was read and what was
+decided. ``schedule.py``'s rules are functions of these values alone: no engine, no directory scan, no log read, no
+clock. Torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .config import ModelConfig
+from .memory import GpuNeed, Holder
+from .states import Failure, ModelState
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """One model as the scheduler sees it: its state, its requests (waiting, let in and not yet taken up, in flight;
+    each waiting one's ``time.monotonic()`` of arrival), when it was last used (``time.time()``), its failure, what
+    it takes of its GPUs, and what its engine's start going on has said (its GPU profile done, its code compiled)."""
+
+    config: ModelConfig
+    state: ModelState
+    need: GpuNeed
+    started: bool = False  # start-up reached it (or a request did)
+    parks: bool = True  # False: a park stops its engine
+    waiting: int = 0
+    reserved: int = 0
+    inflight: int = 0
+    last_used: float = 0.0
+    arrivals: tuple[float, ...] = ()
+    failure: Failure | None = None
+    files_changed: bool = False  # its checkpoint's files differ from those its failed start saw
+    profiled: bool = False  # its start going on has sized its KV cache from a profile of the GPU's memory
+    compiled: bool = False  # its start going on has compiled its engine's code
+    preloaded: bool = True  # its preload is done (or it has none ahead of its start)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def weights_kept(self) -> bool:
+        """Its weights stay on the GPU while it is parked (``parked_weights = "gpu"``, or its engine cannot park)."""
+        return self.config.parked_weights == "gpu" or not self.parks
+
+    def waited_s(self, now: float) -> float:
+        """How long its longest-waiting request has waited at ``now``."""
+        return now - min(self.arrivals) if self.arrivals else 0.0
+
+    def holder(self, state: ModelState | None = None) -> Holder:
+        """It as the memory model sees it (in ``state``, else its own; a model start-up has not reached holds no
+        engine)."""
+        state = state or (self.state if self.started else ModelState.STOPPED)
+        return Holder(self.need, state, self.weights_kept)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The switch at ``now`` (``time.monotonic()``): its models in the configured order, each GPU's MiB
+    (``totals``), the default model's name, and start-up's preloads: whether they run ahead of the starts
+    (``preloads_ahead``), what those running hold at their peaks per GPU (``preloading``), and whether the front's
+    first start compiles its engine's code itself (no compile ahead did it)."""
+
+    models: tuple[View, ...]
+    totals: Mapping[int, int]
+    now: float
+    default: str
+    preloads_ahead: bool = False
+    preloading: Mapping[int, int] = field(default_factory=dict)
+    first_start_compiles: bool = True
+
+    def __getitem__(self, name: str) -> View:
+        return next(v for v in self.models if v.name == name)
+
+    def moved(self, names: Iterable[str], to: ModelState) -> Snapshot:
+        """The same moment with ``names`` in state ``to``: what a plan sees after its own first steps."""
+        gone = set(names)
+        views = tuple(dataclasses.replace(v, state=to) if v.name in gone else v for v in self.models)
+        return dataclasses.replace(self, models=views)
