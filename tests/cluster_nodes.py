@@ -15,7 +15,7 @@ import tomllib
 import urllib.request
 from pathlib import Path
 
-from hotweights.observe import free_port
+from ports import free_port
 
 
 def write_config(path: Path, models: dict[str, Path], *, cluster: dict[str, object], switch: dict[str, object],

@@ -17,7 +17,7 @@ import pytest
 
 from hotweights.client import connect
 from hotweights.errors import DaemonUnavailable
-from hotweights.observe import free_port
+from ports import free_port
 from hotweights.paths import DaemonPaths
 
 # a suite started as a background job of a non-interactive shell inherits SIGINT ignored, and so would every

@@ -14,7 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from hotweights.observe import free_port
+from ports import free_port
 
 
 class Front:

@@ -50,7 +50,7 @@ def test_hotweights_cluster_starts_a_local_ray_prints_its_url_serves_and_stops_o
     import subprocess
     import sys
 
-    from hotweights.observe import free_port
+    from ports import free_port
 
     port = free_port()
     socket_root = tempfile.mkdtemp(prefix="hwl", dir="/tmp")

@@ -88,7 +88,7 @@ def test_replace_with_no_daemon_running_just_starts_one(socket_dir, tmp_path):
 
 
 def test_replace_keeps_the_running_daemons_settings_unless_told(socket_dir):
-    from hotweights.observe import free_port
+    from ports import free_port
 
     sock = str(socket_dir)
     port, port2 = free_port(), free_port()

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from conftest import DaemonProc, run_cli
 
-from hotweights.observe import free_port
+from ports import free_port
 
 pytestmark = pytest.mark.slow  # a daemon, launchers and servers in subprocesses
 

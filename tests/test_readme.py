@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from hotweights.observe import free_port
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -550,6 +550,43 @@ def test_a_dead_server_of_a_standby_start_is_no_live_engine_and_its_orphans_are_
         signal_group(server.pid, signal.SIGKILL)
 
 
+HEALTH_SERVER = """
+import http.server, sys
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+def test_an_engine_whose_port_another_process_took_first_starts_on_another(tmp_path):
+    """Issue 67: a port is picked free, then bound by the engine; another process that binds it in between made the
+    engine exit on ``Address already in use``, and the start fail. It now picks another port (``PORT_TRIES``)."""
+    import socket
+
+    from hotweights.switch.process import EngineError, EngineProcess
+
+    taken: list[socket.socket] = []
+
+    def command(port: int, takes: int) -> tuple[list[str], dict[str, str]]:
+        if len(taken) < takes:  # another process binds it first
+            taken.append(socket.create_server(("127.0.0.1", port)))
+        return [sys.executable, "-c", HEALTH_SERVER, str(port)], dict(os.environ)
+
+    engine = EngineProcess("a", tmp_path / "a.log")
+    try:
+        assert engine.start(lambda port: command(port, 1), timeout_s=60) > 0
+        assert engine.alive() and engine.port != taken[0].getsockname()[1]
+        assert "Address already in use" in (tmp_path / "a.log").read_text()
+    finally:
+        engine.stop(grace_s=5)
+    with pytest.raises(EngineError, match="Address already in use"):  # every pick taken: the start fails, says why
+        engine.start(lambda port: command(port, 1 + len(taken)), timeout_s=60)
+    for sock in taken:
+        sock.close()
+
+
 def test_stopping_the_group_of_a_dead_server_ends_what_it_left():
     from hotweights.unix import signal_group, stop_group
 

@@ -24,7 +24,7 @@ import pytest
 from conftest import DaemonProc, run_cli
 from switch_front import Front, private_keeper, wait_started
 
-from hotweights.observe import free_port
+from ports import free_port
 
 
 @pytest.fixture(scope="module")

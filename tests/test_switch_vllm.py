@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import ENGINE_IN_PROCESS, VLLM_PYTHON, needs_vllm, run_cli
 
-from hotweights.observe import free_port
+from ports import free_port
 
 pytestmark = needs_vllm(VLLM_PYTHON)
 

@@ -5,6 +5,7 @@ started. Blocking calls (the switch runs them on worker threads). Torch-free.
 
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
 import time
@@ -17,6 +18,9 @@ from ..standby.handoff import serving_pids
 from ..unix import pid_alive, stop_group
 
 REASON_CHARS = 300
+PORT_TRIES = 3  # picks of a free port for one start: another process may bind the one picked before the engine does
+PORT_TAKEN = "Address already in use"  # what the engine's output says then (errno 98, as Python and vLLM print it)
+logger = logging.getLogger("hotweights.switch")
 _CLI_ERROR_RE = re.compile(r"^hotweights [\w-]+: (.+)$")  # the CLI's one line (cli.main)
 _EXCEPTION_RE = re.compile(r"\b((?:[A-Z]\w*)?(?:Error|Exception): .+)$")
 
@@ -77,7 +81,20 @@ class EngineProcess:
     def start(self, command: Callable[[int], tuple[list[str], dict[str, str]]], timeout_s: float = 900.0) -> float:
         """Start the server ``command(port)`` gives (its argv and environment) on a new port and wait for its
         ``/health``; the seconds it took. EngineError (the server's own reason, one line) when it exits first or
-        is not ready in ``timeout_s``."""
+        is not ready in ``timeout_s``. A port another process took between its pick and the server's bind
+        (``Address already in use``) costs another pick, up to ``PORT_TRIES`` in all."""
+        began = time.monotonic()
+        for attempt in range(1, PORT_TRIES + 1):
+            try:
+                return self._start(command, timeout_s - (time.monotonic() - began))
+            except EngineError as exc:
+                if attempt == PORT_TRIES or PORT_TAKEN not in self.output():
+                    raise
+                logger.warning("%s: port %d was taken before its engine bound it (%s); trying another port",
+                               self.name, self.port, exc)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _start(self, command: Callable[[int], tuple[list[str], dict[str, str]]], timeout_s: float) -> float:
         self.stop()
         self.port = free_port()
         cmd, env = command(self.port)
