@@ -1,4 +1,4 @@
-"""Start-up's preloads ahead of the starts (``switch/preloads.py``), with fake engines: several at once, as many as
+"""Start-up's preloads ahead of the starts (``switch/startup.py``), with fake engines: several at once, as many as
 ``preload_jobs`` and GPU memory admit; the starts one at a time where they profile the GPU's memory, the default
 first, and several together beside the preloads where their KV caches are pinned (``schedule.startup_batch``); a
 model a request waits for preloaded next; a preload that failed beside others tried again alone; the GPU need of each
@@ -24,10 +24,10 @@ from hotweights.switch.engines import EngineError
 from hotweights.switch.gpus import GpuMemory, gpu_memory
 from hotweights.switch.kinds import KINDS, GpuNeed
 from hotweights.switch.metrics import SwitchMetrics
-from hotweights.switch.preloads import Preloads
+from hotweights.switch.startup import Startup
 from hotweights.switch.schedule import Preloading, next_preload, start_to_reserve_for, startup_batch
 from hotweights.switch.snapshot import Snapshot
-from hotweights.switch.states import PreloadOutcome
+from hotweights.switch.states import PreloadOutcome, PreloadState, StartState
 from hotweights.switch.switcher import Switcher
 
 PRELOAD_S = 0.2
@@ -122,7 +122,7 @@ def switcher(names: list[str], jobs: int, start_jobs: int = 0, totals: dict[int,
 
 def on_one_gpu(monkeypatch, total_mib: int = 400_000, free_mib: int | None = None) -> None:
     """GPU 0's memory reads ``total_mib`` (``free_mib`` of it free)."""
-    from hotweights.switch import preloads
+    from hotweights.switch import startup as preloads
 
     monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(total_mib, total_mib if free_mib is None
                                                                       else free_mib)})
@@ -149,13 +149,37 @@ def test_preloads_run_ahead_of_the_starts_as_many_at_once_as_preload_jobs_and_th
     asyncio.run(main())
 
 
+def test_start_up_moves_each_preload_and_start_only_through_its_table():
+    """Review f, move 2: a model's preload and start are states with one table and one door each, as its engine's
+    are (``states.PRELOAD_MOVES``, ``START_MOVES``): start-up ends with every preload done and every start up, and
+    a move the table lacks is refused with the model's name."""
+    from hotweights.switch.states import PRELOAD_MOVES, START_MOVES, InvalidTransition
+
+    async def main():
+        s, engines, _, _ = switcher(["a", "b", "c"], jobs=2)
+        engines["c"].beside_fails = True  # where its preload fails beside another: queued again alone, then done
+        task = await started(s)
+        assert {(m.preload, m.start_phase) for m in s.models.values()} == {(PreloadState.DONE, StartState.UP)}
+        a = s.models["a"]
+        with pytest.raises(InvalidTransition, match="a's preload: done -> running"):
+            s.life.startup.preload_moves(a, PreloadState.RUNNING)
+        with pytest.raises(InvalidTransition, match="a's start: up -> preparing"):
+            s.life.startup.start_moves(a, StartState.PREPARING)
+        task.cancel()
+    asyncio.run(main())
+    assert set(PRELOAD_MOVES) == set(PreloadState) and set(START_MOVES) == set(StartState)
+    assert all(StartState.WAITING not in to for to in START_MOVES.values())  # reached once, never unreached
+
+
 def test_one_preload_job_is_the_start_up_of_before_each_preload_in_its_start():
     async def main():
         s, _, log, spans = switcher(["a", "b", "c"], jobs=1)
         task = await started(s)
-        assert most_at_once(spans) == 1 and s.life.preloads is None
+        assert most_at_once(spans) == 1 and not s.life.startup.ahead
         preloads = [n for n, _, _ in spans if not n.startswith("start ")]
         assert preloads == ["a", "b", "c"] and log[0] == "start a"
+        at = {n: (b, e) for n, b, e in spans}
+        assert at["b"][0] >= at["start a"][1] and at["c"][0] >= at["start b"][1], spans  # each in its start
         task.cancel()
     asyncio.run(main())
 
@@ -188,7 +212,7 @@ def test_a_preload_that_failed_beside_others_is_tried_again_alone():
 
 def test_an_engine_starts_with_no_preload_beside_it_on_its_gpu(monkeypatch):
     """vLLM sizes its KV cache from the whole GPU's memory: a preload allocating during a start corrupts it."""
-    from hotweights.switch import preloads
+    from hotweights.switch import startup as preloads
 
     def slow_memory() -> dict[int, GpuMemory]:  # nvidia-smi takes its time: a start may begin while it runs
         time.sleep(PRELOAD_S / 4)
@@ -242,11 +266,12 @@ def test_gpu_memory_admits_a_preload_only_beside_what_the_others_and_the_next_st
         async def main() -> int:
             s, _, _, spans = switcher(names, jobs=4, need=need)
             models = list(s.models.values())
-            s.life.preloads = Preloads(models, 4, s.life.snapshot, lambda snap: start_to_reserve_for(snap, s.config),
-                                       memory=lambda: {0: GpuMemory(100_000, free_mib)})
-            preloading = asyncio.create_task(s.life.preloads.run())
-            await asyncio.gather(*(s.life.preloads.result(m) for m in s.models.values()))
-            await preloading
+            s.life.startup = Startup(models, 4, True, s.life.snapshot,
+                                     lambda snap: start_to_reserve_for(snap, s.config), s.life.changes,
+                                     memory=lambda: {0: GpuMemory(100_000, free_mib)})
+            preloading = asyncio.create_task(s.life.startup.run())
+            await asyncio.gather(*(s.life.startup.result(m) for m in s.models.values()))
+            preloading.cancel()
             return most_at_once(spans)
         return asyncio.run(main())
 
@@ -300,7 +325,7 @@ def test_the_next_preload_is_decided_from_one_snapshot_as_a_table():
         return [v.name for v in start_to_reserve_for(s.life.snapshot(), s.config)]
 
     assert reserved() == ["c"]  # the scheduler's next start: c, a request waits for it
-    a.started = b.started = True  # a and b starting (together): both, whatever comes next
+    a.start_phase = b.start_phase = StartState.PREPARING  # a and b starting (together): both, whatever comes next
     assert reserved() == ["a", "b"]
     assert begins(100_000, wanted=("c",), running={"c": need}) == "a"  # side by side
 
@@ -537,7 +562,7 @@ def test_a_first_start_that_profiles_is_joined_once_its_profile_is_done_by_model
     """The front's defaults (vLLM sizes its KV cache from a profile of the GPU): the first start's compile ends
     before its profile does; the models that would profile as it did join it once its profile has given their KV
     cache, not before (their allocations would count as its own), and profile nothing themselves."""
-    from hotweights.switch import preloads
+    from hotweights.switch import startup as preloads
 
     need = GpuNeed((0,), share=0.25, weights_mib=15_000, parked_mib=1950)  # its KV cache from a profile
     monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(400_000, 400_000)})
@@ -618,7 +643,7 @@ def test_starts_that_would_profile_as_the_first_did_take_its_kv_cache_and_go_tog
     """Three 8B with the front's defaults on an H200: each start after the first profiled the GPU alone (60.4 s and
     31.5 s), its preload (4.5 s) waiting for the start before it. The first start's profile gives the KV cache of
     every model that starts as it does; pinned to it, those profile nothing and start together."""
-    from hotweights.switch import preloads
+    from hotweights.switch import startup as preloads
 
     need = GpuNeed((0,), share=0.25, weights_mib=15_000, parked_mib=1950)  # its KV cache from a profile
     monkeypatch.setattr(preloads, "gpu_memory", lambda: {0: GpuMemory(400_000, 400_000)})
@@ -700,11 +725,7 @@ def test_a_vllm_start_says_it_has_compiled_and_profiled_only_from_its_own_runnin
         with open(e.log_path, "a") as f:
             f.write("INFO [backends.py:1095] Using cache directory: /c/torch_compile_cache/663cfa9ddf/rank_0_0/backbone"
                     " for vLLM's torch.compile\nINFO [monitor.py:48] torch.compile took 7.03 s in total\n")
-        assert e.compiled() and not e.profiled()
-        read = e.process.output
-        e.process.output = lambda since=None: pytest.fail("read again")  # said once: its log is not read for it
-        assert e.compiled()
-        e.process.output = read
+        assert e.compiled() and not e.profiled()  # start-up's table remembers it (``Startup.start_moves``)
         with open(e.log_path, "a") as f:
             f.write("INFO [gpu_worker.py:562] Available KV cache memory: 3.02 GiB\n")
         assert e.profiled()
@@ -727,8 +748,10 @@ def test_the_starts_that_go_together_are_decided_from_memory_as_a_table():
     one = 15_000 + 2048 + 2048 + 1950  # an 8B resident with its KV cache pinned: weights, KV, activations, parked
 
     def batch(total_mib: int, jobs: int = 4, done: str = "abcd", preloading: int = 0) -> str:
-        snap = Snapshot(tuple(m.view(preloaded=m.name in done) for m in models), {0: total_mib}, 0.0, "a",
-                        preloads_ahead=True, preloading={0: preloading})
+        views = tuple(dataclasses.replace(m.view(), preload=PreloadState.DONE if m.name in done else
+                                          PreloadState.RUNNING) for m in models)
+        running = {"x": GpuNeed((0,), weights_mib=preloading)}  # a preload whose peak is ``preloading``
+        snap = Snapshot(views, {0: total_mib}, 0.0, "a", preloads_ahead=True, running=running)
         return "".join(startup_batch(snap["a"], snap, dataclasses.replace(s.config, start_jobs=jobs)))
 
     room = 1024 + 4 * one  # the reserve, and four resident (a model not starting keeps its weights on the GPU)
@@ -739,11 +762,11 @@ def test_the_starts_that_go_together_are_decided_from_memory_as_a_table():
     assert batch(room, done="ad") == "ad"  # b and c still preload
     d.config = ModelConfig("d", Path("/m/d"), start="cached")
     assert batch(room) == "abc"  # a cached model starts for its first request
-    b.started = True
+    b.start_phase = StartState.PREPARING
     assert batch(room) == "ac"
-    a.started = True
+    a.start_phase = StartState.FAILED
     assert batch(room) == "a"  # a start again (after a failure): alone
-    a.started, engines["a"].need = False, GpuNeed((0,), share=0.17, weights_mib=15_000)
+    a.start_phase, engines["a"].need = StartState.WAITING, GpuNeed((0,), share=0.17, weights_mib=15_000)
     assert batch(room) == "a"  # a profiles the GPU: alone
 
 

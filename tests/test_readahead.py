@@ -15,7 +15,7 @@ from pathlib import Path
 
 from test_preloads import switcher
 
-from hotweights.switch import preloads, readahead
+from hotweights.switch import readahead, startup
 from hotweights.switch.readahead import AHEAD, RESERVE, ReadAhead, read_into_cache, shard_paths
 from hotweights.verify.memory import evict_page_cache, page_cache_resident
 
@@ -93,7 +93,7 @@ def test_the_preloads_read_their_checkpoints_ahead_unless_the_config_turns_it_of
     model = write_demo_model(tmp_path / "m", "tiny")
     assert shard_paths(model) == sorted(model.glob("*.safetensors")) and shard_paths(tmp_path / "none") == []
     read: list[list[Path]] = []
-    monkeypatch.setattr(preloads, "shard_paths", lambda checkpoint: shard_paths(model))
+    monkeypatch.setattr(startup, "shard_paths", lambda checkpoint: shard_paths(model))
     monkeypatch.setattr(readahead, "read_into_cache", lambda files, stop: read.append(files) or 1)
 
     async def main(on: bool) -> None:

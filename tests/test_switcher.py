@@ -17,7 +17,7 @@ from hotweights.switch.config import ModelConfig, SwitchConfig
 from hotweights.switch.engines import EngineError, WakeRefused
 from hotweights.switch.memory import GpuNeed
 from hotweights.switch.metrics import SwitchMetrics
-from hotweights.switch.states import InvalidTransition, ModelState, PreloadOutcome
+from hotweights.switch.states import InvalidTransition, ModelState, PreloadOutcome, StartState
 from hotweights.switch.admission import Unavailable
 from hotweights.switch.switcher import Switcher
 
@@ -567,11 +567,11 @@ def test_room_for_parks_idle_engines_first_then_waits_for_turns_as_a_table():
     now = 1000.0
 
     def room(a_inflight=0, b_inflight=0, waited=()):
-        views = (View(config.models[0], ModelState.AWAKE, need, True, inflight=a_inflight, last_used=1.0),
-                 View(config.models[1], ModelState.AWAKE, need, True, inflight=b_inflight, last_used=2.0),
-                 View(config.models[2], ModelState.PARKED, need, True, waiting=len(waited),
+        views = (View(config.models[0], ModelState.AWAKE, need, inflight=a_inflight, last_used=1.0),
+                 View(config.models[1], ModelState.AWAKE, need, inflight=b_inflight, last_used=2.0),
+                 View(config.models[2], ModelState.PARKED, need, waiting=len(waited),
                       arrivals=tuple(now - w for w in waited)),
-                 View(config.models[3], ModelState.PARKED, need, True))
+                 View(config.models[3], ModelState.PARKED, need))
         s = Snapshot(views, {0: 112 * GIB}, now, "a")
         return room_for(s["c"], s, config)
 
@@ -602,7 +602,8 @@ def test_the_plan_is_a_function_of_a_snapshot_as_a_table():
         views = []
         for i, c in enumerate(config.models):
             state, inflight, waited, started, n = given.get(c.name, ("parked", 0, (), True, need))
-            views.append(View(c, ModelState(state), n, started, inflight=inflight, last_used=float(i),
+            views.append(View(c, ModelState(state), n, StartState.UP if started else StartState.WAITING,
+                              inflight=inflight, last_used=float(i),
                               waiting=len(waited), arrivals=tuple(now - w for w in waited)))
         return Snapshot(tuple(views), {0: 112 * GIB}, now, "a")
 
@@ -633,6 +634,7 @@ def test_the_lifecycle_alone_starts_parks_wakes_and_stops_engines_without_reques
         config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in "ab"), max_awake=1)
         life = Lifecycle(config, SwitchMetrics(), lambda m: FakeEngine(m, log))
         a, b = life.models["a"], life.models["b"]
+        startup = life.begin_startup()  # its jobs: each start's preload
         changed = asyncio.create_task(life.changes.next(5.0))
         async with life.busy:
             await life.start_up(a)  # the default: it stays awake
@@ -648,6 +650,7 @@ def test_the_lifecycle_alone_starts_parks_wakes_and_stops_engines_without_reques
         with pytest.raises(InvalidTransition, match="a: parked -> leaving"):
             life.move(a, ModelState.LEAVING)
         await life.stop_all()
+        startup.cancel()
         assert {m.state for m in life.models.values()} == {ModelState.STOPPED}
     asyncio.run(main())
 

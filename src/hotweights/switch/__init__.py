@@ -8,9 +8,9 @@ memory allows and parked when another needs it.
 - the scheduler: ``switcher.py``, which holds ``admission.py`` (the requests waiting and in flight) and
   ``lifecycle.py`` (start, park, wake, stop: every move through the state table of ``states.py``); ``snapshot.py``
   (the switch at one moment, frozen: what is decided over), ``schedule.py`` (its decisions over a snapshot, pure:
-  the plan, the preloads' and which starts go together); ``preloads.py`` (start-up's preloads,
-  several at once where memory allows); ``actions.py`` (an operator's park, stop, start and idle timeouts);
-  ``model.py`` (a model and its requests' ``Ledger``);
+  the plan, the preloads' and which starts go together); ``startup.py`` (start-up: each model's preload and start in
+  their own state tables, the preloads several at once where memory allows); ``actions.py`` (an operator's park,
+  stop, start and idle timeouts); ``model.py`` (a model and its requests' ``Ledger``);
 - memory: ``memory.py`` (the GPU memory model), ``gpus.py`` (what nvidia-smi reads), ``fit.py`` (each GPU's worst
   moment, said at start-up);
 - engines: ``engines.py`` (an engine, put together from ``process.py``, the server process, ``keeper.py``, its

@@ -9,9 +9,8 @@ from __future__ import annotations
 import time
 
 from .config import SwitchConfig
-from .lifecycle import Changes
 from .metrics import SwitchMetrics
-from .model import Model
+from .model import Changes, Model
 from .schedule import refusal
 from .states import ModelState
 

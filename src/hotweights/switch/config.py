@@ -23,7 +23,7 @@
     start_jobs = 0           # start-up's engine starts at once where no start profiles the GPU's memory (vLLM
                              # with --kv-cache-memory-bytes) and GPU memory holds them; 0: 4 where there are GPUs
     compile_ahead = false    # true: the first start's compile runs beside its preload (vLLM, dummy weights), where
-                             # that preload runs (preloads.py); off by default: it wins only where the preload
+                             # that preload runs (startup.py); off by default: it wins only where the preload
                              # outlasts a start without a standby (docs/switch.md)
     read_ahead = true        # start-up reads the next preloads' checkpoints into the page cache (readahead.py)
 
@@ -213,11 +213,11 @@ class SwitchConfig:
     # a busy engine's turn, in request-seconds waited per request it has in flight (schedule.py)
     turn_s: Annotated[float, Field(ge=0, description="0 or more")] = 1.0
     preempt: bool = False  # a leaving engine pauses its streamed requests; each continues on its next wake
-    # start-up's preloads at once (preloads.py); 0: auto (with_auto_jobs())
+    # start-up's preloads at once (startup.py); 0: auto (with_auto_jobs())
     preload_jobs: Annotated[int, Field(ge=0, description="0 (auto) or more")] = 0
     # start-up's starts at once where none profiles the GPU's memory (schedule.startup_batch); 0: auto
     start_jobs: Annotated[int, Field(ge=0, description="0 (auto) or more")] = 0
-    compile_ahead: bool = False  # the first start's compile beside its preload (preloads.begin_compile_ahead)
+    compile_ahead: bool = False  # the first start's compile beside its preload (startup.begin_compile_ahead)
     read_ahead: bool = True  # the next preloads' checkpoints read into the page cache ahead of them (readahead.py)
     log_dir: str = ""  # each engine's log (and its preload's) go here; "": a new temporary directory per run
 

@@ -85,7 +85,6 @@ class Engine:
         self.process = EngineProcess(model.name, self.log_path)
         self._ahead = EngineProcess(model.name, self.log_path)  # its compile ahead (``compile_ahead``), if one runs
         self._need: GpuNeed | None = None
-        self._said: dict[str, int] = {}  # what a start has said in its log (``_start_says``): that start's pid
         self.start_jobs, self.socket_dir = start_jobs, socket_dir
         self.keeper = KeeperView(model, self.kind, socket_dir, self.env(socket_dir))
 
@@ -126,7 +125,7 @@ class Engine:
 
     def preload(self, timeout_s: float = 1800.0) -> PreloadOutcome:
         """The model's weights into the keeper (``hotweights preload`` starts a keeper when none runs), once. Their
-        host copy (``parked_weights = "host"``) is the caller's next step (``preloads.preload_then_copy``): it
+        host copy (``parked_weights = "host"``) is the caller's next step (``startup.preload_then_copy``): it
         takes no GPU memory of a preload's, so the preloads' admission lets go of it first."""
         already = self.cached_already()
         if already is not None:
@@ -233,17 +232,10 @@ class Engine:
 
     def _start_says(self, what: str, says: Callable[[str], bool]) -> bool:
         """Whether the start going on has said ``what`` (``says`` of its output since it began; a log may hold an
-        earlier front's too). Asked every ``JOIN_LOOK_S`` while start-up's starts go on: once said, its log is not
-        read again for it (``_said``: the pid of the start that said it)."""
+        earlier front's too). Asked by start-up's sampling only until its start has moved past it
+        (``Startup.sample``)."""
         proc = self.process.proc
-        if proc is None or proc.poll() is not None:
-            return False
-        if self._said.get(what) == proc.pid:
-            return True
-        if says(self.process.output()):
-            self._said[what] = proc.pid
-            return True
-        return False
+        return proc is not None and proc.poll() is None and says(self.process.output())
 
     def compiles_ahead(self, total_mib: int) -> bool:
         """Whether its kind has a compile ahead of its first start to run (``kinds.compile_ahead_command``)."""

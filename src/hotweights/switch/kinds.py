@@ -99,7 +99,7 @@ class EngineKind:
 
     def compile_ahead_command(self, m: Spec, port: int, parks: bool, total_mib: int) -> Command | None:
         """A server that compiles what the model's first start would, without its weights, so that it runs beside
-        the preload (``switch/preloads.py``); None where the first start compiles nothing or its preload does."""
+        the preload (``switch/startup.py``); None where the first start compiles nothing or its preload does."""
         return None
 
     def kv_profiled(self, log: str) -> int | None:

@@ -5,7 +5,6 @@ door), a start-up, a park, a wake, making room beside a model, a stop. ``switche
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
@@ -17,35 +16,16 @@ from ..errors import HotweightsError
 from .config import ModelConfig, SwitchConfig
 from .engines import EngineError, EngineLike, WakeRefused
 from .metrics import SwitchMetrics
-from .model import Model, Switched
-from .preloads import Preloads, preload_then_copy
+from .model import Changes, Model, Switched
 from .schedule import Room, room_for, start_to_reserve_for, startup_order, victim
 from .snapshot import Snapshot
-from .states import SERVING, TRANSITIONS, Failure, FailureKind, InvalidTransition, ModelState, WakeSource
+from .startup import Startup
+from .states import (SERVING, STARTS_GOING_ON, TRANSITIONS, Failure, FailureKind, InvalidTransition, ModelState,
+                     StartState, WakeSource)
 
 S = ModelState
 logger = logging.getLogger("hotweights.switch")
 BACKOFF_S, BACKOFF_MAX_S = 30.0, 600.0
-
-
-class Changes:
-    """Who looks again when a model changes: the scheduler (``kick``) and the requests waiting for a model."""
-
-    def __init__(self) -> None:
-        self.kick = asyncio.Event()  # a request waits, or an engine changed: the scheduler looks again
-        self._moved = asyncio.Event()  # set (and replaced) on every change: waiting requests look again
-
-    def changed(self) -> None:
-        self.kick.set()
-        self._moved.set()
-        self._moved = asyncio.Event()
-
-    async def next(self, timeout_s: float) -> None:
-        """Until the next change, or ``timeout_s``; the scheduler is asked to look first."""
-        moved = self._moved
-        self.kick.set()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(moved.wait(), timeout_s)
 
 
 class Lifecycle:
@@ -62,18 +42,17 @@ class Lifecycle:
         self.ready = asyncio.Event()  # start-up reached the default model
         self.changes = Changes()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.preloads: Preloads | None = None  # several preloads at once (``begin_preloads``), else each in its start
         self.switched: deque[Switched] = deque(maxlen=20)  # the last switches, for the status page
+        jobs = config.preload_jobs
+        self.startup = Startup(list(self.models.values()), jobs, jobs > 1, self.snapshot,
+                               lambda s: start_to_reserve_for(s, config), self.changes, self.pin_kv_as,
+                               compile_ahead=config.compile_ahead, read_ahead=config.read_ahead)
+        self.startup.models = [self.models[v.name] for v in startup_order(self.snapshot())]
 
-    def begin_preloads(self, jobs: int) -> asyncio.Task[None] | None:
-        """With ``jobs`` > 1, start-up's preloads run ahead of the starts (``preloads.py``): their task."""
-        if jobs <= 1:
-            return None
-        order = [self.models[v.name] for v in startup_order(self.snapshot())]
-        self.preloads = Preloads([m for m in order if m.config.start != "lazy"], jobs, self.snapshot,
-                                 lambda s: start_to_reserve_for(s, self.config),
-                                 compile_ahead=self.config.compile_ahead, read_ahead=self.config.read_ahead)
-        return asyncio.create_task(self.preloads.run())
+    def begin_startup(self) -> asyncio.Task[None]:
+        """Start-up's jobs (``startup.py``: the preloads, ahead of the starts with ``preload_jobs`` > 1): their
+        task, for as long as the front runs."""
+        return asyncio.create_task(self.startup.run())
 
     def move(self, m: Model, to: ModelState) -> None:
         """The one way a model changes state; a move the table does not allow is refused (a bug: logged, raised)."""
@@ -87,11 +66,10 @@ class Lifecycle:
     def snapshot(self) -> Snapshot:
         """The switch now, as ``schedule.py`` decides over it: one frozen value, taken with no await (the caller holds
         ``busy`` where it acts on what is decided)."""
-        p = self.preloads
-        views = tuple(m.view(preloaded=p is None or p.preloaded(m), start_log=True) for m in self.models.values())
-        return Snapshot(views, dict(self.totals), time.monotonic(), self.config.default.name,
-                        preloads_ahead=p is not None, preloading=p.peaks_mib(self.totals) if p is not None else {},
-                        first_start_compiles=p is None or p.first_start_compiles())
+        st = self.startup
+        running, compiling = st.needs()
+        return Snapshot(tuple(m.view() for m in self.models.values()), dict(self.totals), time.monotonic(),
+                        self.config.default.name, st.jobs, st.ahead, running, compiling, st.first_start_compiles())
 
     def room(self, m: Model, capped: bool = True) -> Room:
         """What must make room for ``m`` now (``schedule.room_for`` over a snapshot; ``capped``: ``max_awake``
@@ -114,18 +92,14 @@ class Lifecycle:
             self.move(m, S.STARTING)
         elif m.state is S.STOPPED:  # a cached or lazy model, for its first request
             self.move(m, S.STARTING)
-        m.started = True
+        self.startup.start_moves(m, StartState.PREPARING)
         began = time.monotonic()
         try:
-            if self.preloads is not None and m in self.preloads.models:
-                outcome, preloaded_s = await self.preloads.result(m)
-            else:
-                outcome = await preload_then_copy(m)
-                preloaded_s = time.monotonic() - began
+            outcome, preloaded_s = await self.startup.result(m)
             m.cached = cached = str(outcome)
             stays = m.config is self.config.default or m.waiting > 0 or m.config.keep_awake
             await self._make_room(Room(park=self.room(m, capped=stays).park), m)
-            waited = await self.preloads.compiled(m) if self.preloads is not None else 0.0  # it compiled ahead
+            waited = await self.startup.compiled(m)  # it compiled ahead
             started = await self._start(m)
             cached += f", {preloaded_s:.1f} s" if preloaded_s >= 0.1 else ""
             cached += f"; its compile ahead waited for, {waited:.1f} s more" if waited >= 0.1 else ""
@@ -162,25 +136,33 @@ class Lifecycle:
         GPU, so each such start went alone, one after another, with no preload beside it (three 8B with the front's
         defaults on an H200: 60.4 s and 31.5 s after the first, each preload 4.5 s between them); pinned, they start
         together and beside the preloads, with the KV cache the profile gives them. Asked once ``m``'s profile is
-        done, while it still starts (``Switcher._joining``), and again once it is up; each model is pinned once."""
+        done, while it still starts (``Startup.start_moves``), and again once it is up; each model is pinned once."""
         pinned = {x.name: n for x in self.models.values() if not x.started and (n := x.engine.pin_kv_as(m.engine))}
         if not pinned:
             return
-        if self.preloads is not None:
-            self.preloads.look_again()  # their needs changed with their arguments
+        self.changes.changed()  # their needs changed with their arguments
         logger.info("switch: %s start with the KV cache vLLM's profile gave %s (%s; --kv-cache-memory-bytes %d): "
                     "they profile nothing, so they start beside each other and the preloads", ", ".join(pinned),
                     m.name, evidence.size_text(min(pinned.values())), min(pinned.values()))
 
     async def _start(self, m: Model) -> float:
-        """Start ``m``'s engine, with no preload beside it on its GPUs (``Preloads.alone``) while there are any."""
-        async with self.preloads.alone(m) if self.preloads is not None else contextlib.nullcontext():
-            return await asyncio.to_thread(m.engine.start)
+        """Start ``m``'s engine, with no preload beside it on its GPUs where its start profiles the GPU's memory
+        (``Startup.alone``)."""
+        await self.startup.alone(m)
+        try:
+            took = await asyncio.to_thread(m.engine.start)
+        except EngineError:
+            self.startup.start_moves(m, StartState.FAILED)
+            raise
+        self.startup.start_moves(m, StartState.UP)
+        return took
 
     def _start_failed(self, m: Model, exc: EngineError) -> None:
         """A start that failed is not tried again by every request: after 30 s, then 60, ... up to 10 min (by the
         scheduler itself, or a request), or at once when the checkpoint's files change."""
         m.start_failures += 1
+        if m.start_phase is StartState.PREPARING or m.start_phase in STARTS_GOING_ON:
+            self.startup.start_moves(m, StartState.FAILED)
         backoff = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (m.start_failures - 1))
         m.failure = Failure(FailureKind.START, str(exc), time.monotonic() + backoff, m.engine.files())
         m.attempts_failed += 1

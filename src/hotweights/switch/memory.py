@@ -1,7 +1,7 @@
 """GPU memory as the switch models it, in one place: what a model's preload, start and engine take on each of its
 GPUs (``GpuNeed``, from its kind's row), what it holds in each state (``held_mib``), and whether a set of states
 fits a GPU (``over_mib``). The scheduler decides wakes and parks by it (``schedule.room_for``), the start-up line
-says each GPU's worst moment by it (``fit.py``), the preloads are admitted by it (``preloads.py``).
+says each GPU's worst moment by it (``fit.py``), the preloads are admitted by it (``startup.py``).
 
 Per GPU a model holds:
 

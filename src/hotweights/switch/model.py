@@ -4,6 +4,7 @@ status`` show it (``ModelRow``, frozen). Torch-free."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import time
 from collections import deque
@@ -16,7 +17,7 @@ from .gpus import host_mib
 from .kinds import KINDS, EngineKind
 from .preempt import Resumable
 from .snapshot import View
-from .states import Failure, FailureKind, ModelState
+from .states import Failure, FailureKind, ModelState, PreloadOutcome, PreloadState, StartState
 
 T = TypeVar("T")
 
@@ -25,6 +26,31 @@ def _set_event() -> asyncio.Event:
     event = asyncio.Event()
     event.set()
     return event
+
+
+class Changes:
+    """Who looks again when a model changes: the scheduler (``kick``), start-up's jobs and the requests waiting for a
+    model (``wait``, ``next``)."""
+
+    def __init__(self) -> None:
+        self.kick = asyncio.Event()  # a request waits, or an engine changed: the scheduler looks again
+        self._moved = asyncio.Event()  # set (and replaced) on every change: those waiting look again
+
+    def changed(self) -> None:
+        self.kick.set()
+        self._moved.set()
+        self._moved = asyncio.Event()
+
+    async def wait(self) -> None:
+        """Until the next change."""
+        await self._moved.wait()
+
+    async def next(self, timeout_s: float) -> None:
+        """Until the next change, or ``timeout_s``; the scheduler is asked to look first."""
+        moved = self._moved
+        self.kick.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(moved.wait(), timeout_s)
 
 
 @dataclass
@@ -107,7 +133,10 @@ class Model:
     config: ModelConfig
     engine: EngineLike
     state: ModelState = ModelState.STARTING
-    started: bool = False  # start-up reached it (or a request did): its engine was started once
+    start_phase: StartState = StartState.WAITING  # how far its start has gone (start-up's table: states.py)
+    preload: PreloadState = PreloadState.QUEUED  # how far its preload has gone
+    awaited: bool = False  # its start waits for its preload
+    preloaded: tuple[PreloadOutcome, float] | None = None  # its preload's outcome and seconds, once done
     ledger: Ledger = field(default_factory=Ledger)  # its requests: waiting, let in, in flight
     parked_at: float = 0.0
     wakes: int = 0
@@ -132,6 +161,11 @@ class Model:
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def started(self) -> bool:
+        """Start-up (or a request) has reached it: its engine was started once, or is starting."""
+        return self.start_phase is not StartState.WAITING
 
     @property
     def kind(self) -> EngineKind:
@@ -174,19 +208,15 @@ class Model:
         """How long its longest-waiting request has waited."""
         return (now or time.monotonic()) - min(self.arrivals) if self.arrivals else 0.0
 
-    def view(self, preloaded: bool = True, start_log: bool = False) -> View:
-        """It now, as the scheduler decides over it (``snapshot.View``); ``start_log``: what its start going on has
-        said in its log is read (whether its profile is done; its code compiled), else taken as not said. Its
-        checkpoint's files are scanned only where its start failed (they decide when it is tried again)."""
-        need = self.engine.gpu_need()
+    def view(self) -> View:
+        """It now, as the scheduler decides over it (``snapshot.View``). Its checkpoint's files are scanned only
+        where its start failed (they decide when it is tried again)."""
         f = self.failure
         failed_start = self.state is ModelState.FAILED and f is not None and f.kind is FailureKind.START
-        starting = start_log and self.started and self.state is ModelState.STARTING
-        return View(self.config, self.state, need, self.started, self.engine.parks, self.waiting, self.reserved,
-                    self.inflight, self.last_used, tuple(self.arrivals), f,
+        return View(self.config, self.state, self.engine.gpu_need(), self.start_phase, self.engine.parks,
+                    self.waiting, self.reserved, self.inflight, self.last_used, tuple(self.arrivals), f,
                     files_changed=failed_start and f is not None and self.engine.files() != f.files,
-                    profiled=starting and need.profiles and self.engine.profiled(),
-                    compiled=starting and self.engine.compiled(), preloaded=preloaded)
+                    preload=self.preload, awaited=self.awaited)
 
     def row(self, gpu: dict[int, int]) -> ModelRow:
         pids = self.engine.pids()

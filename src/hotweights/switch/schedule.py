@@ -16,11 +16,11 @@ requests waiting for the model have waited, in sum, ``turn_s`` per request it ha
 it at once): it leaves (takes no new request, parks once its requests end) and the model wakes after it. Nothing is
 parked or left for a wake that must wait anyway.
 
-Start-up's preloads (``next_preload``, over ``Preloading``, a snapshot the preloads' loop takes after reading free
-memory, so that nothing changes between the read and the decision): the next in the queue (one a start waits for,
-one a request waits for, then start-up order) begins when a job is free and its GPUs' free memory holds its peak
-beside the peaks of those running and what the starts going on, or the one the scheduler takes next, need
-(``start_to_reserve_for``). ``preloads.py`` runs them.
+Start-up's preloads (``next_preload``, over ``Preloading``, the projection of a snapshot's preload and start states
+that start-up takes right after reading free memory, so that nothing changes between the read and the decision): the
+next in the queue (one a start waits for, one a request waits for, then start-up order) begins when a job is free
+and its GPUs' free memory holds its peak beside the peaks of those running and what the starts going on, or the one
+the scheduler takes next, need (``start_to_reserve_for``). ``startup.py`` runs them.
 
 Start-up's starts (``startup_batch``): one at a time where a start profiles the GPU's memory (``GpuNeed.profiles``);
 where none does (vLLM with ``--kv-cache-memory-bytes``), up to ``start_jobs`` models whose preloads are done start
@@ -39,7 +39,7 @@ from .config import SwitchConfig
 from .gpus import GpuMemory
 from .memory import GpuNeed, over_mib
 from .snapshot import Snapshot, View
-from .states import SERVING, FailureKind, ModelState
+from .states import SERVING, STARTS_GOING_ON, FailureKind, ModelState, PreloadState
 
 S = ModelState
 
@@ -308,6 +308,22 @@ def may_join(starting: Sequence[str], s: Snapshot, config: SwitchConfig) -> bool
                 or (not any(v.state in SERVING for v in s.models) and s.first_start_compiles
                     and not any(v.compiled for v in views))
                 or any(v.started and v.name not in starting for v in wanted(s, config)))
+
+
+def preloading(s: Snapshot) -> Preloading:
+    """Start-up's preloads in ``s``, as ``next_preload`` reads them (a projection of the views' states)."""
+    P = PreloadState
+    return Preloading(s.jobs, dict(s.running), frozenset(v.name for v in s.models if v.preload is P.DONE),
+                      tuple(v.name for v in s.models if v.awaited and v.preload in (P.QUEUED, P.RETRY_ALONE)),
+                      tuple(v.need for v in s.models if v.start in STARTS_GOING_ON and v.need.profiles),
+                      frozenset(v.name for v in s.models if v.preload is P.RETRY_ALONE),
+                      frozenset(v.name for v in s.models if v.preload is P.COPYING), dict(s.compiling))
+
+
+def preload_queue(s: Snapshot) -> list[View]:
+    """The models whose preloads start-up may begin, in start-up order: every one a start waits for, and where
+    preloads run ahead of the starts, every model but a lazy one (it preloads for its first request)."""
+    return [v for v in startup_order(s) if v.awaited or (s.preloads_ahead and v.config.start != "lazy")]
 
 
 def queued_preloads(views: Sequence[View], p: Preloading) -> list[View]:

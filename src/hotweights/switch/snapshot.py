@@ -12,19 +12,19 @@ from dataclasses import dataclass, field
 
 from .config import ModelConfig
 from .memory import GpuNeed, Holder
-from .states import Failure, ModelState
+from .states import Failure, ModelState, PreloadState, StartState
 
 
 @dataclass(frozen=True, slots=True)
 class View:
-    """One model as the scheduler sees it: its state, its requests (waiting, let in and not yet taken up, in flight;
-    each waiting one's ``time.monotonic()`` of arrival), when it was last used (``time.time()``), its failure, what
-    it takes of its GPUs, and what its engine's start going on has said (its GPU profile done, its code compiled)."""
+    """One model as the scheduler sees it: its state, how far its start and its preload have gone, its requests
+    (waiting, let in and not yet taken up, in flight; each waiting one's ``time.monotonic()`` of arrival), when it
+    was last used (``time.time()``), its failure, and what it takes of its GPUs."""
 
     config: ModelConfig
     state: ModelState
     need: GpuNeed
-    started: bool = False  # start-up reached it (or a request did)
+    start: StartState = StartState.UP
     parks: bool = True  # False: a park stops its engine
     waiting: int = 0
     reserved: int = 0
@@ -33,13 +33,32 @@ class View:
     arrivals: tuple[float, ...] = ()
     failure: Failure | None = None
     files_changed: bool = False  # its checkpoint's files differ from those its failed start saw
-    profiled: bool = False  # its start going on has sized its KV cache from a profile of the GPU's memory
-    compiled: bool = False  # its start going on has compiled its engine's code
-    preloaded: bool = True  # its preload is done (or it has none ahead of its start)
+    preload: PreloadState = PreloadState.DONE
+    awaited: bool = False  # its start waits for its preload
 
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def started(self) -> bool:
+        """Start-up (or a request) has reached it: its engine was started once, or is starting."""
+        return self.start is not StartState.WAITING
+
+    @property
+    def profiled(self) -> bool:
+        """Its start going on has sized its KV cache from a profile of the GPU's memory."""
+        return self.start is StartState.PROFILED
+
+    @property
+    def compiled(self) -> bool:
+        """Its start going on has compiled its engine's code (its profile comes after)."""
+        return self.start in (StartState.COMPILED, StartState.PROFILED)
+
+    @property
+    def preloaded(self) -> bool:
+        """Its preload is done: its start waits for nothing."""
+        return self.preload is PreloadState.DONE
 
     @property
     def weights_kept(self) -> bool:
@@ -60,20 +79,28 @@ class View:
 @dataclass(frozen=True)
 class Snapshot:
     """The switch at ``now`` (``time.monotonic()``): its models in the configured order, each GPU's MiB
-    (``totals``), the default model's name, and start-up's preloads: whether they run ahead of the starts
-    (``preloads_ahead``), what those running hold at their peaks per GPU (``preloading``), and whether the front's
-    first start compiles its engine's code itself (no compile ahead did it)."""
+    (``totals``), the default model's name, and start-up's preloads: how many at once (``jobs``), whether they run
+    ahead of the starts (``preloads_ahead``), the needs of those running and of the compile ahead, by model, and
+    whether the front's first start compiles its engine's code itself (no compile ahead did it)."""
 
     models: tuple[View, ...]
     totals: Mapping[int, int]
     now: float
     default: str
+    jobs: int = 1
     preloads_ahead: bool = False
-    preloading: Mapping[int, int] = field(default_factory=dict)
+    running: Mapping[str, GpuNeed] = field(default_factory=dict)
+    compiling: Mapping[str, GpuNeed] = field(default_factory=dict)
     first_start_compiles: bool = True
 
     def __getitem__(self, name: str) -> View:
         return next(v for v in self.models if v.name == name)
+
+    @property
+    def preloading(self) -> dict[int, int]:
+        """What the preloads running hold on each GPU at their peaks, counted whole (MiB)."""
+        return {g: sum(n.preload_mib(total) for n in self.running.values() if g in n.gpus)
+                for g, total in self.totals.items()}
 
     def moved(self, names: Iterable[str], to: ModelState) -> Snapshot:
         """The same moment with ``names`` in state ``to``: what a plan sees after its own first steps."""

@@ -1,5 +1,7 @@
 """The states of a model behind the switch, and the moves between them (one table; ``Lifecycle.move`` is the only
-door, and refuses, logs and raises on a move the table does not have: a bug, never a user's input).
+door, and refuses, logs and raises on a move the table does not have: a bug, never a user's input). Start-up's two
+machines beside it, each with its own table and door (``Startup.preload_moves``, ``Startup.start_moves``): a model's
+preload (``PreloadState``) and its start (``StartState``).
 
     starting -> awake | parked | deep-parked | stopped | failed      (its start-up, or a start for a request)
     awake    -> leaving | parked | deep-parked | stopped | failed
@@ -44,6 +46,53 @@ TRANSITIONS: dict[ModelState, frozenset[ModelState]] = {
 }
 SERVING = frozenset({S.AWAKE, S.LEAVING, S.PARKED, S.DEEP})  # an engine process that should be alive
 RESIDENT = frozenset({S.STARTING, S.AWAKE, S.LEAVING})  # an engine that holds its whole memory
+
+
+class PreloadState(enum.StrEnum):
+    """Where a model's preload is (start-up's, ``startup.py``): each move through ``PRELOAD_MOVES``."""
+
+    QUEUED = "queued"  # not begun: it waits for a job, for GPU memory, or (where preloads do not run ahead of the
+    # starts, or it is lazy) for a start that needs it
+    RUNNING = "running"  # its process runs (it holds its peak of GPU memory)
+    COPYING = "copying"  # its process ended; the host copy of a host-tier model is made (no GPU memory of a preload's)
+    RETRY_ALONE = "retry-alone"  # it failed beside other preloads: begun again once none runs, once
+    DONE = "done"  # its outcome kept (``Model.preloaded``); its start waits for nothing
+
+
+P = PreloadState
+PRELOAD_MOVES: dict[PreloadState, frozenset[PreloadState]] = {
+    P.QUEUED: frozenset({P.RUNNING, P.DONE}),  # done at once: the keeper holds it already, or no process is needed
+    P.RUNNING: frozenset({P.COPYING}),
+    P.COPYING: frozenset({P.DONE, P.RETRY_ALONE}),
+    P.RETRY_ALONE: frozenset({P.RUNNING}),
+    P.DONE: frozenset(),
+}
+
+
+class StartState(enum.StrEnum):
+    """Where a model's start is: each move through ``START_MOVES``. Its engine's state is ``ModelState``; this is
+    how far its start has gone, as start-up reads it (which starts may go beside it)."""
+
+    WAITING = "waiting"  # start-up (or a request) has not reached it
+    PREPARING = "preparing"  # reached: it waits for its preload, room beside the awake engines, a compile ahead
+    STARTING = "starting"  # its engine's process starts
+    COMPILED = "compiled"  # its start's log says its code is compiled: a start of the same config loads that code
+    PROFILED = "profiled"  # its start's log says the KV cache its profile of the GPU's memory gave
+    UP = "up"  # its engine answered ready
+    FAILED = "failed"  # its start failed (the model's ``Failure`` says why)
+
+
+T = StartState
+START_MOVES: dict[StartState, frozenset[StartState]] = {
+    T.WAITING: frozenset({T.PREPARING}),
+    T.PREPARING: frozenset({T.STARTING, T.FAILED}),
+    T.STARTING: frozenset({T.COMPILED, T.PROFILED, T.UP, T.FAILED}),
+    T.COMPILED: frozenset({T.PROFILED, T.UP, T.FAILED}),
+    T.PROFILED: frozenset({T.UP, T.FAILED}),
+    T.UP: frozenset({T.STARTING}),  # its engine died, or could not park: started again
+    T.FAILED: frozenset({T.PREPARING, T.STARTING}),  # start-up tries it again; or a request does
+}
+STARTS_GOING_ON = frozenset({T.STARTING, T.COMPILED, T.PROFILED})  # an engine process starting
 
 
 class InvalidTransition(RuntimeError):

@@ -34,7 +34,6 @@ from .states import SERVING, Failure, FailureKind, ModelState
 
 S = ModelState
 logger = logging.getLogger("hotweights.switch")
-JOIN_LOOK_S = 0.25  # while start-up's starts go on, whether a model whose preload ended may join them: this often
 
 
 class Switcher:
@@ -44,19 +43,16 @@ class Switcher:
         self.life = Lifecycle(config, metrics, engines, totals)
         self.models = self.life.models
         self.requests = Admission(config, self.models, self.life.changes, metrics)
-        self._said_compiled = False  # whether ``_joining`` has said the first start compiled
-        self._learned_kv: set[str] = set()  # starts whose profile ``_joining`` has pinned others' KV caches to
 
     async def run(self) -> None:
         """Start-up, then every switch, one at a time, as ``schedule.plan`` says; with ``preload_jobs`` > 1
         start-up's preloads run ahead of the starts, that many at once where memory allows, and with ``start_jobs``
         > 1 up to that many starts go together where none profiles the GPU's memory (``schedule.startup_batch``)."""
-        preloading = self.life.begin_preloads(self.config.preload_jobs)
+        startup = self.life.begin_startup()
         try:
             await self._schedule()
         finally:
-            if preloading is not None:
-                preloading.cancel()
+            startup.cancel()
 
     async def _schedule(self) -> None:
         life, kick = self.life, self.life.changes.kick
@@ -101,40 +97,28 @@ class Switcher:
 
     async def _starts(self, names: list[str], room: Room | None) -> None:
         """Start ``names`` (``room`` None), or switch to the one of them making ``room``; a start-up's starts are
-        joined by models whose preloads end meanwhile (``schedule.joiners``): on an H200 the second of ten 8B had its
-        preload done 58 s before the first's cold start ended, and waited for it."""
+        joined by models whose preloads end meanwhile (``schedule.may_join``, ``schedule.joining``, asked again on
+        every change): on an H200 the second of ten 8B had its preload done 58 s before the first's cold start
+        ended, and waited for it."""
         tasks = {asyncio.create_task(self._go(self.models[x], room)): x for x in names}
+        changed = asyncio.create_task(self.life.changes.wait())
         try:
             while tasks:
-                done, _ = await asyncio.wait(tasks, timeout=JOIN_LOOK_S, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
+                done, _ = await asyncio.wait([*tasks, changed], return_when=asyncio.FIRST_COMPLETED)
+                for task in done - {changed}:
                     del tasks[task]
-                for x in self._joining(list(tasks.values())):
+                if changed.done():
+                    changed = asyncio.create_task(self.life.changes.wait())
+                s = self.life.snapshot()
+                joining_now = joining(list(tasks.values()), s, self.config.start_jobs) \
+                    if may_join(list(tasks.values()), s, self.config) else []
+                for x in joining_now:
                     logger.info("switch: %s starts beside %s (its preload done; no start profiles the GPU's memory)",
                                 x, ", ".join(tasks.values()))
                     tasks[asyncio.create_task(self._go(self.models[x], None))] = x
         finally:  # the front stops: as gather did, what goes on is cancelled with it
-            for task in tasks:
+            for task in (*tasks, changed):
                 task.cancel()
-
-    def _joining(self, starting: list[str]) -> list[str]:
-        """The models whose starts join ``starting`` now (``schedule.may_join``, ``schedule.joining``). A start that
-        profiles the GPU's memory is joined once its profile is done, by models that take the KV cache it gave
-        (``Lifecycle.pin_kv_as``), pinned here first, and the decision taken again over what they are now."""
-        life = self.life
-        s = life.snapshot()
-        if not may_join(starting, s, self.config):
-            return []
-        done = next((x for x in starting if s[x].compiled), None)
-        if done is not None and not self._said_compiled:  # said once: those that join find the compiled code
-            self._said_compiled = True
-            logger.info("switch: %s's start has compiled its engine's code (its log says so): the starts whose "
-                        "preloads are done may join it now", done)
-        learned = [x for x in starting if x not in self._learned_kv and s[x].profiled]
-        for x in learned:  # its profile done: the models that would profile as it does take its KV cache
-            self._learned_kv.add(x)
-            life.pin_kv_as(self.models[x])
-        return joining(starting, life.snapshot() if learned else s, self.config.start_jobs)
 
     async def watch(self, interval_s: float = 0.5) -> None:
         """Engines that died are marked failed (their next request starts them again); parked embedded engines
