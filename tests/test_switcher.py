@@ -17,7 +17,7 @@ from hotweights.switch.config import ModelConfig, SwitchConfig
 from hotweights.switch.engines import EngineError, WakeRefused
 from hotweights.switch.memory import GpuNeed
 from hotweights.switch.metrics import SwitchMetrics
-from hotweights.switch.states import InvalidTransition, ModelState, PreloadOutcome, StartState
+from hotweights.switch.states import Failure, FailureKind, InvalidTransition, ModelState, PreloadOutcome, StartState
 from hotweights.switch.admission import Unavailable
 from hotweights.switch.switcher import Switcher
 
@@ -309,7 +309,8 @@ def test_an_engine_that_died_starts_again_for_its_next_request():
         s, engines, log = make(["a", "b"])
         task = await started(s)
         engines["a"].die()
-        assert await s.life.engine_died(s.models["a"]) and states(s)["a"] == "failed"
+        assert await s.engine_gone(s.models["a"]) and states(s)["a"] == "failed"  # moved by the scheduler
+        assert s.models["a"].failure.kind is FailureKind.DIED and not s.life.changes.died
         log.clear()
         assert await request(s, "a") == "a" and log == ["start a"]
         task.cancel()
@@ -390,6 +391,16 @@ def test_a_move_the_table_does_not_have_is_refused():
         s.life.move(s.models["a"], ModelState.STOPPED)
         with pytest.raises(InvalidTransition, match="stopped -> awake"):
             s.life.move(s.models["a"], ModelState.AWAKE)
+        # review f, move 3: a failure comes with the move to FAILED, and only with it; every other move clears it
+        with pytest.raises(InvalidTransition, match="needs its failure"):
+            s.life.move(s.models["a"], ModelState.FAILED)
+        died = Failure(FailureKind.DIED, "its engine exited")
+        with pytest.raises(InvalidTransition, match="only a failed model has a failure"):
+            s.life.move(s.models["a"], ModelState.STARTING, died)
+        s.life.move(s.models["a"], ModelState.FAILED, died)
+        assert s.models["a"].error == "its engine exited"
+        s.life.move(s.models["a"], ModelState.STARTING)
+        assert s.models["a"].failure is None and s.models["a"].error == ""
     asyncio.run(main())
 
 
@@ -754,4 +765,11 @@ def test_the_ledger_keeps_a_batch_place_for_each_request_let_in_and_only_for_tho
         assert not ledger.enter(awake=False)  # no place kept, the engine not awake: it waits on
         assert ledger.enter(awake=True) and not ledger.gone(c, served=True)
         assert not ledger.leave() and ledger.leave() and ledger.idle.is_set()  # the second end leaves it idle
+        # review f, move 3: a failed switch reaches the requests that waited for it as a value, its reason
+        d, e = ledger.arrive(), ledger.arrive()
+        assert ledger.refuse("would not wake: out of memory") == 2
+        f = ledger.arrive()  # after the failure: it waits for the next switch
+        assert ledger.refusal(d) == "would not wake: out of memory" and not ledger.refusal(f)
+        assert not ledger.gone(d, served=False) and not ledger.gone(e, served=False) and not ledger.refused
+        assert not ledger.gone(f, served=False) and (ledger.waiting, ledger.reserved, ledger.inflight) == (0, 0, 0)
     asyncio.run(main())

@@ -115,7 +115,7 @@ def _status(args: argparse.Namespace) -> int:
               f"{m.waiting:>7}  {last}" + (f"  ({m.error})" if m.error else "")
               + ("" if m.parks else f"  ({stops}: a switch stops and starts it)"))
     for m in (ModelRow.from_json(row) for row in state["models"]):
-        if (m.cached or "").startswith("not cached"):  # the keeper could not take it: each start reads the disk
+        if m.from_disk:  # the keeper could not take it: each start reads the disk
             print(f"note: {m.name} is served from its checkpoint on disk, {m.cached}")
     return 0
 

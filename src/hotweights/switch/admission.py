@@ -32,13 +32,13 @@ class Admission:
         m = self.models[name]
         arrived = m.ledger.arrive()
         self.metrics.waiting(name, m.waiting)
-        failed, served = m.attempts_failed, False
+        served = False
         try:
             while not m.ledger.enter(awake=m.state is S.AWAKE):  # its place in a switch's batch, or a place of its own
                 if self.closing:
                     raise Unavailable("the server is shutting down; retry the request")
-                if m.attempts_failed != failed:  # the switch this request waited for failed
-                    raise Unavailable(m.error or f"the model `{name}` could not be woken")
+                if said := m.ledger.refusal(arrived):  # the switch this request waited for failed
+                    raise Unavailable(said)
                 if said := refusal(m.view(), time.monotonic()):
                     raise Unavailable(said)
                 left = arrived + self.config.request_timeout_s - time.monotonic()

@@ -233,7 +233,7 @@ async def open_upstream(f: FrontState, name: str, path: str, body: bytes,
         finally:
             if not sent:  # failed, or cancelled because the client left
                 f.switcher.requests.release(m)
-        if attempt == 1 and await f.switcher.life.engine_died(m):
+        if attempt == 1 and await f.switcher.engine_gone(m):
             logger.warning("switch: %s: its engine is gone (%s); starting it again for this request", name,
                            problem)
             continue

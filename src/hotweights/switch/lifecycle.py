@@ -28,6 +28,17 @@ logger = logging.getLogger("hotweights.switch")
 BACKOFF_S, BACKOFF_MAX_S = 30.0, 600.0
 
 
+async def gone(m: Model, wait_s: float = 10.0) -> bool:
+    """Whether ``m``'s engine process has ended, waiting up to ``wait_s`` for it: asked where its connection failed
+    (its process may take a moment to end after its socket closed: a GPU engine's teardown takes seconds)."""
+    deadline = time.monotonic() + wait_s
+    while m.engine.alive():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
 class Lifecycle:
     """The engines' lifecycle: its public methods are what the scheduler and the operator's actions do to a model;
     each runs under ``busy`` (the caller holds it), and ends in ``move``."""
@@ -54,12 +65,15 @@ class Lifecycle:
         task, for as long as the front runs."""
         return asyncio.create_task(self.startup.run())
 
-    def move(self, m: Model, to: ModelState) -> None:
-        """The one way a model changes state; a move the table does not allow is refused (a bug: logged, raised)."""
-        if to not in TRANSITIONS[m.state]:
-            logger.error("switch: %s: refused move %s -> %s", m.name, m.state, to)
-            raise InvalidTransition(f"{m.name}: {m.state} -> {to} is not a move of the switch")
-        m.state = to
+    def move(self, m: Model, to: ModelState, failure: Failure | None = None) -> None:
+        """The one way a model changes state; a move the table does not allow is refused (a bug: logged, raised).
+        A move to ``FAILED`` takes its ``failure``, and only that move: every other move clears it."""
+        if to not in TRANSITIONS[m.state] or (to is S.FAILED) != (failure is not None):
+            logger.error("switch: %s: refused move %s -> %s (%s)", m.name, m.state, to, failure)
+            raise InvalidTransition(f"{m.name}: {m.state} -> {to} is not a move of the switch"
+                                    + (" (a failed model needs its failure)" if to is S.FAILED and failure is None
+                                       else " (only a failed model has a failure)" if failure is not None else ""))
+        m.state, m.failure = to, failure
         self.metrics.state(m.name, to)
         self.changes.changed()
 
@@ -79,10 +93,11 @@ class Lifecycle:
         return room_for(s[m.name], s, config)
 
     def exited(self, m: Model) -> None:
-        m.failure = Failure(FailureKind.DIED, f"its engine exited (code {m.engine.exit_code}); it starts again on "
-                                              f"the next request")
-        logger.warning("switch: %s: %s", m.name, m.failure.message)
-        self.move(m, S.FAILED)
+        """``m``'s engine died while it served: failed, started again by its next request (under ``busy``)."""
+        failure = Failure(FailureKind.DIED, f"its engine exited (code {m.engine.exit_code}); it starts again on "
+                                            f"the next request")
+        logger.warning("switch: %s: %s", m.name, failure.message)
+        self.move(m, S.FAILED, failure)
 
     async def start_up(self, m: Model) -> None:
         """Preload and start ``m`` (idle engines park first where it would not fit beside them); it stays awake when
@@ -96,7 +111,7 @@ class Lifecycle:
         began = time.monotonic()
         try:
             outcome, preloaded_s = await self.startup.result(m)
-            m.cached = cached = str(outcome)
+            cached = str(outcome)
             stays = m.config is self.config.default or m.waiting > 0 or m.config.keep_awake
             await self._make_room(Room(park=self.room(m, capped=stays).park), m)
             waited = await self.startup.compiled(m)  # it compiled ahead
@@ -107,7 +122,7 @@ class Lifecycle:
             self._start_failed(m, exc)
             logger.error("switch: %s unavailable: %s", m.name, exc)
             return
-        m.failure, m.start_failures = None, 0
+        m.start_failures = 0
         self.pin_kv_as(m)
         how = " from a warm standby" if m.engine.server else ""
         awake = m.config is self.config.default or m.waiting or m.config.keep_awake
@@ -164,9 +179,9 @@ class Lifecycle:
         if m.start_phase is StartState.PREPARING or m.start_phase in STARTS_GOING_ON:
             self.startup.start_moves(m, StartState.FAILED)
         backoff = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (m.start_failures - 1))
-        m.failure = Failure(FailureKind.START, str(exc), time.monotonic() + backoff, m.engine.files())
-        m.attempts_failed += 1
-        self.move(m, S.FAILED)
+        failure = Failure(FailureKind.START, str(exc), time.monotonic() + backoff, m.engine.files())
+        self.move(m, S.FAILED, failure)
+        m.ledger.refuse(failure.message)
         asyncio.get_running_loop().call_later(backoff, self.changes.kick.set)  # then the scheduler tries it again
 
     async def _host_copy_ahead(self, m: Model) -> None:
@@ -179,7 +194,7 @@ class Lifecycle:
     def _awake(self, m: Model) -> None:
         """``m`` serves: every request waiting for it now is in flight before the next switch, which could otherwise
         park it again before they ran."""
-        m.failure, m.start_failures = None, 0
+        m.start_failures, m.last_error = 0, ""
         self.move(m, S.AWAKE)
         m.ledger.let_in()  # every request waiting goes through at once
 
@@ -208,11 +223,12 @@ class Lifecycle:
             logger.error("switch: %s", exc)
             if m.state is S.STARTING:
                 self._start_failed(m, exc)
-            else:
-                m.attempts_failed += 1
+            else:  # it died as it was asked, or it stays where it was (parked): the requests that waited are told
                 if not m.engine.alive() and m.state in SERVING:
                     self.exited(m)
-                m.failure = m.failure or Failure(FailureKind.WAKE, str(exc))
+                else:
+                    m.last_error = str(exc)
+                m.ledger.refuse(m.error)
                 self.changes.changed()
             return
         m.wakes += 1
@@ -261,15 +277,11 @@ class Lifecycle:
                 if not await self.engine_died(m):  # alive and refusing: its reason is the answer
                     raise
 
-    async def engine_died(self, m: Model, wait_s: float = 10.0) -> bool:
-        """Whether ``m``'s engine is gone, asked when its connection failed (its process may take a moment to end
-        after its socket closed: a GPU engine's teardown takes seconds): if so it is marked failed, and the next
-        ``acquire`` (or the wake in progress) starts it again."""
-        deadline = time.monotonic() + wait_s
-        while m.engine.alive():
-            if time.monotonic() > deadline:
-                return False
-            await asyncio.sleep(0.05)
+    async def engine_died(self, m: Model) -> bool:
+        """Whether ``m``'s engine is gone, asked under ``busy`` where it refused a wake (``gone``): if so it is
+        marked failed, and the wake in progress starts it again."""
+        if not await gone(m):
+            return False
         if m.state in SERVING:
             self.exited(m)
         return True

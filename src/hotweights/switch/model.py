@@ -36,10 +36,18 @@ class Changes:
         self.kick = asyncio.Event()  # a request waits, or an engine changed: the scheduler looks again
         self._moved = asyncio.Event()  # set (and replaced) on every change: those waiting look again
 
+        self.died: set[str] = set()  # models whose engine was found dead outside the scheduler: it moves them
+
     def changed(self) -> None:
         self.kick.set()
         self._moved.set()
         self._moved = asyncio.Event()
+
+    def engine_gone(self, name: str) -> None:
+        """``name``'s engine was found dead (by a request, or the watch): the scheduler marks it failed, under its
+        lock."""
+        self.died.add(name)
+        self.kick.set()
 
     async def wait(self) -> None:
         """Until the next change."""
@@ -62,6 +70,7 @@ class Ledger:
     inflight``, and ``idle`` is set exactly when nothing is in flight."""
 
     arrivals: list[float] = field(default_factory=list)
+    refused: dict[float, str] = field(default_factory=dict)  # waiting requests a failed switch answers, by arrival
     reserved: int = 0
     inflight: int = 0
     last_used: float = 0.0  # time.time() of the last request let in or done
@@ -86,6 +95,17 @@ class Ledger:
         self.last_used = time.time()
         return self._checked(batch)
 
+    def refuse(self, reason: str) -> int:
+        """The switch the waiting requests waited for failed: each is answered ``reason`` (``refusal``) unless a
+        switch before let it in (its place is taken first). How many waited."""
+        for at in self.arrivals:
+            self.refused[at] = reason or "the switch it waited for failed"
+        return self._checked(len(self.arrivals))
+
+    def refusal(self, arrived: float) -> str:
+        """Why the request that arrived at ``arrived`` is refused ("" where it is not)."""
+        return self.refused.pop(arrived, "")
+
     def enter(self, awake: bool) -> bool:
         """A waiting request takes the engine: its place in a let-in batch, else a place of its own where the engine
         is ``awake``; False when it must wait on."""
@@ -102,6 +122,7 @@ class Ledger:
         its client gone, a failed switch), when a place a switch kept for it is given back. Whether giving it back
         left the engine idle."""
         self.arrivals.remove(arrived)
+        self.refused.pop(arrived, None)
         if served:
             self.last_used = time.time()
         elif self.reserved > self.waiting:  # the batch had a place for it: given back, as if it had been served
@@ -140,10 +161,9 @@ class Model:
     ledger: Ledger = field(default_factory=Ledger)  # its requests: waiting, let in, in flight
     parked_at: float = 0.0
     wakes: int = 0
-    attempts_failed: int = 0  # switches to it that failed: a request waiting across one is answered 503
     start_failures: int = 0  # starts that failed in a row: the back-off doubles with each
-    failure: Failure | None = None
-    cached: str = ""  # what its last preload said: "cached", or "not cached (why)": its engine reads the checkpoint
+    failure: Failure | None = None  # why it is FAILED (set and cleared by ``Lifecycle.move`` only)
+    last_error: str = ""  # why its last wake failed, where it stayed where it was; cleared once it is awake
     streams: set[Resumable] = field(default_factory=set)  # its streams in flight that may be paused (preempt.py)
     answered: deque[tuple[float, float | None]] = field(default_factory=lambda: deque(maxlen=1024))
     # (time.time(), its first byte's seconds from arrival or None) of each request relayed: the rate and TTFT shown
@@ -161,6 +181,12 @@ class Model:
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def cached(self) -> str:
+        """Its preload's account (``PreloadOutcome``: "cached", or "not cached (why)": its engine reads its
+        checkpoint), "" before its preload is done."""
+        return str(self.preloaded[0]) if self.preloaded else ""
 
     @property
     def started(self) -> bool:
@@ -202,7 +228,8 @@ class Model:
 
     @property
     def error(self) -> str:
-        return self.failure.message if self.failure is not None else ""
+        """Why it failed, else why its last wake did, in one line ("" where neither)."""
+        return self.failure.message if self.failure is not None else self.last_error
 
     def waited_s(self, now: float | None = None) -> float:
         """How long its longest-waiting request has waited."""
@@ -227,7 +254,8 @@ class Model:
                         list(self.config.gpus) or None, self.engine.port, self.inflight, self.waiting,
                         self.last_used or None, self.wakes, self.engine.parks, self.error or None,
                         str(self.engine.log_path), host_mib(pids) if pids else None, self.config.parked_weights,
-                        self.config.start, list(self.config.aliases), requests, first, self.cached or None)
+                        self.config.start, list(self.config.aliases), requests, first, self.cached or None,
+                        self.preloaded is not None and self.preloaded[0].failed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +295,7 @@ class ModelRow:
     requests_1m: int = 0  # requests relayed to it in the last minute
     ttft_p50_s: float | None = None  # their median time to first byte, the wait for a switch included
     cached: str | None = None  # its last preload's account: "cached", or "not cached (why)" (served from disk)
+    from_disk: bool = False  # its preload failed: the keeper could not take it, each start reads its checkpoint
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

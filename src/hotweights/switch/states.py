@@ -14,7 +14,10 @@ preload (``PreloadState``) and its start (``StartState``).
 
 ``failed`` holds two cases apart (``Failure``): an engine that died while it served (the next request starts it
 again at once) and a start that failed (retried only after a back-off, or once the checkpoint's files changed:
-a start that failed for a reason that will not change is not paid again by every request).
+a start that failed for a reason that will not change is not paid again by every request). A model has a
+``Failure`` exactly while it is ``failed``: the move there takes it, every other move clears it. A wake that failed
+where the engine stays (parked) is not a failure of the model: its reason is ``Model.last_error``, and the requests
+that waited for that switch are answered with it (``Ledger.refuse``).
 """
 
 from __future__ import annotations
@@ -133,12 +136,11 @@ class PreloadOutcome:
 class FailureKind(enum.StrEnum):
     START = "start"  # its start failed: retried after a back-off, or sooner when its checkpoint's files changed
     DIED = "died"  # it exited while serving: started again at once
-    WAKE = "wake"  # a switch to it failed (its state says where it is): the requests that waited for it get a 503
 
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """What went wrong with a model last: its ``kind``, one line, and for a failed start when it is tried again
+    """Why a model is failed: its ``kind``, one line, and for a failed start when it is tried again
     (``retry_at``) and its checkpoint's files then (``files``)."""
 
     kind: FailureKind

@@ -26,11 +26,11 @@ from .actions import idle_timeouts
 from .admission import Admission
 from .config import ModelConfig, SwitchConfig
 from .engines import EngineError, EngineLike
-from .lifecycle import Lifecycle
+from .lifecycle import Lifecycle, gone
 from .metrics import SwitchMetrics
 from .model import Model
 from .schedule import Plan, Room, Start, Wait, Wake, joining, may_join, plan
-from .states import SERVING, Failure, FailureKind, ModelState
+from .states import SERVING, ModelState
 
 S = ModelState
 logger = logging.getLogger("hotweights.switch")
@@ -58,6 +58,7 @@ class Switcher:
         life, kick = self.life, self.life.changes.kick
         while True:
             async with life.busy:
+                self._dead()
                 step = self._act(plan(life.snapshot(), self.config))
                 if isinstance(step, Start):
                     if len(step.names) > 1:
@@ -73,6 +74,25 @@ class Switcher:
                     pass
                 kick.clear()
 
+    def _dead(self) -> None:
+        """The engines found dead outside the scheduler (``Changes.engine_gone``) marked failed, under ``busy``."""
+        died, self.life.changes.died = self.life.changes.died, set()
+        for name in died:
+            m = self.models[name]
+            if m.state in SERVING and not m.engine.alive():
+                self.life.exited(m)
+
+    async def engine_gone(self, m: Model) -> bool:
+        """Whether ``m``'s engine is gone, asked by the port where its connection failed (``lifecycle.gone``): if
+        so the scheduler marks it failed, and this returns once it has (the request's next ``acquire`` starts it
+        again)."""
+        if not await gone(m):
+            return False
+        self.life.changes.engine_gone(m.name)
+        while m.state in SERVING and not m.engine.alive():
+            await self.life.changes.wait()
+        return True
+
     def _act(self, p: Plan) -> Start | Wake | Wait:
         """The plan's first steps done (busy engines whose turn is over leave); what it does then."""
         for x in p.leave:
@@ -87,8 +107,8 @@ class Switcher:
             await (life.start_up(m) if room is None else life.switch_to(m, room))
         except Exception as exc:  # never the end of the scheduler, a bug included: its requests get 503
             logger.exception("switch: %s: %s", m.name, exc)
-            m.attempts_failed += 1
-            m.failure = Failure(FailureKind.WAKE, f"the switch to it failed: {exc}")
+            m.last_error = f"the switch to it failed: {exc}"
+            m.ledger.refuse(m.last_error)
             life.changes.changed()
             await asyncio.sleep(0.1)  # a bug that repeats must not spin the loop
         if m.config is self.config.default or all(x.started and x.state is not S.STARTING
@@ -127,10 +147,10 @@ class Switcher:
         while True:
             await asyncio.sleep(interval_s)
             for m in self.models.values():
-                if self.life.busy.locked():
-                    break
                 if m.state in SERVING and not m.engine.alive():
-                    self.life.exited(m)
+                    self.life.changes.engine_gone(m.name)  # the scheduler moves it
+                elif self.life.busy.locked():
+                    continue
                 elif (m.state is S.PARKED and m.config.deep_park_after_s and m.kind.deepens_when_idle
                       and time.monotonic() - m.parked_at > m.config.deep_park_after_s):
                     async with self.life.busy:
