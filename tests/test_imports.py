@@ -115,3 +115,22 @@ def test_the_command_lines_parser_builds_without_the_cluster_extra():
             "from hotweights import cli; cli.main(['--version'])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "hotweights" in done.stdout, done.stderr
+
+
+def test_the_switch_reaches_vllm_only_through_its_kinds_table():
+    """Review f, move 4: ``switch/kinds.py`` is the switch's one door to vLLM: no other switch module imports from
+    ``engines/vllm`` (but the worker's budget rule, which the memory model shares) or names the kind in code."""
+    graph = import_graph()
+    switch = {name for name in graph if name.startswith("hotweights.switch.")}
+    through = {name: sorted(t for t in graph[name] if t.startswith("hotweights.engines.vllm"))
+               for name in switch - {"hotweights.switch.kinds"}}
+    assert {name: t for name, t in through.items() if t} == {
+        "hotweights.switch.memory": ["hotweights.engines.vllm.budget"]}
+    named = []
+    for path in (SRC / "hotweights" / "switch").glob("*.py"):
+        if path.name == "kinds.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value == "vllm":
+                named.append(f"{path.name}:{node.lineno}")
+    assert named == []

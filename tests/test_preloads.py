@@ -256,7 +256,8 @@ def test_a_start_whose_preload_is_done_goes_before_a_new_preload_on_its_gpu(monk
 def test_gpu_memory_admits_a_preload_only_beside_what_the_others_and_the_next_start_hold():
     need = GpuNeed((0,), share=0.25, weights_mib=15_000)  # at its peak 40 GB of 100; its start 10
     assert (need.preload_mib(100_000), need.start_mib(100_000)) == (40_000, 10_000)
-    pinned = GpuNeed((0,), share=0.25, weights_mib=15_000, kv_mib=640)  # its own copy, the published one, KV
+    pinned = GpuNeed((0,), share=0.25, weights_mib=15_000, kv_mib=640, scratch_mib=3072)  # its own copy, the
+    # published one, KV, vLLM's scratch
     assert pinned.preload_mib(100_000) == 30_000 + 640 + 3072 and pinned.preload_mib(200_000) == 50_000
 
     loader = GpuNeed((0,), share=0.25, weights_mib=15_000, kv_mib=640, loader_only=True)
@@ -286,7 +287,8 @@ def test_the_next_preload_is_decided_from_one_snapshot_as_a_table():
     leave room for; each row is one situation and what begins."""
     s, *_ = switcher(["a", "b", "c"], jobs=2)
     a, b, c = models = list(s.models.values())
-    need = GpuNeed((0,), share=0.25, weights_mib=15_000)  # at its peak 40 GB of 100; its start 10
+    need = GpuNeed((0,), share=0.25, weights_mib=15_000, activations_mib=2048)  # at its peak 40 GB of 100; its
+    # start 10
     cpu = GpuNeed(())
 
     def views(of, needs):
@@ -309,7 +311,8 @@ def test_the_next_preload_is_decided_from_one_snapshot_as_a_table():
     assert begins(100_000, needs=cpu, starting=(need,)) == "a"  # another device's start
     assert begins(100_000, done=frozenset({"a"})) is None  # a's start (seconds) before b's preload (minutes)
     assert begins(100_000, done=frozenset({"a"}), wanted=("b",)) == "b"  # unless a start waits for b
-    pinned = GpuNeed((0,), share=0.25, weights_mib=15_000, kv_mib=2048, engine_kv_mib=2048)
+    pinned = GpuNeed((0,), share=0.25, weights_mib=15_000, kv_mib=2048, engine_kv_mib=2048, activations_mib=2048,
+                     scratch_mib=3072)
     assert begins(100_000, needs=pinned, done=frozenset({"a"})) == "b"  # a's start profiles nothing: b goes beside
     assert begins(100_000, done=frozenset({"a"}), failed_beside=frozenset({"b"}), wanted=("b",)) == "b"
     assert begins(100_000, failed_beside=frozenset({"b"}), **{**running_a, "done": frozenset()}) is None  # alone
@@ -414,7 +417,8 @@ def test_the_front_says_whether_its_models_fit_each_gpu_at_the_worst_moment():
     assert fits(config(0.17), lambda m: GpuNeed(()), h200) == []  # CPU engines: nothing to say
 
 
-PINNED = GpuNeed((0,), share=0.17, weights_mib=15_000, kv_mib=2048, parked_mib=1950, engine_kv_mib=2048)
+PINNED = GpuNeed((0,), share=0.17, weights_mib=15_000, kv_mib=2048, parked_mib=1950, engine_kv_mib=2048,
+                 activations_mib=2048, scratch_mib=3072)  # vLLM's, as ``VllmKind.gpu_need`` gives it
 
 
 def overlapping(spans: list[tuple[str, float, float]], prefix: str) -> int:
@@ -775,7 +779,7 @@ def test_fewer_sequences_per_vllm_engine_leave_room_for_two_host_tier_models_awa
     stay on the GPU in every parked engine (1.9 GiB each, read there), so one host-tier model fits awake; with
     ``--max-num-seqs 32`` its graphs are for batches of up to 64 (976 MiB parked, read there), and two fit."""
     from hotweights.switch.fit import fits, say_fit, with_fewer_seqs
-    from hotweights.switch.memory import ACTIVATIONS_MIB
+    ACTIVATIONS_MIB = 2048  # vLLM's at its defaults (1024 and 1 MiB a sequence, 1024 sequences)
 
     assert KINDS["vllm"].engine_mib([]) == (KINDS["vllm"].parked_mib, ACTIVATIONS_MIB)  # the defaults, as before
     parked, activations = KINDS["vllm"].engine_mib(["--max-num-seqs", "32"])
@@ -860,7 +864,8 @@ def test_the_compile_ahead_is_off_unless_asked_for(models):
 
 
 def test_no_compile_ahead_where_its_gpu_cannot_hold_it_beside_the_preload(monkeypatch, caplog):
-    need = GpuNeed((0,), weights_mib=15_000, loader_only=True)  # preload 17,048 MiB at its peak, the compile too
+    need = GpuNeed((0,), weights_mib=15_000, loader_only=True, activations_mib=2048)  # preload 17,048 MiB at its
+    # peak, the compile too (weights and vLLM's activations)
     assert need.preload_mib(80_000) == need.ahead_mib == 17_048
 
     def compiled(free_mib: int) -> list[str]:

@@ -10,6 +10,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from .cli_parser import awake_count
@@ -120,6 +121,20 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+class EngineKinds:
+    """The switch's engine kinds, as argparse's choices: read from its table (``switch.kinds.KINDS``) only when
+    argparse asks (a value to check, the help), as importing the table takes ~0.1 s that every other command
+    would pay."""
+
+    def __iter__(self) -> Iterator[str]:
+        from .switch.kinds import KINDS
+
+        return iter(KINDS)
+
+    def __contains__(self, name: object) -> bool:
+        return name in list(self)
+
+
 def register(sub: Subparsers) -> None:
     """``hotweights switch``."""
     p = sub.add_parser("switch", help="many models behind one port: a request's model wakes its engine, the others "
@@ -132,7 +147,8 @@ def register(sub: Subparsers) -> None:
                                                   "(docs/switch.md has a complete example)")
     p.add_argument("--model", dest="models", action="append", default=[], metavar="NAME=DIR",
                    help="the quick form: a model and its checkpoint (repeat; the first is the default)")
-    p.add_argument("--engine", default="hotweights", choices=["hotweights", "vllm"], help="the quick form's engine")
+    p.add_argument("--engine", default="hotweights", choices=EngineKinds(), metavar="KIND",
+                   help="the quick form's engine: %(choices)s (default %(default)s)")
     p.add_argument("--host", default=None, help="address of the front (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="port of the front (default 8000)")
     p.add_argument("--max-awake", type=awake_count, default=None,

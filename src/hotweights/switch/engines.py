@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Protocol
 
 from .. import evidence
-from ..engines.vllm.compile_key import config_digest
 from ..errors import HotweightsError
 from ..evidence import size_text
 from ..standby.handoff import PLACES_ENV
@@ -43,6 +42,7 @@ class EngineLike(Protocol):
 
     parks: bool  # False: a park stops it, a wake starts it again
     log_path: Path
+    model: ModelConfig
 
     @property
     def url(self) -> str: ...
@@ -62,6 +62,7 @@ class EngineLike(Protocol):
     def compiles_ahead(self, total_mib: int) -> bool: ...
     def compile_ahead(self, total_mib: int) -> float | None: ...
     def pin_kv_as(self, other: EngineLike) -> int: ...
+    def start_output(self) -> str: ...
     def compiled(self) -> bool: ...
     def profiled(self) -> bool: ...
     def start(self) -> float: ...
@@ -204,21 +205,20 @@ class Engine:
         them the same KV cache), this engine's is pinned to that size (``--kv-cache-memory-bytes``): it profiles
         nothing, so it starts beside other starts and preloads (``GpuNeed.profiles``). The bytes pinned, 0 where
         it is not (``other`` profiled nothing, starts otherwise, or its output does not say)."""
-        if not isinstance(other, Engine) or other is self or not self.gpu_need().profiles:
-            return 0
         mine, theirs = self.model, other.model
-        if (mine.engine, mine.args, mine.gpus) != (theirs.engine, theirs.args, theirs.gpus) \
-                or self.gpu_need() != other.gpu_need() or not other.gpu_need().profiles:
+        if (other is self or mine.engine != theirs.engine or not self.gpu_need().profiles
+                or self.gpu_need() != other.gpu_need() or not self.kind.same_profile(mine, theirs)):
             return 0
-        digest = config_digest(str(mine.checkpoint))
-        if digest is None or digest != config_digest(str(theirs.checkpoint)):
-            return 0
-        nbytes = self.kind.kv_profiled(other.process.output()) or 0
+        nbytes = self.kind.kv_profiled(other.start_output()) or 0
         if nbytes:
             self.model = dataclasses.replace(mine, args=self.kind.with_kv(mine.args, nbytes))
             self._need = None
             self.keeper = KeeperView(self.model, self.kind, self.socket_dir, self.env(self.socket_dir))
         return nbytes
+
+    def start_output(self) -> str:
+        """What its start (the one going on, or the last) has written to its log."""
+        return self.process.output()
 
     def compiled(self) -> bool:
         """Whether its start going on has compiled its engine's code (``kinds.compiled_in``): a start of the same

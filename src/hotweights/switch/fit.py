@@ -18,11 +18,9 @@ from dataclasses import dataclass
 
 from .config import ModelConfig, SwitchConfig
 from .gpus import GpuMemory
-from .kinds import EAGER, MAX_SEQS
+from .kinds import FEWER_SEQS, KINDS
 from .memory import RESERVE_MIB, GpuNeed, Holder, held_mib
 from .states import ModelState
-
-FEWER_SEQS = ("--max-num-seqs", "32")  # what the hint suggests: measured on an H200 (fill10_seven_2026-12-05.json)
 
 logger = logging.getLogger("hotweights.switch")
 
@@ -104,14 +102,14 @@ def _fit(config: SwitchConfig, needs: dict[str, GpuNeed], gpu: int, total_mib: i
 
 
 def with_fewer_seqs(config: SwitchConfig) -> SwitchConfig | None:
-    """``config`` with ``FEWER_SEQS`` in the args of each vLLM model that sets neither ``--max-num-seqs`` nor
-    ``--enforce-eager``; None where there is none such."""
-    changed = [m.engine == "vllm" and not MAX_SEQS.present(m.args) and not EAGER.present(m.args)
-               for m in config.models]
-    if not any(changed):
+    """``config`` with what its kind adds for an engine that keeps less on the GPU parked (``fewer_seqs``: vLLM's
+    ``FEWER_SEQS`` where a model sets neither ``--max-num-seqs`` nor ``--enforce-eager``) in each model's args; None
+    where no model's kind adds anything."""
+    added = [KINDS[m.engine].fewer_seqs(m.args) for m in config.models]
+    if not any(added):
         return None
-    models = tuple(dataclasses.replace(m, args=(*m.args, *FEWER_SEQS)) if c else m
-                   for m, c in zip(config.models, changed))
+    models = tuple(dataclasses.replace(m, args=(*m.args, *more)) if more else m
+                   for m, more in zip(config.models, added))
     return dataclasses.replace(config, models=models)
 
 

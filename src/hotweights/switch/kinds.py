@@ -6,7 +6,9 @@ its server, the preload that fills the keeper for it, which keeper entries are i
   zero-copy, with ``--enable-sleep-mode`` and ``VLLM_SERVER_DEV_MODE=1`` where vLLM has a sleep mode (its GPU
   build). Its CPU build has none: there a park stops the engine and a wake starts it again.
 
-A new engine is a new row. Torch-free.
+Each row is a class of the ``EngineKind`` protocol, so that another kind is one more row, and nothing of the switch
+asks which kind a model is: this module is the switch's one door to vLLM (its options, its memory numbers, its log
+lines, what makes two of its starts profile alike). Torch-free.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from pathlib import Path
 from typing import Protocol
 
 from .. import argv
+from ..engines.vllm.compile_key import config_digest
 from ..engines.vllm.kvpin import KV_BYTES, kv_given, kv_pin, kv_profiled
 from ..errors import CheckpointError
 from ..loading.checkpoint import open_checkpoint
-from ..engines.vllm.options import LOAD_FORMAT
+from ..engines.vllm.options import LAYOUT_PREFIX, LOAD_FORMAT
 from ..engines.vllm.preload import SERVER_PRELOAD_ENV
 from ..engines.vllm.start import EXTRA_CONFIG, LOAD_FORMAT_OPTION, TENSOR_PARALLEL, VllmStart, is_cpu_build
 from ..rows import EntryRow
@@ -40,6 +43,9 @@ VLLM_SHARE = 0.92  # vLLM 0.26's default --gpu-memory-utilization
 VLLM_MAX_SEQS = 1024  # vLLM 0.26's default --max-num-seqs on an H200
 VLLM_GRAPHS_MIB = 1024  # its CUDA graphs at the default sizes (51, batches up to 512), 8B
 VLLM_MAX_GRAPH_BATCH = 512
+VLLM_SCRATCH_MIB = 3072  # a vLLM preload's context, activations of its profile run and CUDA graphs (8B: ~2.5 GiB)
+VLLM_ACTIVATIONS_MIB = 1024  # a vLLM engine's activations beside a KV cache its arguments pin, and 1 MiB a sequence
+FEWER_SEQS = ("--max-num-seqs", "32")  # what the fit's hint suggests: measured on an H200 (fill10_seven_2026-12-05)
 Command = tuple[list[str], dict[str, str]]  # a server's argv, and what it adds to the environment
 
 
@@ -66,15 +72,46 @@ class Spec(Protocol):
     def gpus(self) -> tuple[int, ...]: ...
 
 
-@dataclass(frozen=True, slots=True)
-class EngineKind:
-    """An engine kind: everything the switch knows of it, so that another kind is one more row of ``KINDS``."""
+class EngineKind(Protocol):
+    """An engine kind: everything the switch knows of it (a row of ``KINDS``)."""
 
-    name: str
-    parked_mib: int  # what a parked engine keeps on its GPU, read on an H200 (8B, CUDA graphs; KINDS below)
-    deepens_when_idle: bool = True  # a parked engine idle past deep_park_after_s parks deeper (level 2)
-    engine_layout: bool = False  # its preload publishes the engine's layout (per rank), not the checkpoint's
-    keeps_standbys: bool = False  # its starts go through warm standbys (``standby/handoff.py``)
+    @property
+    def name(self) -> str: ...
+    @property
+    def parked_mib(self) -> int: ...  # what a parked engine keeps on its GPU, read on an H200 (8B, CUDA graphs)
+    @property
+    def deepens_when_idle(self) -> bool: ...  # a parked engine idle past deep_park_after_s parks deeper (level 2)
+    @property
+    def engine_layout(self) -> bool: ...  # its preload publishes the engine's layout (per rank), not the checkpoint's
+    @property
+    def keeps_standbys(self) -> bool: ...  # its starts go through warm standbys (``standby/handoff.py``)
+    def ranks_of(self, args: Sequence[str]) -> int: ...
+    def reads_checkpoint_itself(self, args: Sequence[str]) -> bool: ...
+    def parks(self, parking: bool) -> bool: ...
+    def command(self, m: Spec, port: int, parks: bool) -> Command: ...
+    def not_preloaded(self, m: Spec) -> str: ...
+    def compile_ahead_command(self, m: Spec, port: int, parks: bool, total_mib: int) -> Command | None: ...
+    def kv_profiled(self, log: str) -> int | None: ...
+    def compiled_in(self, m: Spec, log: str) -> bool: ...
+    def with_kv(self, args: Sequence[str], nbytes: int) -> tuple[str, ...]: ...
+    def same_profile(self, m: Spec, other: Spec) -> bool: ...
+    def fewer_seqs(self, args: Sequence[str]) -> tuple[str, ...]: ...
+    def preload_command(self, m: Spec, parks: bool) -> list[str]: ...
+    def preload_dtype(self, m: Spec) -> str: ...
+    def owns(self, row: EntryRow, m: Spec) -> bool: ...
+    def ranks(self, m: Spec) -> int: ...
+    def gpu_need(self, m: Spec) -> GpuNeed: ...
+
+
+@dataclass(frozen=True, slots=True)
+class HotweightsKind:
+    """The embedded engine, ``hotweights serve``."""
+
+    name: str = "hotweights"
+    parked_mib: int = 900  # 712-892 MiB read parked (context, kernels)
+    deepens_when_idle: bool = True
+    engine_layout: bool = False
+    keeps_standbys: bool = False
 
     def ranks_of(self, args: Sequence[str]) -> int:
         """The tensor parallelism its ``args`` ask for (ValueError where they are malformed)."""
@@ -116,6 +153,16 @@ class EngineKind:
         """``args`` with a KV cache of ``nbytes`` per GPU pinned (nothing profiled at start)."""
         return tuple(args)
 
+    def same_profile(self, m: Spec, other: Spec) -> bool:
+        """Whether starts of ``m`` and ``other`` would size the same KV cache from a profile of the GPU's memory
+        (``Engine.pin_kv_as``): its engine profiles nothing."""
+        return False
+
+    def fewer_seqs(self, args: Sequence[str]) -> tuple[str, ...]:
+        """What to add to ``args`` for an engine that keeps less on its GPU while parked (the fit's hint), () where
+        nothing would."""
+        return ()
+
     def preload_command(self, m: Spec, parks: bool) -> list[str]:
         """``hotweights preload ...`` for it (the CLI's arguments)."""
         picked = {name: argv.Option((name,)).value(m.args) for name in ("--device", "--dtype")}
@@ -123,7 +170,7 @@ class EngineKind:
 
     def preload_dtype(self, m: Spec) -> str:
         """The dtype its preload publishes (the checkpoint's own by default, as the preload's ``auto``)."""
-        return argv.Option(("--dtype",)).value(m.args) or "auto"
+        return _dtype(m)
 
     def owns(self, row: EntryRow, m: Spec) -> bool:
         """Whether a keeper entry holds this model's weights as its engine maps them."""
@@ -143,7 +190,15 @@ class EngineKind:
 
 
 @dataclass(frozen=True, slots=True)
-class VllmKind(EngineKind):
+class VllmKind:
+    """vLLM, ``hotweights vllm serve`` (from a warm standby)."""
+
+    name: str = "vllm"
+    parked_mib: int = 1950  # 1,898-1,912 MiB read parked (context 0.6 GiB, graphs 1.0)
+    deepens_when_idle: bool = False
+    engine_layout: bool = True
+    keeps_standbys: bool = True
+
     def ranks_of(self, args: Sequence[str]) -> int:
         return VllmStart.parse(list(args)).tensor_parallel_size
 
@@ -165,10 +220,6 @@ class VllmKind(EngineKind):
         env = {IMPORT_ENV: "now", **({"VLLM_SERVER_DEV_MODE": "1"} if parks else {})}
         return cmd + _sleep_mode(m, parks), env
 
-    def not_preloaded(self, m: Spec) -> str:
-        chosen = VllmStart.parse(list(m.args)).load_format or LOAD_FORMAT
-        return "" if chosen == LOAD_FORMAT else f"--load-format {chosen}: vLLM reads the checkpoint"
-
     def kv_profiled(self, log: str) -> int | None:
         return kv_profiled(log)
 
@@ -180,6 +231,26 @@ class VllmKind(EngineKind):
 
     def with_kv(self, args: Sequence[str], nbytes: int) -> tuple[str, ...]:
         return (*KV_BYTES.strip(args), "--kv-cache-memory-bytes", str(nbytes))
+
+    def same_profile(self, m: Spec, other: Spec) -> bool:
+        """vLLM's profile gives two starts the same KV cache where their arguments, GPUs, config files and weights'
+        size are the same (the caller compares their GPU needs)."""
+        if (m.args, m.gpus) != (other.args, other.gpus):
+            return False
+        digest = config_digest(str(m.checkpoint))
+        return digest is not None and digest == config_digest(str(other.checkpoint))
+
+    def fewer_seqs(self, args: Sequence[str]) -> tuple[str, ...]:
+        """``--max-num-seqs 32`` where ``args`` set neither it nor ``--enforce-eager``: vLLM's CUDA graphs, which
+        stay on the GPU while it is parked, then cover batches of up to 64."""
+        return () if MAX_SEQS.present(args) or EAGER.present(args) else FEWER_SEQS
+
+    def not_preloaded(self, m: Spec) -> str:
+        chosen = VllmStart.parse(list(m.args)).load_format or LOAD_FORMAT
+        return "" if chosen == LOAD_FORMAT else f"--load-format {chosen}: vLLM reads the checkpoint"
+
+    def preload_dtype(self, m: Spec) -> str:
+        return _dtype(m)
 
     def compile_ahead_command(self, m: Spec, port: int, parks: bool, total_mib: int) -> Command | None:
         """The model's start as it will run, with ``--load-format dummy`` (random weights made on the GPU: no read,
@@ -213,7 +284,7 @@ class VllmKind(EngineKind):
                 str(self.ranks(m)), *[f"--vllm-arg={a}" for a in own + _sleep_mode(m, parks)]]
 
     def owns(self, row: EntryRow, m: Spec) -> bool:
-        return row.model == m.checkpoint.name and row.layout.startswith("vllm/")
+        return row.model == m.checkpoint.name and row.layout.startswith(LAYOUT_PREFIX)
 
     def ranks(self, m: Spec) -> int:
         return self.ranks_of(m.args)  # the config checked them
@@ -232,7 +303,7 @@ class VllmKind(EngineKind):
         loader_only = ranks == 1 and os.environ.get(SERVER_PRELOAD_ENV, "") != "1"  # ``preload.preload_vllm``
         return GpuNeed(m.gpus[:ranks] or tuple(range(ranks)), share, weights_mib(m.checkpoint) // ranks,
                        kv_mib=pinned >> 20, parked_mib=parked, engine_kv_mib=given >> 20,
-                       activations_mib=activations, loader_only=loader_only)
+                       activations_mib=activations, loader_only=loader_only, scratch_mib=VLLM_SCRATCH_MIB)
 
     def engine_mib(self, args: Sequence[str]) -> tuple[int, int]:
         """What an engine started with ``args`` keeps on its GPU parked, and its activations beside a pinned KV
@@ -249,7 +320,7 @@ class VllmKind(EngineKind):
             pass
         batch = 0 if EAGER.present(args) else min(2 * seqs, VLLM_MAX_GRAPH_BATCH)  # the largest captured
         graphs = VLLM_GRAPHS_MIB * batch // VLLM_MAX_GRAPH_BATCH
-        return self.parked_mib - VLLM_GRAPHS_MIB + graphs, 1024 + min(seqs, VLLM_MAX_SEQS)
+        return self.parked_mib - VLLM_GRAPHS_MIB + graphs, VLLM_ACTIVATIONS_MIB + min(seqs, VLLM_MAX_SEQS)
 
 
 def _common(m: Spec, port: int) -> list[str]:
@@ -260,7 +331,8 @@ def _sleep_mode(m: Spec, parks: bool) -> list[str]:
     return ["--enable-sleep-mode"] if parks and not SLEEP_MODE.present(m.args) else []
 
 
-# parked: vLLM 1,898-1,912 MiB (context 0.6 GiB, graphs 1.0), the embedded engine 712-892 MiB
-KINDS: dict[str, EngineKind] = {"hotweights": EngineKind("hotweights", 900),
-                                "vllm": VllmKind("vllm", 1950, deepens_when_idle=False, engine_layout=True,
-                                                 keeps_standbys=True)}
+def _dtype(m: Spec) -> str:
+    return argv.Option(("--dtype",)).value(m.args) or "auto"
+
+
+KINDS: dict[str, EngineKind] = {kind.name: kind for kind in (HotweightsKind(), VllmKind())}

@@ -29,9 +29,7 @@ from ..config import DEFAULT_POOL_BYTES
 from .states import RESIDENT, ModelState
 
 CONTEXT_MIB = 1024  # a CUDA context with torch's kernels loaded, as an embedded engine's preload and start take it
-PRELOAD_SCRATCH_MIB = 3072  # a vLLM preload's context, activations of its profile run and CUDA graphs (8B: ~2.5 GiB)
 POOL_MIB = DEFAULT_POOL_BYTES >> 20  # the one pool a loader-alone preload writes at a time beside the weights
-ACTIVATIONS_MIB = 2048  # a vLLM engine's activations beside a KV cache its arguments pin (8B, 8,192 batched tokens)
 RESERVE_MIB = 1024  # of each GPU, never planned for: other processes, fragmentation, the estimate's error
 
 
@@ -49,7 +47,8 @@ class GpuNeed:
     kv_mib: int = 0  # the KV cache its preload pins, or its arguments give (0: its engine sizes it from ``share``)
     parked_mib: int = 0  # what its engine keeps on the GPU while parked (context, CUDA graphs)
     engine_kv_mib: int = 0  # the KV cache its engine's arguments pin (0: sized from ``share``)
-    activations_mib: int = ACTIVATIONS_MIB  # its engine's activations beside a KV cache its arguments pin
+    activations_mib: int = 0  # its engine's activations beside a KV cache its arguments pin (its kind's number)
+    scratch_mib: int = 0  # what its preload takes beside two copies of the weights and a pinned KV cache (its kind's)
     loader_only: bool = False  # its preload runs the engine's loader alone (no engine start): ``preload_mib``
 
     @property
@@ -62,7 +61,7 @@ class GpuNeed:
 
     def preload_mib(self, total_mib: int) -> int:
         """At the preload's peak: an engine of its own loads the weights while it publishes a copy of them, within
-        its ``share``, or (its KV cache pinned) beside its weights, its pinned KV cache and ``PRELOAD_SCRATCH_MIB``;
+        its ``share``, or (its KV cache pinned) beside its weights, its pinned KV cache and its ``scratch_mib``;
         vLLM asks for its ``share`` free at start either way. A preload by the engine's loader alone (``loader_only``:
         vLLM's of one rank, ``engines/vllm/publish.py``) starts no engine and publishes pool by pool, each original
         freed once its pool is sealed (``loading/publish.py``): the weights, one pool and a CUDA context. Counted as
@@ -72,7 +71,7 @@ class GpuNeed:
             return self.weights_mib + POOL_MIB + CONTEXT_MIB + self.extra_mib
         share = math.ceil(self.share * total_mib)
         if self.kv_mib:
-            return max(share, 2 * self.weights_mib + self.kv_mib + PRELOAD_SCRATCH_MIB) + self.extra_mib
+            return max(share, 2 * self.weights_mib + self.kv_mib + self.scratch_mib) + self.extra_mib
         return share + self.weights_mib + self.extra_mib
 
     @property
