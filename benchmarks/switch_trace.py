@@ -210,7 +210,7 @@ def memory_by_tier(url: str, sock: str) -> dict:
     machine's totals."""
     from hotweights.client import connect
     from hotweights.paths import daemon_paths
-    from hotweights.switch.engines import gpu_mib_by_pid
+    from hotweights.switch.upstream.engines import gpu_mib_by_pid
 
     gpu = gpu_mib_by_pid()
     with connect(daemon_paths(sock)) as client:

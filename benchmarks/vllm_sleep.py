@@ -38,7 +38,7 @@ import urllib.request
 from pathlib import Path
 
 from hotweights.observe import Observed, complete, free_port
-from hotweights.switch.engines import gpu_mib_by_pid
+from hotweights.switch.upstream.engines import gpu_mib_by_pid
 from hotweights.verify.vllm_log import facts
 
 ROUNDS = ("level1", "level2", "host")

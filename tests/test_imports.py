@@ -74,7 +74,7 @@ def test_the_keeper_the_standbys_zygote_and_the_switchs_front_load_no_torch_and_
 
     heavy = ("torch", "vllm", "transformers", "safetensors", "triton")
     code = ("import sys; import hotweights.keeper.main, hotweights.keeper.init, hotweights.standby.zygote, "
-            "hotweights.switch.front, hotweights.cli_switch, hotweights.parked.watch; "
+            "hotweights.switch.port.front, hotweights.cli_switch, hotweights.parked.watch; "
             f"print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r})))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -97,7 +97,7 @@ def test_only_the_cluster_package_imports_ray():
             if any(n.split(".")[0] == "ray" for n in names) and not inside:
                 offenders.append(str(path.relative_to(SRC)))
     assert offenders == []
-    code = ("import sys; import hotweights.keeper.main, hotweights.switch.front, hotweights.cli, "
+    code = ("import sys; import hotweights.keeper.main, hotweights.switch.port.front, hotweights.cli, "
             "hotweights.serve.app; print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] == 'ray')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -134,3 +134,18 @@ def test_the_switch_reaches_vllm_only_through_its_kinds_table():
             if isinstance(node, ast.Constant) and node.value == "vllm":
                 named.append(f"{path.name}:{node.lineno}")
     assert named == []
+
+
+def test_the_switchs_port_reaches_its_core_through_one_door():
+    """Review f, move 5: the port (``switch/port/``) imports neither the lifecycle nor the admission; it asks the
+    switch through ``door.SwitchPort``. No folder of the switch imports a folder above it: the core imports
+    ``upstream/`` and nothing of ``port/``; ``upstream/`` imports nothing of ``port/``."""
+    graph = import_graph()
+    port = {n for n in graph if n.startswith("hotweights.switch.port.")}
+    upstream = {n for n in graph if n.startswith("hotweights.switch.upstream.")}
+    core = {n for n in graph if n.startswith("hotweights.switch.")} - port - upstream
+    assert port and upstream
+    assert {n: sorted(graph[n] & {"hotweights.switch.lifecycle", "hotweights.switch.admission"}) for n in port
+            if graph[n] & {"hotweights.switch.lifecycle", "hotweights.switch.admission"}} == {}
+    assert sorted(n for n in core if graph[n] & port) == []
+    assert sorted(n for n in upstream if graph[n] & port) == []

@@ -20,7 +20,7 @@ import pytest
 from test_switcher import FakeEngine, request, started, states
 
 from hotweights.switch.config import ModelConfig, SwitchConfig
-from hotweights.switch.engines import EngineError
+from hotweights.switch.upstream.engines import EngineError
 from hotweights.switch.gpus import GpuMemory, gpu_memory
 from hotweights.switch.kinds import KINDS, GpuNeed
 from hotweights.switch.metrics import SwitchMetrics
@@ -676,7 +676,7 @@ def test_a_vllm_engine_pins_the_kv_cache_a_profile_gave_an_engine_that_starts_as
     from hotweights.demo_model import write_demo_model
     from hotweights.engines.vllm.kvpin import kv_profiled
     from hotweights.switch import kinds
-    from hotweights.switch.engines import Engine
+    from hotweights.switch.upstream.engines import Engine
 
     monkeypatch.setattr(kinds, "is_cpu_build", lambda: False)
     small, tiny = write_demo_model(tmp_path / "s", "small"), write_demo_model(tmp_path / "t", "tiny")
@@ -713,7 +713,7 @@ def test_a_vllm_start_says_it_has_compiled_and_profiled_only_from_its_own_runnin
 
     from hotweights.demo_model import write_demo_model
     from hotweights.switch import kinds
-    from hotweights.switch.engines import Engine
+    from hotweights.switch.upstream.engines import Engine
 
     monkeypatch.setattr(kinds, "is_cpu_build", lambda: False)
     model = write_demo_model(tmp_path / "s", "small")

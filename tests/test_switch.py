@@ -355,7 +355,7 @@ def test_a_host_tier_model_gets_its_host_copy_after_its_preload_not_at_its_first
     """Made at the first park, each host-tier model's host copy held start-up's next start back ~20 s (H200, four 8B
     on the host tier); after the preload it runs beside the starts. ``hotweights demote`` itself, with a real keeper
     and engines: tests/test_serve_park.py; here, which models ask for it and how a failure reads."""
-    from hotweights.switch.engines import Engine
+    from hotweights.switch.upstream.engines import Engine
 
     made: list[str] = []
 
@@ -388,8 +388,8 @@ def test_a_host_tier_model_gets_its_host_copy_after_its_preload_not_at_its_first
 def test_a_host_tier_start_that_fails_lets_the_gpu_copy_made_for_it_go(tmp_path):
     """The front counts a host-tier model's weights on the GPU only while its engine is resident: a GPU copy made
     for a start that then failed would be held uncounted (on an H200, such copies made five starts beside fail)."""
-    from hotweights.switch.engines import Engine
-    from hotweights.switch.process import EngineError
+    from hotweights.switch.upstream.engines import Engine
+    from hotweights.switch.upstream.process import EngineError
 
     e = Engine(switch_config.ModelConfig("h", tmp_path / "h", engine="vllm", parked_weights="host"), tmp_path)
     e.parks, let_go = True, []
@@ -408,7 +408,7 @@ def test_a_host_tier_start_that_fails_lets_the_gpu_copy_made_for_it_go(tmp_path)
 def test_a_parking_vllm_engine_is_preloaded_with_the_flags_it_starts_with(tmp_path):
     """``--enable-sleep-mode`` is in vLLM's compile-cache key: a preload without it left the first start of each
     parking engine compiling again (23-31 s on an H200). The load format's own flags stay the start's."""
-    from hotweights.switch.engines import Engine
+    from hotweights.switch.upstream.engines import Engine
 
     model = switch_config.ModelConfig("a", tmp_path / "m", engine="vllm",
                                       args=("--max-model-len", "512", "--load-format", "hotweights"))
@@ -433,7 +433,7 @@ def test_a_start_after_its_gpu_copy_is_made_again_counts_the_copy_once(tmp_path,
     """A host-tier model's start after a restart makes its GPU copy from its host copy first; the seconds its start
     says are the copy's and the engine's. Its ready line said 30.6 s for a 5.9 s copy and a 12.4 s start (H200): the
     engine's start was counted twice."""
-    from hotweights.switch.engines import Engine
+    from hotweights.switch.upstream.engines import Engine
 
     e = Engine(switch_config.ModelConfig("a", tmp_path / "m"), tmp_path)
 
@@ -459,7 +459,7 @@ def test_vllm_engines_whose_starts_go_together_keep_a_standby_for_each_start(tmp
     with none to spare, a start right after a preload waited 17-25 s for the next to import (H200, three 8B, the
     front's defaults)."""
     from hotweights.standby.handoff import PLACES_ENV
-    from hotweights.switch.engines import Engine
+    from hotweights.switch.upstream.engines import Engine
     from hotweights.switch.memory import GpuNeed
 
     def env(start_jobs: int, need: GpuNeed, engine: str = "vllm") -> dict[str, str]:
@@ -476,7 +476,7 @@ def test_vllm_engines_whose_starts_go_together_keep_a_standby_for_each_start(tmp
 
 def test_a_vllm_model_with_its_own_load_format_in_either_spelling_is_started_with_it_and_not_preloaded(tmp_path):
     """The review's bug: ``--load-format=auto`` was not preloaded, yet started with ``--load-format hotweights``."""
-    from hotweights.switch.engines import Engine
+    from hotweights.switch.upstream.engines import Engine
 
     for args in (("--load-format=auto",), ("--load-format", "auto")):
         engine = Engine(switch_config.ModelConfig("a", tmp_path / "m", engine="vllm", args=args), tmp_path)
@@ -531,7 +531,7 @@ def test_a_dead_server_of_a_standby_start_is_no_live_engine_and_its_orphans_are_
     """On an H200 a killed vLLM API server (a warm standby's child, leading a group of its own) left its engine
     core behind, holding the port: a wake sent there hung for 300 s. The engine counts as dead once its server is,
     and stopping it ends what the server left in its group."""
-    from hotweights.switch.process import EngineProcess
+    from hotweights.switch.upstream.process import EngineProcess
     from hotweights.unix import signal_group
 
     engine = EngineProcess("a", tmp_path / "a.log")
@@ -565,7 +565,7 @@ def test_an_engine_whose_port_another_process_took_first_starts_on_another(tmp_p
     engine exit on ``Address already in use``, and the start fail. It now picks another port (``PORT_TRIES``)."""
     import socket
 
-    from hotweights.switch.process import EngineError, EngineProcess
+    from hotweights.switch.upstream.process import EngineError, EngineProcess
 
     taken: list[socket.socket] = []
 

@@ -141,7 +141,7 @@ def test_a_plain_text_5xx_from_an_engine_is_answered_as_json(tmp_path):
     from test_switcher import FakeEngine
 
     from hotweights.switch.config import ModelConfig, SwitchConfig
-    from hotweights.switch.front import create_app
+    from hotweights.switch.port.front import create_app
 
     async def broken(_request):
         return PlainTextResponse("Internal Server Error", status_code=500)
@@ -396,7 +396,7 @@ def test_a_runs_log_directory_is_new_and_old_runs_are_cleaned(tmp_path):
     """Issue 53: every front without --log-dir left a temporary directory of engine logs behind, forever."""
     import os
 
-    from hotweights.switch.front import LOG_PREFIX, new_log_dir
+    from hotweights.switch.port.front import LOG_PREFIX, new_log_dir
 
     week_ago = time.time() - 8 * 86400
     runs = []

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from hotweights.switch.config import ModelConfig, SwitchConfig
-from hotweights.switch.engines import EngineError, WakeRefused
+from hotweights.switch.upstream.engines import EngineError, WakeRefused
 from hotweights.switch.memory import GpuNeed
 from hotweights.switch.metrics import SwitchMetrics
 from hotweights.switch.states import Failure, FailureKind, InvalidTransition, ModelState, PreloadOutcome, StartState
-from hotweights.switch.admission import Unavailable
+from hotweights.switch.door import Unavailable
 from hotweights.switch.switcher import Switcher
 
 

@@ -38,7 +38,7 @@ def cmd_switch(args: argparse.Namespace) -> int:
             config = switch_config.quick(args.models, args.engine, engine_args, given, args.parked_weights or "gpu")
     except switch_config.ConfigError as exc:
         raise ValueError(str(exc)) from None
-    from .switch.front import run
+    from .switch.port.front import run
 
     log_dir = Path(config.log_dir).expanduser() if config.log_dir else None
     if log_dir is not None:

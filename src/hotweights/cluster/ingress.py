@@ -1,5 +1,5 @@
 """The cluster's OpenAI ingress, a Ray Serve deployment behind Ray's HTTP proxy: it reads a request's ``model`` (or an
-alias) as one front does (``switch.validate``), and sends the request to the node deployment with that model as the
+alias) as one front does (``switch.port.validate``), and sends the request to the node deployment with that model as the
 multiplexed model id, where the router (``router.py``) picks the node; the node's answer comes back as it streams.
 
 Faults: a node that dies before its answer began (its replica gone, or its front not answering) is tried again on
@@ -24,9 +24,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .. import __version__
-from ..serve.errors import error_response as error
-from ..serve.errors import stream_error
-from ..switch.validate import RELAYED, Refused, model_of
+from ..openai_errors import error_response as error
+from ..openai_errors import stream_error
+from ..switch.port.validate import RELAYED, Refused, model_of
 from .config import parse
 
 logger = logging.getLogger("hotweights.cluster")

@@ -39,7 +39,7 @@ from starlette.routing import Route
 from .. import __version__
 from .answers import Clock, JobStream, Plan, collect, logprobs_of, sse, usage
 from .engine import Engine
-from .errors import error_response, http_error, server_error
+from ..openai_errors import error_response, http_error, server_error
 from .generate import Generator, SamplingParams
 from .metrics import ServerMetrics
 from .park import ParkError, Parking

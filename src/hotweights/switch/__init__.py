@@ -1,19 +1,21 @@
 """``hotweights switch``: many models on one GPU behind one OpenAI-compatible port, each engine awake while GPU
 memory allows and parked when another needs it.
 
-- the port: ``front.py`` (the app, its lifespan and run), ``handlers.py`` (its routes over ``FrontState``, the status
-  page ``page.html`` among them), ``validate.py`` (a request's checks before it may switch), ``streams.py`` (each
-  relayed request's log line; open streams ended when the front stops; a paused stream's relay), ``preempt.py``
-  (which streams may be paused, and how each continues), ``metrics.py``;
-- the scheduler: ``switcher.py``, which holds ``admission.py`` (the requests waiting and in flight) and
-  ``lifecycle.py`` (start, park, wake, stop: every move through the state table of ``states.py``); ``snapshot.py``
-  (the switch at one moment, frozen: what is decided over), ``schedule.py`` (its decisions over a snapshot, pure:
-  the plan, the preloads' and which starts go together); ``startup.py`` (start-up: each model's preload and start in
-  their own state tables, the preloads several at once where memory allows); ``actions.py`` (an operator's park,
-  stop, start and idle timeouts); ``model.py`` (a model and its requests' ``Ledger``);
-- memory: ``memory.py`` (the GPU memory model), ``gpus.py`` (what nvidia-smi reads), ``fit.py`` (each GPU's worst
-  moment, said at start-up);
-- engines: ``engines.py`` (an engine, put together from ``process.py``, the server process, ``keeper.py``, its
-  keeper rows, and ``kinds.py``, what each kind needs); ``leftovers.py`` (what a dead front left running);
-- ``config.py``: the TOML file and the quick form, one pydantic schema.
+- the core, here: ``switcher.py`` (the scheduler: the port's one door, ``door.SwitchPort``), which holds
+  ``admission.py`` (the requests waiting and in flight) and ``lifecycle.py`` (start, park, wake, stop: every move
+  through the state tables of ``states.py``); ``snapshot.py`` (the switch at one moment, frozen: what is decided
+  over), ``schedule.py`` (its decisions over a snapshot, pure: the plan, the preloads' and which starts go
+  together); ``startup.py`` (each model's preload and start in their own state tables, the preloads several at once
+  where memory allows); ``actions.py`` (an operator's park, stop, start and idle timeouts); ``model.py`` (a model,
+  its requests' ``Ledger``, ``Changes``); ``memory.py`` (the GPU memory model), ``gpus.py`` (what nvidia-smi reads),
+  ``fit.py`` (each GPU's worst moment, said at start-up); ``kinds.py`` (what each engine kind needs: the switch's one
+  door to vLLM); ``preempt.py`` (which streams may be paused, and how each continues); ``metrics.py``; ``config.py``
+  (the TOML file and the quick form, one pydantic schema);
+- ``port/``: the HTTP front (``front.py``), its routes (``handlers.py``, the status page ``page.html``), a request's
+  checks (``validate.py``), each answer's relay (``streams.py``);
+- ``upstream/``: a model's engine (``engines.py``, from ``process.py``, the server process, and ``keeper.py``, its
+  keeper rows); ``leftovers.py`` (what a dead front left running).
+
+``metrics``, ``preempt`` and ``kinds`` stay in the core: the lifecycle counts, pauses and asks them, and a core that
+imported from ``port/`` or ``upstream/`` both ways would tie the folders in a circle.
 """

@@ -17,7 +17,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Literal
 
-from .engines import EngineError
+from .upstream.engines import EngineError
 from .states import ModelState
 
 if TYPE_CHECKING:

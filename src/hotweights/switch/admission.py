@@ -9,16 +9,13 @@ from __future__ import annotations
 import time
 
 from .config import SwitchConfig
+from .door import Unavailable
 from .metrics import SwitchMetrics
 from .model import Changes, Model
 from .schedule import refusal
 from .states import ModelState
 
 S = ModelState
-
-
-class Unavailable(Exception):
-    """A request that cannot be served now (503); the message says why."""
 
 
 class Admission:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from .. import evidence
 from ..errors import HotweightsError
 from .config import ModelConfig, SwitchConfig
-from .engines import EngineError, EngineLike, WakeRefused
+from .upstream.engines import EngineError, EngineLike, WakeRefused
 from .metrics import SwitchMetrics
 from .model import Changes, Model, Switched
 from .schedule import Room, room_for, start_to_reserve_for, startup_order, victim

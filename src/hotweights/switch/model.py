@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from .config import ModelConfig
-from .engines import EngineLike
+from .upstream.engines import EngineLike
 from .gpus import host_mib
 from .kinds import KINDS, EngineKind
 from .preempt import Resumable

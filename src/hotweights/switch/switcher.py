@@ -18,14 +18,16 @@ request that waits longer than ``request_timeout_s`` is answered 503, and never 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
-from .actions import idle_timeouts
+from .actions import ACTIONS, Refused, act, idle_timeouts
 from .admission import Admission
 from .config import ModelConfig, SwitchConfig
-from .engines import EngineError, EngineLike
+from .upstream.engines import EngineError, EngineLike
 from .lifecycle import Lifecycle, gone
 from .metrics import SwitchMetrics
 from .model import Model
@@ -43,6 +45,32 @@ class Switcher:
         self.life = Lifecycle(config, metrics, engines, totals)
         self.models = self.life.models
         self.requests = Admission(config, self.models, self.life.changes, metrics)
+
+    # the port's door (``door.SwitchPort``)
+    async def acquire(self, name: str) -> Model:
+        return await self.requests.acquire(name)
+
+    def release(self, m: Model) -> None:
+        self.requests.release(m)
+
+    async def act(self, name: str, what: str) -> str:
+        action = next((a for a in ACTIONS if a == what), None)
+        if action is None:
+            raise Refused(f"no action {what!r}: one of {', '.join(ACTIONS)}")
+        return await act(self.life, self.models[name], action)
+
+    def ready(self) -> bool:
+        return self.life.ready.is_set() and self.models[self.config.default.name].state is not S.FAILED
+
+    def status(self, gpu: dict[int, int]) -> dict[str, Any]:
+        return {"models": [m.row(gpu).to_json() for m in self.models.values()],
+                "switches": [dataclasses.asdict(s) for s in reversed(self.life.switched)]}
+
+    def close(self) -> int:
+        return self.requests.close()
+
+    async def stop(self) -> None:
+        await self.life.stop_all()
 
     async def run(self) -> None:
         """Start-up, then every switch, one at a time, as ``schedule.plan`` says; with ``preload_jobs`` > 1

@@ -13,10 +13,10 @@ from typing import Any
 
 import httpx
 
-from ..serve.errors import stream_error
-from .admission import Admission, Unavailable
-from .model import Model
-from .preempt import COMPLETIONS, Events, Resumable
+from ...openai_errors import stream_error
+from ..door import SwitchPort, Unavailable
+from ..model import Model
+from ..preempt import COMPLETIONS, Events, Resumable
 
 logger = logging.getLogger("hotweights.switch")
 
@@ -55,11 +55,11 @@ class Stopping:
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.halt: asyncio.Future[None] | None = None
-        self.requests: Admission | None = None
+        self.requests: SwitchPort | None = None
         self.streams = 0  # ended by it
         self.waiting = 0  # answered 503 by it
 
-    def begin(self, requests: Admission) -> None:
+    def begin(self, requests: SwitchPort) -> None:
         """In the front's loop, as it starts."""
         self.loop, self.requests = asyncio.get_running_loop(), requests
         self.halt = self.loop.create_future()
@@ -80,7 +80,7 @@ class Stopping:
                 self.waiting = self.requests.close()
 
 
-async def relay_resumable(requests: Admission, client: httpx.AsyncClient, stopping: Stopping, m: Model,
+async def relay_resumable(requests: SwitchPort, client: httpx.AsyncClient, stopping: Stopping, m: Model,
                           upstream: httpx.Response, said: Said, r: Resumable) -> AsyncIterator[bytes]:
     """A stream relayed an event at a time, paused where ``r.pause`` is set (its engine leaves for another model's
     turn): the connection to the engine closed (vLLM aborts the request), its place in flight given back, the model
@@ -116,7 +116,7 @@ class _Resumed:
     """``relay_resumable``'s state: the engine's answer now (``upstream``), whether this request holds its place in
     flight, the events cut from the bytes."""
 
-    def __init__(self, requests: Admission, client: httpx.AsyncClient, m: Model, said: Said, r: Resumable,
+    def __init__(self, requests: SwitchPort, client: httpx.AsyncClient, m: Model, said: Said, r: Resumable,
                  upstream: httpx.Response) -> None:
         self.requests, self.client, self.m, self.said, self.r = requests, client, m, said, r
         self.upstream, self.chunks, self.events = upstream, upstream.aiter_raw(), Events()

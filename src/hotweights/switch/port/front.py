@@ -25,19 +25,19 @@ import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 
-from ..serve.errors import http_error, server_error
-from ..parked.records import take_port
-from ..paths import daemon_paths
-from .config import ModelConfig, SwitchConfig
-from .engines import Engine, EngineLike
-from .fit import say_fit
+from ...openai_errors import http_error, server_error
+from ...parked.records import take_port
+from ...paths import daemon_paths
+from ..config import ModelConfig, SwitchConfig
+from ..upstream.engines import Engine, EngineLike
+from ..fit import say_fit
 from .handlers import FrontState, routes
-from .gpus import gpu_memory
-from .kinds import KINDS
-from .leftovers import Note, retire_left
-from .metrics import SwitchMetrics
+from ..gpus import gpu_memory
+from ..kinds import KINDS
+from ..upstream.leftovers import Note, retire_left
+from ..metrics import SwitchMetrics
 from .streams import Stopping
-from .switcher import Switcher
+from ..switcher import Switcher
 
 logger = logging.getLogger("hotweights.switch")
 SHUTDOWN_GRACE_S = 3  # uvicorn's wait for open connections on SIGINT/SIGTERM (its default: forever; ours was 30)
@@ -58,7 +58,7 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncGenerator[None, None]:
-        stopping.begin(switcher.requests)
+        stopping.begin(switcher)
         keeper_before = await asyncio.to_thread(keeper_pid, config.socket_dir)  # 0: this front's preloads start it
         scheduling = asyncio.create_task(switcher.run())
         watching = asyncio.create_task(switcher.watch())
@@ -75,7 +75,7 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await client.aclose()
-            await switcher.life.stop_all()
+            await switcher.stop()
             if note:
                 note.close()
             logger.info("switch: every engine stopped")
@@ -90,8 +90,8 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
 
 def keeper_pid(socket_dir: str) -> int:
     """The pid of the keeper answering in ``socket_dir`` (the default when ""), 0 when none does."""
-    from ..client import connect
-    from ..errors import HotweightsError
+    from ...client import connect
+    from ...errors import HotweightsError
 
     try:
         with connect(daemon_paths(socket_dir or None)) as client:
@@ -103,7 +103,7 @@ def keeper_pid(socket_dir: str) -> int:
 def leave_keeper(config: SwitchConfig, before: int) -> None:
     """On the way out: the keeper keeps the weights for the next start (said in one line); with ``stop_keeper`` a
     keeper this front's preloads started is stopped, its entries freed."""
-    from ..client import connect
+    from ...client import connect
 
     pid = keeper_pid(config.socket_dir)
     if not pid:

@@ -16,18 +16,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from .. import evidence
-from ..errors import HotweightsError
-from ..evidence import size_text
-from ..standby.handoff import PLACES_ENV
-from ..unix import DIE_WITH_ENV
-from .config import ModelConfig
-from .gpus import gpu_mib_by_pid
+from ... import evidence
+from ...errors import HotweightsError
+from ...evidence import size_text
+from ...standby.handoff import PLACES_ENV
+from ...unix import DIE_WITH_ENV
+from ..config import ModelConfig
+from ..gpus import gpu_mib_by_pid
 from .keeper import KeeperView
-from .kinds import KINDS
-from .memory import GpuNeed
+from ..kinds import KINDS
+from ..memory import GpuNeed
 from .process import EngineError, EngineProcess, WakeRefused, one_line
-from .states import PreloadOutcome, WakeSource
+from ..states import PreloadOutcome, WakeSource
 
 # a wake takes 0.05-1 s on an H200 (from the GPU or host memory); one that does not answer within this is an engine
 # that cannot (a dead server's orphan holding its port waited out 300 s before)

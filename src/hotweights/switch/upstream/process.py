@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import evidence
-from ..observe import free_port, healthy, post
-from ..standby.handoff import serving_pids
-from ..unix import pid_alive, stop_group
+from ... import evidence
+from ...observe import free_port, healthy, post
+from ...standby.handoff import serving_pids
+from ...unix import pid_alive, stop_group
 
 REASON_CHARS = 300
 PORT_TRIES = 3  # picks of a free port for one start: another process may bind the one picked before the engine does

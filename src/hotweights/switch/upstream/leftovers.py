@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..paths import ensure_socket_dir
-from ..unix import proc_stat, signal_group, stop_group
+from ...paths import ensure_socket_dir
+from ...unix import proc_stat, signal_group, stop_group
 
 logger = logging.getLogger("hotweights.switch")
 RETIRE_GRACE_S = 10.0

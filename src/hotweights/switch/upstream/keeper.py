@@ -9,12 +9,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from ..client import connect
-from ..evidence import size_text
-from ..paths import daemon_paths
-from ..rows import EntryRow
-from .config import ModelConfig
-from .kinds import EngineKind
+from ...client import connect
+from ...evidence import size_text
+from ...paths import daemon_paths
+from ...rows import EntryRow
+from ..config import ModelConfig
+from ..kinds import EngineKind
 from .process import EngineError
 
 
@@ -60,7 +60,7 @@ class KeeperView:
         """Whether the keeper holds this checkpoint, as its files are now, under the key its preload would publish:
         a front started again then runs no preload process (2-4 s each for the embedded engine). The shards' digests
         come from the digest cache by file identity (a file that changed is read again, as the preload would)."""
-        from ..loading.checkpoint import checkpoint_key, open_checkpoint
+        from ...loading.checkpoint import checkpoint_key, open_checkpoint
 
         rows = [r for r in self.own() if r.nbytes or r.host_nbytes]
         if not rows:

@@ -24,21 +24,19 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .. import __version__
-from ..serve.errors import error_response as error
-from ..serve.errors import stream_error
-from .actions import ACTIONS, act
-from .actions import Refused as ActionRefused
-from .config import SwitchConfig
-from .engines import gpu_mib_by_pid
-from .metrics import SwitchMetrics
-from .model import Model
-from .process import one_line
-from .states import ModelState
-from .preempt import resumable
+from ... import __version__
+from ...openai_errors import error_response as error
+from ...openai_errors import stream_error
+from ..actions import ACTIONS
+from ..actions import Refused as ActionRefused
+from ..config import SwitchConfig
+from ..upstream.engines import gpu_mib_by_pid
+from ..metrics import SwitchMetrics
+from ..model import Model
+from ..upstream.process import one_line
+from ..preempt import resumable
 from .streams import Said, Stopping, relay_resumable
-from .admission import Unavailable
-from .switcher import Switcher
+from ..door import SwitchPort, Unavailable
 from .validate import BODIES, RELAYED, Refused, model_of
 
 logger = logging.getLogger("hotweights.switch")
@@ -52,7 +50,7 @@ class FrontState:
     stop of open streams, every name a request may ask for (``routes``: a model's name or alias -> the model)."""
 
     config: SwitchConfig
-    switcher: Switcher
+    switcher: SwitchPort
     metrics: SwitchMetrics
     client: httpx.AsyncClient
     stopping: Stopping
@@ -84,7 +82,7 @@ def routes() -> list[Route]:
 
 async def health(request: Request) -> Response:
     f = front(request)
-    if f.switcher.life.ready.is_set() and f.switcher.models[f.config.default.name].state is not ModelState.FAILED:
+    if f.switcher.ready():
         return Response(status_code=200)
     return error(503, f"the default model {f.config.default.name} is not serving yet")
 
@@ -125,7 +123,7 @@ async def action(request: Request) -> Response:
         return error(404, f"no action {what!r}: one of {', '.join(ACTIONS)}")
     m = f.switcher.models[f.routes[asked]]
     try:
-        did = await act(f.switcher.life, m, what)
+        did = await f.switcher.act(m.name, what)
     except ActionRefused as exc:
         return error(409, str(exc))
     return JSONResponse({"model": m.name, "action": what, "did": did, "state": m.state.value})
@@ -142,9 +140,7 @@ async def status(request: Request) -> Response:
     gpu = await asyncio.to_thread(gpu_mib_by_pid)
     return JSONResponse({"default": f.config.default.name, "max_awake": f.config.max_awake,
                          "parking": f.config.parking, "log_dir": str(f.log_dir), "version": __version__,
-                         "keyed": bool(f.config.api_key),
-                         "models": [m.row(gpu).to_json() for m in f.switcher.models.values()],
-                         "switches": [dataclasses.asdict(s) for s in reversed(f.switcher.life.switched)]})
+                         "keyed": bool(f.config.api_key), **f.switcher.status(gpu)})
 
 
 async def page(request: Request) -> Response:
@@ -190,7 +186,7 @@ async def forward(request: Request) -> Response:
     if unserved or (upstream.status_code >= 500 and "json" not in upstream.headers.get("content-type", "")):
         said = (await upstream.aread()).decode(errors="replace")  # every 5xx the front answers is JSON
         await upstream.aclose()
-        f.switcher.requests.release(m)
+        f.switcher.release(m)
         f.metrics.requests.labels(name, f"engine_{upstream.status_code // 100}xx").inc()
         logger.info("switch: request %s %s %d, waited %.3f s", name, path, upstream.status_code, waited)
         if unserved:
@@ -204,7 +200,7 @@ async def forward(request: Request) -> Response:
     events = upstream.headers.get("content-type", "").startswith("text/event-stream")
     record = Said(name, path, code, arrived, waited)
     if r is not None and events and code == 200:  # a stream the switch may pause for another model's turn
-        stream = relay_resumable(f.switcher.requests, f.client, f.stopping, m, upstream, record, r)
+        stream = relay_resumable(f.switcher, f.client, f.stopping, m, upstream, record, r)
         return StreamingResponse(told(f, m, stream, record), status_code=code, headers=kept)
     return StreamingResponse(relay(f, m, upstream, events, record), status_code=code, headers=kept)
 
@@ -216,7 +212,7 @@ async def open_upstream(f: FrontState, name: str, path: str, body: bytes,
     once."""
     for attempt in (1, 2):
         try:
-            m = await f.switcher.requests.acquire(name)
+            m = await f.switcher.acquire(name)
         except Unavailable as exc:
             f.metrics.requests.labels(name, "unavailable").inc()
             return error(503, LOG_PATH.sub("", str(exc)))  # the server's paths are for its status, not clients
@@ -232,7 +228,7 @@ async def open_upstream(f: FrontState, name: str, path: str, body: bytes,
             problem = str(exc) or type(exc).__name__
         finally:
             if not sent:  # failed, or cancelled because the client left
-                f.switcher.requests.release(m)
+                f.switcher.release(m)
         if attempt == 1 and await f.switcher.engine_gone(m):
             logger.warning("switch: %s: its engine is gone (%s); starting it again for this request", name,
                            problem)
@@ -276,7 +272,7 @@ async def relay(f: FrontState, m: Model, upstream: httpx.Response, events: bool,
                 f"the engine of `{name}` stopped in the middle of this answer; retry the request")
     finally:
         await upstream.aclose()
-        f.switcher.requests.release(m)
+        f.switcher.release(m)
         _told(f, m, said)
 
 

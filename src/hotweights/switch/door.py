@@ -1,0 +1,54 @@
+"""The switch's one door for its port (``port/``: the HTTP front, its handlers and streams): ``SwitchPort``, what
+the port may ask of the scheduler and its models, and ``Unavailable``, what a request that cannot be served gets.
+``switcher.Switcher`` is the one implementation; the port imports neither the lifecycle nor the admission behind
+it. Torch-free."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from .model import Model
+
+
+class Unavailable(Exception):
+    """A request that cannot be served now (503); the message says why."""
+
+
+class SwitchPort(Protocol):
+    """What the port asks of the switch."""
+
+    @property
+    def models(self) -> Mapping[str, Model]: ...  # read by the port: names, configs, states, rows
+
+    async def acquire(self, name: str) -> Model:
+        """The awake engine of ``name`` with this request counted in flight; Unavailable when it cannot be."""
+        ...
+
+    def release(self, m: Model) -> None:
+        """A request on ``m``'s engine ended."""
+        ...
+
+    async def engine_gone(self, m: Model) -> bool:
+        """Whether ``m``'s engine is gone (its connection failed): marked failed by the scheduler if so."""
+        ...
+
+    async def act(self, name: str, what: str) -> str:
+        """An operator's action (``actions.ACTIONS``) on model ``name``: what it did (``actions.Refused``)."""
+        ...
+
+    def ready(self) -> bool:
+        """Whether the front serves: start-up reached the default model, and it has not failed."""
+        ...
+
+    def status(self, gpu: dict[int, int]) -> dict[str, Any]:
+        """Each model's row (``gpu``: MiB held per pid) and the last switches, for ``/switch/status``."""
+        ...
+
+    def close(self) -> int:
+        """The front stops: every request waiting for its model is answered 503 now (how many waited)."""
+        ...
+
+    async def stop(self) -> None:
+        """Every engine stopped."""
+        ...
