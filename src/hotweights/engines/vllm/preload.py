@@ -102,16 +102,14 @@ def _publish_only(model: str, dtype: str, paths: DaemonPaths, python: str, extra
            "hotweights.engines.vllm.publish", "--model", model, "--dtype", dtype,
            "--load-format", "hotweights", "--model-loader-extra-config", json.dumps(extra), *extra_args]
     start = time.monotonic()
-    before = {row.key: row.num_attaches for row in _engine_rows(paths, Path(model).name, 1)}
+    ranks = Ranks.before(paths, model, 1)
     with open(log, "w") as out:
         try:
             done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s,
                                   start_new_session=True)
         except subprocess.TimeoutExpired:
             raise HotweightsError(f"vLLM's loader did not publish within {timeout_s:.0f} s; see {log}") from None
-    rows = _engine_rows(paths, Path(model).name, 1)
-    published = [r for r in rows if r.key not in before]
-    mapped = [r for r in rows if r.key in before and r.num_attaches > before[r.key]]  # cached already: attached
+    published, mapped = ranks.now()
     text = log.read_text(errors="replace")
     if failure := _write_through_failure(text):
         raise HotweightsError(f"vLLM loaded the model but did not publish it: {failure}; log: {log}")
@@ -165,15 +163,13 @@ def _preload(model: str, dtype: str, tp_size: int, paths: DaemonPaths, python: s
     rotate_log(log_dir / f"{label}.log", keep_bytes=0)  # the last run's log stays, as LABEL.log.1: a preload tried
     # again (alone, after it failed beside others) keeps the first failure's reason
     start = time.monotonic()
-    before = {row.key: row.num_attaches for row in _engine_rows(paths, Path(model).name, tp_size)}
+    ranks = Ranks.before(paths, model, tp_size)
     obs = Observed(label, cmd, out_dir=log_dir, health_url=f"http://127.0.0.1:{port}/health")
     said = 0
     try:
         while True:
-            rows = _engine_rows(paths, Path(model).name, tp_size)
-            published = [r for r in rows if r.key not in before]
-            mapped = [r for r in rows if r.key in before and r.num_attaches > before[r.key]]
-            if {r.rank[0] for r in published + mapped} >= set(range(tp_size)):
+            published, mapped = ranks.now()
+            if ranks.all_done(published, mapped):
                 break
             text = obs.log_text()
             if failure := _write_through_failure(text):
@@ -211,6 +207,34 @@ def _leave_standby(directory: Path, python: str) -> str:
     except FileNotFoundError as exc:
         logger.warning("no warm standby left for the next start: %s", exc)
         return handoff.Prepared.FAILED
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """What a preload's ranks did in the keeper, the one account both preloads read (the loader alone's once it
+    exits, the whole start's while it runs): an engine-layout entry of ``model`` that was not there ``before`` is
+    one a rank published; one that was, whose attach count grew, is one a rank found cached and mapped."""
+
+    paths: DaemonPaths
+    model: str
+    tp_size: int
+    attaches: dict[str, int]  # each entry's attach count before the preload, by key
+
+    @classmethod
+    def before(cls, paths: DaemonPaths, model: str, tp_size: int) -> Ranks:
+        rows = _engine_rows(paths, Path(model).name, tp_size)
+        return cls(paths, Path(model).name, tp_size, {row.key: row.num_attaches for row in rows})
+
+    def now(self) -> tuple[list[EntryRow], list[EntryRow]]:
+        """The entries published since, and those mapped since."""
+        rows = _engine_rows(self.paths, self.model, self.tp_size)
+        published = [r for r in rows if r.key not in self.attaches]
+        mapped = [r for r in rows if r.key in self.attaches and r.num_attaches > self.attaches[r.key]]
+        return published, mapped
+
+    def all_done(self, published: list[EntryRow], mapped: list[EntryRow]) -> bool:
+        """Whether every rank has published its entry or mapped one."""
+        return {r.rank[0] for r in published + mapped} >= set(range(self.tp_size))
 
 
 def _engine_rows(paths: DaemonPaths, model: str, tp_size: int) -> list[EntryRow]:
