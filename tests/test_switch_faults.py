@@ -348,3 +348,37 @@ def test_a_parked_engine_killed_just_before_its_request_is_started_again_for_it(
     os.kill(row["server_pid"], signal.SIGKILL)
     assert answer(front.client(), "c") == expected
     assert front.state("c")["state"] == "awake" and front.state("c")["pid"] != row["pid"]
+
+
+def health(front: Front) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(front.url + "/health", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_a_crashed_default_starts_again_by_itself_and_health_says_why_while_it_is_down(front):
+    """Issue 68: after ``kill -9`` of the default model's engine, ``/health`` stayed 503 for 90 s and more, until a
+    request came for it; a health-gated deployment sends none. It starts again by itself now, at once; crashed
+    again within a minute of that start, after a back-off, and ``/health`` says which model, its state and why."""
+    first = front.state("a")
+    os.kill(first["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 90  # at once; after 30 s where the test before killed it less than 60 s ago
+    while not ((row := front.state("a"))["state"] == "awake" and row["pid"] not in (first["pid"], 0)):
+        assert time.monotonic() < deadline, front.log.read_text()[-3000:]
+        time.sleep(0.1)  # no request asks for it
+    assert health(front)[0] == 200
+    assert "a: its engine exited (code -9); it starts again " in front.log.read_text()
+    os.kill(row["pid"], signal.SIGKILL)  # again, within a minute of its start: a crash loop waits its back-off
+    deadline = time.monotonic() + 30
+    while (said := health(front))[0] == 200:
+        assert time.monotonic() < deadline, front.log.read_text()[-3000:]
+        time.sleep(0.1)
+    code, body = said
+    assert code == 503 and body["model"] == "a" and body["state"] == "failed", body
+    assert "it starts again in " in body["reason"] and 20 < body["retry_in_s"] <= 60, body
+    time.sleep(2)
+    assert front.state("a")["state"] == "failed"  # not restarted in a loop
+    assert answer(front.client(), "a")  # a request starts it at once, back-off or not
+    assert health(front)[0] == 200

@@ -8,6 +8,7 @@ Run: pytest tests/test_switcher.py
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 
@@ -633,6 +634,18 @@ def test_the_plan_is_a_function_of_a_snapshot_as_a_table():
     p = plan(snap(a=busy, b=busy, c=("parked", 0, (5.0,), True, need), d=("parked", 0, (0.1,), True, need)),
              config)  # d does not fit until c has woken: it waits too
     assert p.leave == (Leave("a", "c", 1),) and p.then == Wait(), p
+    # issue 68: a crashed default (or kept-awake) engine starts again with no request, once its back-off is over
+    died = Failure(FailureKind.DIED, "its engine exited (code -9)", retry_at=now)
+    crashed = ("failed", 0, (), True, need)
+
+    def with_failure(snapshot, name, failure):
+        views = tuple(dataclasses.replace(v, failure=failure) if v.name == name else v for v in snapshot.models)
+        return dataclasses.replace(snapshot, models=views)
+
+    assert plan(with_failure(snap(a=crashed), "a", died), config).then == Wake("a")  # the default
+    assert plan(with_failure(snap(b=crashed), "b", died), config).then == Wait()  # its next request starts it
+    later = dataclasses.replace(died, retry_at=now + 30)
+    assert plan(with_failure(snap(a=crashed), "a", later), config).then == Wait()  # a crash loop's back-off
 
 
 def test_the_lifecycle_alone_starts_parks_wakes_and_stops_engines_without_requests():

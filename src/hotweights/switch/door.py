@@ -37,8 +37,9 @@ class SwitchPort(Protocol):
         """An operator's action (``actions.ACTIONS``) on model ``name``: what it did (``actions.Refused``)."""
         ...
 
-    def ready(self) -> bool:
-        """Whether the front serves: start-up reached the default model, and it has not failed."""
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Whether the front serves (start-up reached the default model, and it has not failed), and why not: the
+        default model, its state, the reason, and when it is tried again, as ``/health`` answers them."""
         ...
 
     def status(self, gpu: dict[int, int]) -> dict[str, Any]:

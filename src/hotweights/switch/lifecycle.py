@@ -26,6 +26,7 @@ from .states import (SERVING, STARTS_GOING_ON, TRANSITIONS, Failure, FailureKind
 S = ModelState
 logger = logging.getLogger("hotweights.switch")
 BACKOFF_S, BACKOFF_MAX_S = 30.0, 600.0
+STABLE_S = 60.0  # an engine up this long before it died did not crash in a loop: its next crash restarts at once
 
 
 async def gone(m: Model, wait_s: float = 10.0) -> bool:
@@ -93,11 +94,22 @@ class Lifecycle:
         return room_for(s[m.name], s, config)
 
     def exited(self, m: Model) -> None:
-        """``m``'s engine died while it served: failed, started again by its next request (under ``busy``)."""
-        failure = Failure(FailureKind.DIED, f"its engine exited (code {m.engine.exit_code}); it starts again on "
-                                            f"the next request")
+        """``m``'s engine died while it served: failed (under ``busy``), started again by its next request; the
+        default model's and a kept-awake one's by the scheduler itself (``schedule.restarts_now``): at once, and
+        after 30 s, 60, ... up to 10 min where it crashes again within ``STABLE_S`` of its start (a crash loop must
+        not spin the GPU), as for a failed start."""
+        now = time.monotonic()
+        m.crashes = m.crashes + 1 if m.up_since and now - m.up_since < STABLE_S else 1
+        itself = m.config is self.config.default or m.config.keep_awake
+        backoff = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (m.crashes - 2)) if itself and m.crashes > 1 else 0.0
+        when = ("it starts again on the next request" if not itself else "it starts again now" if not backoff
+                else f"it starts again in {backoff:.0f} s ({m.crashes} crashes, each within {STABLE_S:.0f} s of "
+                     f"its start), or on the next request")
+        failure = Failure(FailureKind.DIED, f"its engine exited (code {m.engine.exit_code}); {when}", now + backoff)
         logger.warning("switch: %s: %s", m.name, failure.message)
         self.move(m, S.FAILED, failure)
+        if backoff:
+            asyncio.get_running_loop().call_later(backoff, self.changes.kick.set)  # then the scheduler restarts it
 
     async def start_up(self, m: Model) -> None:
         """Preload and start ``m`` (idle engines park first where it would not fit beside them); it stays awake when
@@ -170,6 +182,7 @@ class Lifecycle:
             self.startup.start_moves(m, StartState.FAILED)
             raise
         self.startup.start_moves(m, StartState.UP)
+        m.up_since = time.monotonic()
         return took
 
     def _start_failed(self, m: Model, exc: EngineError) -> None:

@@ -162,6 +162,8 @@ class Model:
     parked_at: float = 0.0
     wakes: int = 0
     start_failures: int = 0  # starts that failed in a row: the back-off doubles with each
+    crashes: int = 0  # its engine's deaths in a row, each within ``lifecycle.STABLE_S`` of its start
+    up_since: float = 0.0  # time.monotonic() its engine last came up
     failure: Failure | None = None  # why it is FAILED (set and cleared by ``Lifecycle.move`` only)
     last_error: str = ""  # why its last wake failed, where it stayed where it was; cleared once it is awake
     streams: set[Resumable] = field(default_factory=set)  # its streams in flight that may be paused (preempt.py)

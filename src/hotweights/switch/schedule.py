@@ -124,8 +124,24 @@ def plan(s: Snapshot, config: SwitchConfig) -> Plan:
             look = room.look_in_s if look is None else min(look, room.look_in_s)
     if order:
         return Plan(Wait(look), leave)
+    return Plan(restart(s, config) or start_next(s, config))
+
+
+def restart(s: Snapshot, config: SwitchConfig) -> Wake | None:
+    """A crashed engine of the default (or a kept-awake) model started again by itself (``restarts_now``), where it
+    fits now (idle engines parked for it), else None."""
+    for v in s.models:
+        if restarts_now(v, s):
+            room = room_for(v, s, config)
+            if not room.wait:
+                return Wake(v.name, room)
+    return None
+
+
+def start_next(s: Snapshot, config: SwitchConfig) -> Start | Wait:
+    """Start-up's next start (``startup_next``), with the starts that go with it; else a wait."""
     following = startup_next(s)
-    return Plan(Start(startup_batch(following, s, config)) if following is not None else Wait())
+    return Start(startup_batch(following, s, config)) if following is not None else Wait()
 
 
 def wanted(s: Snapshot, config: SwitchConfig) -> list[View]:
@@ -173,6 +189,15 @@ def retried_now(v: View, now: float) -> bool:
     came, and a health-gated deployment sends none)."""
     return (v.state is ModelState.FAILED and v.failure is not None and v.failure.kind is FailureKind.START
             and not v.waiting and not refusal(v, now))
+
+
+def restarts_now(v: View, s: Snapshot) -> bool:
+    """Whether ``v``'s engine died while it served and the scheduler starts it again itself now, no request needed:
+    it is the default model (``/health`` waits for it, and a health-gated deployment sends no request) or kept
+    awake, and the back-off its crashes earned is over (``lifecycle.Lifecycle.exited``)."""
+    f = v.failure
+    return (v.state is ModelState.FAILED and f is not None and f.kind is FailureKind.DIED
+            and (v.name == s.default or v.config.keep_awake) and s.now >= f.retry_at)
 
 
 def pick_victim(candidates: Sequence[View], schedule: str) -> View:

@@ -59,8 +59,17 @@ class Switcher:
             raise Refused(f"no action {what!r}: one of {', '.join(ACTIONS)}")
         return await act(self.life, self.models[name], action)
 
-    def ready(self) -> bool:
-        return self.life.ready.is_set() and self.models[self.config.default.name].state is not S.FAILED
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        m = self.models[self.config.default.name]
+        ok = self.life.ready.is_set() and m.state is not S.FAILED
+        body: dict[str, Any] = {"status": "ok" if ok else "unavailable", "model": m.name, "state": m.state.value}
+        if not ok:
+            body["reason"] = m.error or ("start-up has not reached it yet" if not m.started
+                                         else f"its engine is {m.state.value}")
+            left = m.failure.retry_at - time.monotonic() if m.failure is not None else 0.0
+            if left > 0:
+                body["retry_in_s"] = round(left, 1)
+        return ok, body
 
     def status(self, gpu: dict[int, int]) -> dict[str, Any]:
         return {"models": [m.row(gpu).to_json() for m in self.models.values()],

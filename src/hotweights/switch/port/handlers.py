@@ -82,9 +82,8 @@ def routes() -> list[Route]:
 
 async def health(request: Request) -> Response:
     f = front(request)
-    if f.switcher.ready():
-        return Response(status_code=200)
-    return error(503, f"the default model {f.config.default.name} is not serving yet")
+    ok, said = f.switcher.health()  # why not, in JSON: the default model, its state, the reason (issue 68)
+    return JSONResponse(said, status_code=200 if ok else 503)
 
 
 async def models(request: Request) -> Response:
