@@ -67,6 +67,21 @@ def preempted(url: str, log: Path) -> tuple[str, list[str]]:
     return plain, tries
 
 
+def stopped_without_its_standbys(front: subprocess.Popen, log: Path, sock: Path) -> None:
+    """Issue 68: the front retires the warm standbys its engines prepared (4 of 0.6-1.0 GiB each were left
+    behind), and its last line names what it leaves running."""
+    from hotweights.engines.vllm.standby import SPEC
+    from hotweights.standby import handoff
+
+    assert handoff.holders(SPEC, sock)  # the last start prepared one for the next
+    front.send_signal(signal.SIGINT)
+    assert front.wait(120) in (0, 130)
+    assert handoff.holders(SPEC, sock) == []
+    lines = [x for x in log.read_text().splitlines() if "hotweights.switch" in x]
+    assert re.search(r"retired \d+ warm standby\(s\) of vllm", "\n".join(lines[-4:])), lines[-4:]
+    assert "left running: the keeper (pid " in lines[-1] and "standby" not in lines[-1], lines[-1]
+
+
 @pytest.mark.timeout(900)
 def test_with_vllms_cpu_build_a_switch_stops_its_engine_and_a_request_starts_it_again(tmp_path):
     from hotweights.demo_model import write_demo_model
@@ -136,9 +151,11 @@ args = ["--max-model-len", "64"]
         assert '"tensors": 51' in preload_log and "kv_cache" not in preload_log.lower()
         engine_log = Path(status()["v"]["log"]).read_text()
         assert engine_log.count("Started vLLM from a warm standby") >= 1 and "Mapped " in engine_log
+        stopped_without_its_standbys(front, log, sock)
     finally:
-        front.send_signal(signal.SIGINT)
-        front.wait(120)
+        if front.poll() is None:
+            front.send_signal(signal.SIGINT)
+            front.wait(120)
         run_cli("stop", "--socket-dir", str(sock))
         # the standby the last start prepared waits for the next start, as it should; this test has none
         subprocess.run([VLLM_PYTHON, "-m", "hotweights", "standby", "--stop", "--socket-dir", str(sock)],

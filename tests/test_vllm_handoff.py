@@ -535,3 +535,27 @@ def test_a_module_run_fills_two_places_where_several_standbys_are_kept(socket_di
     takes the other (H200, three 8B: with one, each start after a preload waited 17-25 s for an import)."""
     monkeypatch.setenv(handoff.PLACES_ENV, "2")
     assert_prepared_beside_a_module_run(socket_dir, work, places=(0, 1), within_s=120)
+
+
+@pytest.mark.slow
+def test_standby_stop_retires_every_standby_of_the_directory_and_returns_once_they_are_gone(socket_dir, tmp_path):
+    """Issue 68: ``hotweights standby --stop`` reported 2 of 4 standbys a front had left: it looked only for those of
+    its own interpreter and devices. It retires every one in the directory (any interpreter, devices and place),
+    spawned detached as a start spawns them, and returns once they are gone."""
+    from conftest import run_cli
+
+    from hotweights.unix import pid_alive, spawn_detached
+
+    for devices in ("", "0", "1"):  # three standbys, each of its own devices
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices}
+        spawn_detached([sys.executable, "-m", "hotweights.standby.zygote", "--engine", "vllm", "--socket-dir",
+                        str(socket_dir)], env, tmp_path / f"standby-{devices or 'none'}.log")
+    deadline = time.monotonic() + 60
+    while len(pids := handoff.holders(SPEC, socket_dir)) < 3:
+        assert time.monotonic() < deadline, pids
+        time.sleep(0.1)
+    done = run_cli("standby", "--stop", "--socket-dir", str(socket_dir), "--json")
+    assert done.returncode == 0 and sorted(json.loads(done.stdout)["stopped"]) == pids, done
+    assert not [pid for pid in pids if pid_alive(pid) and (Path(f"/proc/{pid}/stat").read_text().split(")")[-1]
+                                                          .split()[0] not in "ZX")]
+    assert handoff.holders(SPEC, socket_dir) == []

@@ -166,6 +166,9 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--stop-keeper", action="store_const", const=True, default=None,
                    help="on the way out, stop the keeper if this front started it (else it keeps the weights for the "
                         "next start)")
+    p.add_argument("--keep-standbys", action="store_const", const=True, default=None,
+                   help="on the way out, leave the engines' warm standbys running for the next front (else they are "
+                        "retired with it)")
     p.add_argument("--schedule", choices=["fair", "fifo"], default=None,
                    help="which waiting model a switch serves next: fair (default: the most requests waiting; one "
                         "waiting over starve_after_s first) or fifo (first come)")

@@ -38,8 +38,8 @@ from typing import Any
 
 from ..errors import HotweightsError, ProtocolError, TrustError
 from ..paths import check_socket_dir
-from ..unix import (descendants, is_locked, lock_holder, lock_note, peer_credentials, pid_alive, spawn_detached,
-                    take_pid_lock)
+from ..unix import (descendants, is_locked, lock_holder, lock_note, peer_credentials, pid_alive, proc_stat,
+                    spawn_detached, take_pid_lock)
 from ..wire import close_fds
 from .busy import wait_while_importing
 from .engine import EngineSpec
@@ -321,20 +321,35 @@ def prepare(engine: EngineSpec, directory: Path, environ: dict[str, str], *,
     return Prepared.PREPARED
 
 
-def stop(engine: EngineSpec, directory: Path) -> list[int]:
-    """Retire the standbys of this engine and interpreter, in every place, also those still importing (SIGTERM to
-    each lock holder's pid, which it writes into the lock file); their pids."""
+def holders(engine: EngineSpec, directory: Path) -> list[int]:
+    """The pids of every standby of this engine in ``directory``, for any interpreter and devices, in every place,
+    those still importing too (each writes its pid into its lock file; one that has handed its server over has let
+    its lock go, so a running engine is never among them)."""
     try:
         check_socket_dir(directory)
     except (OSError, TrustError):
         return []
-    stopped = []
-    for place in range(MAX_PLACES):
-        pid = lock_holder(standby_paths(directory, engine.name, place=place).lock)
-        if pid:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGTERM)
-            stopped.append(pid)
+    return sorted({pid for lock in directory.glob(f"{engine.name}-standby-*.lock") if (pid := lock_holder(lock))})
+
+
+def stop(engine: EngineSpec, directory: Path, wait_s: float = 15.0) -> list[int]:
+    """Retire every standby of this engine in ``directory`` (``holders``: of any interpreter and devices, also those
+    still importing), and return once they are gone: SIGTERM, SIGKILL to those left after ``wait_s``. Their pids."""
+    stopped = holders(engine, directory)
+    for pid in stopped:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+
+    def alive(pid: int) -> bool:  # a zombie no parent reaps (a container's init may not) is gone
+        stat = proc_stat(pid)
+        return pid_alive(pid) and (stat is None or stat[0] not in ("Z", "X"))
+
+    deadline = time.monotonic() + wait_s
+    while (left := [pid for pid in stopped if alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
     return stopped
 
 

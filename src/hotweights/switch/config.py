@@ -9,6 +9,7 @@
     socket_dir = ""          # the keeper's (default: hotweights' default)
     parking = true           # false: a switch stops the engine and starts the next one (llama-swap's way)
     stop_keeper = false      # true: on the way out, stop the keeper if this front started it (frees the weights)
+    keep_standbys = false    # true: on the way out, leave the warm standbys (vLLM imported) for the next front
     schedule = "fair"        # which waiting model goes next: "fair" (most requests waiting; one waiting over
     starve_after_s = 10      # starve_after_s goes first) or "fifo" (first come)
     turn_s = 1               # where memory forces a choice between busy engines: a busy one leaves (takes no new
@@ -208,6 +209,7 @@ class SwitchConfig:
     socket_dir: str = ""
     parking: bool = True
     stop_keeper: bool = False  # on the way out, stop the keeper if this front's preloads started it
+    keep_standbys: bool = False  # on the way out, leave the engines' warm standbys running (else retired)
     schedule: Schedule = "fair"  # or "fifo": which waiting model a switch serves next (schedule.py)
     starve_after_s: Seconds = 10.0  # fair: a model whose request has waited this long goes next
     # a busy engine's turn, in request-seconds waited per request it has in flight (schedule.py)

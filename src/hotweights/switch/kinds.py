@@ -30,6 +30,8 @@ from ..engines.vllm.options import LAYOUT_PREFIX, LOAD_FORMAT
 from ..engines.vllm.preload import SERVER_PRELOAD_ENV
 from ..engines.vllm.start import EXTRA_CONFIG, LOAD_FORMAT_OPTION, TENSOR_PARALLEL, VllmStart, is_cpu_build
 from ..rows import EntryRow
+from ..engines.vllm.standby import SPEC as STANDBY
+from ..standby import handoff
 from ..standby.handoff import IMPORT_ENV
 from .memory import CONTEXT_MIB, GpuNeed
 
@@ -101,6 +103,8 @@ class EngineKind(Protocol):
     def owns(self, row: EntryRow, m: Spec) -> bool: ...
     def ranks(self, m: Spec) -> int: ...
     def gpu_need(self, m: Spec) -> GpuNeed: ...
+    def standbys(self, directory: Path) -> list[int]: ...
+    def retire_standbys(self, directory: Path) -> list[int]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +166,14 @@ class HotweightsKind:
         """What to add to ``args`` for an engine that keeps less on its GPU while parked (the fit's hint), () where
         nothing would."""
         return ()
+
+    def standbys(self, directory: Path) -> list[int]:
+        """The pids of this kind's warm standbys in ``directory`` (the keeper's): none, it keeps none."""
+        return []
+
+    def retire_standbys(self, directory: Path) -> list[int]:
+        """Retire this kind's warm standbys in ``directory``, returning once they are gone; their pids."""
+        return []
 
     def preload_command(self, m: Spec, parks: bool) -> list[str]:
         """``hotweights preload ...`` for it (the CLI's arguments)."""
@@ -239,6 +251,12 @@ class VllmKind:
             return False
         digest = config_digest(str(m.checkpoint))
         return digest is not None and digest == config_digest(str(other.checkpoint))
+
+    def standbys(self, directory: Path) -> list[int]:
+        return handoff.holders(STANDBY, directory)
+
+    def retire_standbys(self, directory: Path) -> list[int]:
+        return handoff.stop(STANDBY, directory)
 
     def fewer_seqs(self, args: Sequence[str]) -> tuple[str, ...]:
         """``--max-num-seqs 32`` where ``args`` set neither it nor ``--enforce-eager``: vLLM's CUDA graphs, which

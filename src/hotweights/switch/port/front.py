@@ -79,7 +79,7 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
             if note:
                 note.close()
             logger.info("switch: every engine stopped")
-            await asyncio.to_thread(leave_keeper, config, keeper_before)
+            await asyncio.to_thread(leave_behind, config, keeper_before)
 
     app = Starlette(lifespan=lifespan, exception_handlers={HTTPException: http_error, Exception: server_error},
                     routes=routes())
@@ -100,22 +100,35 @@ def keeper_pid(socket_dir: str) -> int:
         return 0
 
 
-def leave_keeper(config: SwitchConfig, before: int) -> None:
-    """On the way out: the keeper keeps the weights for the next start (said in one line); with ``stop_keeper`` a
-    keeper this front's preloads started is stopped, its entries freed."""
+def leave_behind(config: SwitchConfig, before: int) -> None:
+    """On the way out, once the engines have stopped: their warm standbys retired (with ``keep_standbys``, left for
+    the next front), and the keeper kept for the next start (with ``stop_keeper``, a keeper this front's preloads
+    started is stopped, its entries freed). The last line names everything this front leaves running."""
     from ...client import connect
 
+    directory = daemon_paths(config.socket_dir or None).directory
+    left = []
+    for kind in {KINDS[m.engine].name: KINDS[m.engine] for m in config.models}.values():
+        if config.keep_standbys:
+            if pids := kind.standbys(directory):
+                left.append(f"{len(pids)} warm standby(s) of {kind.name} (pid {', '.join(map(str, pids))}) for "
+                            f"the next front's starts: `hotweights standby --stop` retires them")
+        elif pids := kind.retire_standbys(directory):
+            logger.info("switch: retired %d warm standby(s) of %s (pid %s); --keep-standbys leaves them for the "
+                        "next front", len(pids), kind.name, ", ".join(map(str, pids)))
     pid = keeper_pid(config.socket_dir)
-    if not pid:
-        return
-    if config.stop_keeper and pid != before:
+    if pid and config.stop_keeper and pid != before:
         with connect(daemon_paths(config.socket_dir or None)) as client:
             client.stop()
         logger.info("switch: stopped the keeper this front started (pid %d): its weights are freed", pid)
-        return
-    ran = ", which ran before this front" if pid == before else ""
-    logger.info("switch: the keeper (pid %d%s) keeps the weights, so that the next front starts at once; "
-                "`hotweights stop` frees them%s", pid, ran, "" if ran else " (or run the front with --stop-keeper)")
+    elif pid:
+        ran = ", which ran before this front" if pid == before else ""
+        left.insert(0, f"the keeper (pid {pid}{ran}) keeps the weights, so that the next front starts at once; "
+                       f"`hotweights stop` frees them" + ("" if ran else " (or run the front with --stop-keeper)"))
+    if left:
+        logger.info("switch: left running: %s", "; ".join(left))
+    else:
+        logger.info("switch: left nothing running")
 
 
 LOG_PREFIX = "hotweights-switch-"
