@@ -162,3 +162,27 @@ def test_what_it_cannot_serve_is_refused_naming_the_field(client, kw, param):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(**body)
     assert err.value.status_code == 400 and err.value.body["param"] == param, err.value.body
+
+
+def test_fields_common_clients_send_are_accepted_and_vllms_repetition_penalty_and_ignore_eos_served(client):
+    """Issue 68: fields that change nothing in the answer (OpenAI's ``store``, ``metadata``, ``service_tier``,
+    ``reasoning_effort``, ..., Ollama's ``keep_alive``) were answered 400; vLLM's ``repetition_penalty`` and
+    ``ignore_eos``, which vLLM serves, too. Those that would change the answer and are not served still are."""
+    harmless = {"store": True, "metadata": {"app": "x"}, "service_tier": "auto", "reasoning_effort": "low",
+                "prompt_cache_key": "k", "safety_identifier": "u", "keep_alive": "5m"}
+    assert chat_text(client, "hi", extra_body=harmless) == chat_text(client, "hi")  # accepted, the same answer
+    eos = {"258": 100}  # the demo tokenizer's end of sequence, made the greedy choice
+    stopped = client.completions.create(prompt="ab", logit_bias=eos, **GREEDY)
+    assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == 0
+    kept = client.completions.create(prompt="ab", logit_bias=eos, extra_body={"ignore_eos": True}, **GREEDY)
+    assert kept.choices[0].finish_reason == "length" and kept.usage.completion_tokens == GREEDY["max_tokens"]
+    forced = {str(ord("z")): 100, str(ord("y")): 50}  # "z" every step, unless a token seen before is penalized
+    assert client.completions.create(prompt="ab", logit_bias=forced, **GREEDY).choices[0].text == "z" * 8
+    same = client.completions.create(prompt="ab", logit_bias=forced, extra_body={"repetition_penalty": 1.0}, **GREEDY)
+    assert same.choices[0].text == "z" * 8  # 1: off
+    penal = client.completions.create(prompt="ab", logit_bias=forced, extra_body={"repetition_penalty": 1e6},
+                                      **GREEDY).choices[0].text
+    assert penal.startswith("zy"), penal  # z, once seen, has its logit divided: y goes next
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(prompt="ab", extra_body={"repetition_penalty": 0}, **GREEDY)
+    assert err.value.body["param"] == "repetition_penalty"

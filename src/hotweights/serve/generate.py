@@ -35,6 +35,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None  # None: none; k >= 0: each token's and the k most likely ones'
+    repetition_penalty: float = 1.0  # vLLM's: a token of the prompt or the output so far has its logit divided by it
+    # (multiplied where negative); 1: off
+    ignore_eos: bool = False  # an end-of-sequence token does not end the answer: it runs to max_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +109,9 @@ class Generator:
             if should_stop():
                 return
             logits, past = self.step(ids, past)
-            token = self._pick(_adjusted(logits.float(), params, out), params, gen)
+            token = self._pick(_adjusted(logits.float(), params, out, prompt_ids), params, gen)
             scored = () if params.logprobs is None else (_logprob(logits, token, params.logprobs),)
-            if token in self.eos_ids:
+            if token in self.eos_ids and not params.ignore_eos:
                 yield Chunk("", "stop", len(out), scored, (token,))
                 return
             out.append(token)
@@ -137,9 +140,16 @@ class Generator:
         return int(torch.multinomial(probs, 1, generator=gen))
 
 
-def _adjusted(logits: torch.Tensor, params: SamplingParams, out: list[int]) -> torch.Tensor:
-    """Logits after the bias and OpenAI's penalties: ``- frequency * count - presence * (count > 0)``
-    over the tokens generated so far."""
+def _adjusted(logits: torch.Tensor, params: SamplingParams, out: list[int],
+              prompt: list[int] | None = None) -> torch.Tensor:
+    """Logits after the bias, vLLM's repetition penalty (over the prompt and the tokens generated so far: a positive
+    logit divided by it, a negative one multiplied, as vLLM and transformers apply it) and OpenAI's penalties:
+    ``- frequency * count - presence * (count > 0)`` over the tokens generated so far."""
+    if params.repetition_penalty != 1.0 and (seen := (prompt or []) + out):
+        index = torch.tensor(sorted(set(seen)), device=logits.device)
+        picked = logits.index_select(0, index)
+        penalty = params.repetition_penalty
+        logits = logits.index_copy(0, index, torch.where(picked > 0, picked / penalty, picked * penalty))
     if params.logit_bias:
         ids, bias = zip(*params.logit_bias)
         logits = logits.index_add(0, torch.tensor(ids, device=logits.device),

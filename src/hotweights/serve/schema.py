@@ -1,12 +1,16 @@
 """Request bodies of the OpenAI-compatible endpoints (pydantic), validated on arrival.
 
 What a greedy/sampling decoder can serve is served: prompts as text, token ids or lists of
-either, chat content as a string or text parts, ``n``, ``echo``, penalties, ``top_k``,
-``logit_bias``, ``stream_options.include_usage``, logprobs (completions: ``logprobs: k``; chat:
+either, chat content as a string or text parts, ``n``, ``echo``, penalties (vLLM's
+``repetition_penalty`` too), ``top_k``, ``ignore_eos``, ``logit_bias``,
+``stream_options.include_usage``, logprobs (completions: ``logprobs: k``; chat:
 ``logprobs: true`` with ``top_logprobs: k``; k at most 20, vLLM's default limit). What it cannot
 (tools, structured output, the prompt's logprobs, images, ...) is refused with 400 naming the
 field, and so is a field this server does not know: a request is never answered as if a field
-it sent had been read.
+it sent had been read. Fields common clients send that change nothing in the answer (``HARMLESS``:
+OpenAI's ``store``, ``metadata``, ``service_tier``, ``reasoning_effort``, ``prompt_cache_key``,
+``safety_identifier``; Ollama's ``keep_alive``, which ``hotweights switch`` maps onto the model's
+idle timer) are accepted, and said at debug level.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+HARMLESS = ("store", "metadata", "service_tier", "reasoning_effort", "prompt_cache_key", "safety_identifier",
+            "keep_alive")
 
 
 class BadRequest(Exception):
@@ -53,6 +59,16 @@ class Sampling(Body):
     stream_options: StreamOptions | None = None
     user: str | None = None  # the caller's end-user id, for its own records; no effect on the answer
     return_token_ids: bool = False  # vLLM's: the prompt's token ids and each chunk's (``hotweights switch`` asks)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)  # vLLM's: > 1 discourages any token seen before
+    ignore_eos: bool = False  # vLLM's: decode past the end-of-sequence token, up to max_tokens
+    # sent by common clients, no effect on the answer here (``HARMLESS``): accepted, said at debug level
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+    reasoning_effort: str | None = None  # for reasoning models: these decode the answer only
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    keep_alive: str | int | float | None = None  # Ollama's (``hotweights switch`` reads it: the model's idle timer)
     # in the API, not served here: refused unless absent or off (``refuse_unserved``)
     best_of: int | None = None
     response_format: dict[str, Any] | None = None
@@ -80,6 +96,10 @@ class Sampling(Body):
     def top_logprobs_wanted(self) -> int | None:
         """How many of each step's most likely tokens to report with each token's logprob; None: no logprobs."""
         return None
+
+    def harmless(self) -> list[str]:
+        """The fields given that this server accepts and does not read (``HARMLESS``)."""
+        return [name for name in HARMLESS if getattr(self, name) is not None]
 
     def bias(self, vocab_size: int) -> dict[int, float]:
         out: dict[int, float] = {}

@@ -18,6 +18,7 @@ answers themselves are made in ``answers.py``.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 import uuid
@@ -44,6 +45,8 @@ from .generate import Generator, SamplingParams
 from .metrics import ServerMetrics
 from .park import ParkError, Parking
 from .schema import BadRequest, ChatRequest, CompletionRequest, Sampling
+
+logger = logging.getLogger("hotweights.serve")
 
 
 @dataclass
@@ -189,7 +192,8 @@ def prepare(s: ServerState, req: Sampling, prompt_ids: list[int], choice: int) -
     return SamplingParams(max_tokens, 1.0 if req.temperature is None else req.temperature,
                           1.0 if req.top_p is None else req.top_p, stop, seed, max(0, req.top_k or 0),
                           req.presence_penalty or 0.0, req.frequency_penalty or 0.0,
-                          tuple(req.bias(s.generator.vocab_size).items()), req.top_logprobs_wanted())
+                          tuple(req.bias(s.generator.vocab_size).items()), req.top_logprobs_wanted(),
+                          1.0 if req.repetition_penalty is None else req.repetition_penalty, req.ignore_eos)
 
 
 def respond(s: ServerState, req: Sampling, prompts: list[tuple[list[int], str]], kind: str) -> Plan:
@@ -198,6 +202,8 @@ def respond(s: ServerState, req: Sampling, prompts: list[tuple[list[int], str]],
         raise BadRequest(f"The model `{req.model}` does not exist. Valid aliases: {s.model_name}.", "model",
                          status=404)
     req.refuse_unserved()
+    if ignored := req.harmless():
+        logger.debug("serve: %s: accepted and not read (they change nothing in the answer here)", ", ".join(ignored))
     jobs = [(i * req.n + j, ids, echo, prepare(s, req, ids, j))
             for i, (ids, echo) in enumerate(prompts) for j in range(req.n)]
     return Plan(jobs, kind, req.stream, bool(req.stream and req.stream_options and
