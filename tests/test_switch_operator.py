@@ -20,6 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import openai
 import pytest
 from conftest import DaemonProc, run_cli
 from switch_front import Front, private_keeper, wait_started
@@ -420,3 +421,106 @@ def test_a_runs_log_directory_is_new_and_old_runs_are_cleaned(tmp_path):
     model = write_demo_model(tmp_path / "m", "tiny")
     config.write_text(f'[switch]\nlog_dir = "{tmp_path / "logs"}"\n' + table("a", model))
     assert switch_config.load(config).log_dir == str(tmp_path / "logs")
+
+
+@pytest.mark.slow
+def test_a_requests_keep_alive_sets_how_long_its_model_stays_awake_once_idle(model, tmp_path):
+    """Issue 68: Ollama's per-request ``keep_alive`` was refused by the embedded engine; the front now reads it as
+    that model's idle timer (in place of ``park_after_s``): ``0`` parks it once its request ends, a negative one
+    keeps it awake, and one that is neither seconds nor a duration is refused naming the field."""
+    with private_keeper("hwka-") as sock:
+        config = tmp_path / "switch.toml"
+        config.write_text("[switch]\n" + table("a", model, ["--max-model-len", "64"])
+                          + table("b", model, ["--max-model-len", "64"]) + "park_after_s = 1\n")
+        f = wait_started(Front(tmp_path, {}, "--config", str(config), socket_dir=sock))
+        try:
+            client = f.client()
+            client.completions.create(model="b", prompt="ab", max_tokens=2, extra_body={"keep_alive": "-1"})
+            time.sleep(3)  # past b's park_after_s: its keep_alive keeps it awake
+            assert f.state("b")["state"] == "awake"
+            client.completions.create(model="b", prompt="ab", max_tokens=2, extra_body={"keep_alive": 0})
+            deadline = time.monotonic() + 10
+            while f.state("b")["state"] != "parked":
+                assert time.monotonic() < deadline, f.log.read_text()[-2000:]
+                time.sleep(0.1)
+            log = f.log.read_text()
+            assert "b stays awake for ever once idle (a request's keep_alive)" in log
+            assert re.search(r"b parked after \d+ s idle \(a request's keep_alive\)", log), log[-2000:]
+            with pytest.raises(openai.BadRequestError) as err:
+                client.completions.create(model="b", prompt="ab", max_tokens=2, extra_body={"keep_alive": "soon"})
+            assert err.value.body["param"] == "keep_alive"
+        finally:
+            f.interrupt()
+
+
+def until(check, what: str, front: Front, timeout_s: float = 60):
+    deadline = time.monotonic() + timeout_s
+    while not (got := check()):
+        assert time.monotonic() < deadline, f"{what}: {front.log.read_text()[-3000:]}"
+        time.sleep(0.1)
+    return got
+
+
+@pytest.mark.slow
+def test_a_front_reads_its_config_again_on_sighup_and_reload_and_keeps_it_when_the_new_one_is_bad(model, tmp_path):
+    """Issue 68: an edited config was ignored, and SIGHUP ended the front (no shutdown line, a stale note). SIGHUP
+    and ``hotweights switch reload`` read it again now: an added model starts, a removed one stops, a changed one
+    starts again with its new table; an unchanged one keeps serving, its stream in flight untouched; a config the
+    front cannot run is refused in one line and the running one stays."""
+    with private_keeper("hwrl-") as sock:
+        config = tmp_path / "switch.toml"
+        a = table("a", model, ["--max-model-len", "4096"])
+        config.write_text("[switch]\n" + a + table("b", model, ["--max-model-len", "64"]))
+        f = wait_started(Front(tmp_path, {}, "--config", str(config), socket_dir=sock))
+        port = f.port
+        try:
+            pid_a, said = f.state("a")["pid"], {}
+
+            def stream() -> None:  # about 19 s on the 2-core dev machine: the reloads happen during it
+                chunks = f.client().completions.create(model="a", prompt="ab", max_tokens=4000, stream=True,
+                                                       extra_body={"ignore_eos": True})
+                said["text"] = "".join(c.choices[0].text for c in chunks if c.choices)
+
+            streaming = threading.Thread(target=stream)
+            streaming.start()
+            config.write_text(f"[switch]\nport = {port}\n" + a + table("c", model, ["--max-model-len", "64"]))
+            f.proc.send_signal(signal.SIGHUP)
+            until(lambda: {m["name"]: m["state"] for m in f.status()["models"]}.get("c") in ("awake", "parked"),
+                  "c started", f)
+            assert "b" not in {m["name"] for m in f.status()["models"]} and f.proc.poll() is None
+            assert "(SIGHUP): added c; removed b" in f.log.read_text()
+            with pytest.raises(openai.NotFoundError):
+                f.client().completions.create(model="b", prompt="ab", max_tokens=2)
+            pid_c = f.state("c")["pid"]
+            config.write_text(f"[switch]\nport = {port}\n" + a + table("c", model, ["--max-model-len", "32"]))
+            done = run_cli("switch", "reload", "--config", str(config), timeout=120)
+            assert done.returncode == 0 and done.stdout.strip() == "reloaded: changed c", done
+            until(lambda: f.state("c")["state"] in ("awake", "parked") and f.state("c")["pid"] != pid_c,
+                  "c started again", f)
+            config.write_text(f"[switch]\nport = {port}\nnope = 1\n" + a)
+            done = run_cli("switch", "reload", "--port", str(port), timeout=60)
+            assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done
+            assert "reload refused: " in done.stderr and "unknown key 'nope'" in done.stderr, done.stderr
+            config.write_text(f"[switch]\nport = {port}\nparking = false\n" + a)
+            done = run_cli("switch", "reload", "--port", str(port), timeout=60)
+            assert "parking cannot change while the front runs" in done.stderr, done.stderr
+            assert {m["name"] for m in f.status()["models"]} == {"a", "c"}  # the running configuration stays
+            streaming.join(120)
+            assert len(said["text"]) > 1000 and f.state("a")["pid"] == pid_a  # a's stream went on, whole
+        finally:
+            f.interrupt()
+
+
+@pytest.mark.slow
+def test_with_watch_config_a_changed_file_is_read_again_by_itself(model, tmp_path):
+    with private_keeper("hwwc-") as sock:
+        config = tmp_path / "switch.toml"
+        config.write_text("[switch]\n" + table("a", model, ["--max-model-len", "64"]))
+        f = wait_started(Front(tmp_path, {}, "--config", str(config), "--watch-config", socket_dir=sock))
+        try:
+            config.write_text(f"[switch]\nport = {f.port}\n" + table("a", model, ["--max-model-len", "64"])
+                              + table("b", model, ["--max-model-len", "64"]))
+            until(lambda: "b" in {m["name"] for m in f.status()["models"]}, "b added", f, 30)
+            assert "(the file changed): added b" in f.log.read_text()
+        finally:
+            f.interrupt()

@@ -786,3 +786,29 @@ def test_the_ledger_keeps_a_batch_place_for_each_request_let_in_and_only_for_tho
         assert not ledger.gone(d, served=False) and not ledger.gone(e, served=False) and not ledger.refused
         assert not ledger.gone(f, served=False) and (ledger.waiting, ledger.reserved, ledger.inflight) == (0, 0, 0)
     asyncio.run(main())
+
+
+def test_a_reload_is_what_a_new_config_adds_removes_and_changes_and_refuses_what_cannot_change_live():
+    from hotweights.switch.config import ConfigError, diff
+
+    a, b, c = (ModelConfig(n, Path("/m") / n) for n in "abc")
+    old = SwitchConfig((a, b), preload_jobs=4)
+    new, change = diff(old, SwitchConfig((a, dataclasses.replace(b, args=("--max-model-len", "32")), c)))
+    assert (change.added, change.removed, change.changed) == (("c",), (), ("b",)) and new.preload_jobs == 4
+    assert diff(old, SwitchConfig((a,)))[1].line() == "removed b"
+    assert diff(old, old)[1].line() == "no model changed"
+    with pytest.raises(ConfigError, match="port cannot change while the front runs"):
+        diff(old, SwitchConfig((a, b), port=9000))
+
+
+@pytest.mark.parametrize("value, seconds", [(300, 300.0), ("5m", 300.0), ("1h30m", 5400.0), ("500ms", 0.5),
+                                            ("-1", float("inf")), (-1, float("inf")), ("0", 0.0), ("2.5", 2.5)])
+def test_keep_alive_is_seconds_or_a_go_duration_and_negative_is_for_ever(value, seconds):
+    import json
+
+    from hotweights.switch.port.validate import Refused, keep_alive_of
+
+    assert keep_alive_of(json.dumps({"keep_alive": value}).encode()) == seconds
+    assert keep_alive_of(b'{"model": "a"}') is None
+    with pytest.raises(Refused, match="keep_alive must be seconds or a duration"):
+        keep_alive_of(b'{"keep_alive": "soon"}')

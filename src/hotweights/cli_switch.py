@@ -26,15 +26,23 @@ def cmd_switch(args: argparse.Namespace) -> int:
         return _status(args)
     if args.action in ("park", "stop", "start"):
         return _action(args)
+    if args.action == "reload":
+        return _reload(args)
     given = {key: getattr(args, key, None) for key in switch_config.SWITCH_KEYS}  # the flags are the keys
     engine_args = list(getattr(args, "cmd", []) or [])
     if args.config and (args.models or engine_args or args.parked_weights):
         raise ValueError("--config names every model; --model NAME=DIR, --parked-weights and -- ENGINE ARGS are the "
                          "quick form (in the file: parked_weights per [[model]])")
+    if args.watch_config and not args.config:
+        raise ValueError("--watch-config watches the --config file: give one")
     try:
         if args.config:
             config = switch_config.overlay(switch_config.load(args.config), given, "the command line")
+            source = switch_config.ConfigSource(
+                Path(args.config), lambda: switch_config.overlay(switch_config.load(args.config), given,
+                                                                 "the command line"), args.watch_config)
         else:
+            source = None
             config = switch_config.quick(args.models, args.engine, engine_args, given, args.parked_weights or "gpu")
     except switch_config.ConfigError as exc:
         raise ValueError(str(exc)) from None
@@ -43,7 +51,7 @@ def cmd_switch(args: argparse.Namespace) -> int:
     log_dir = Path(config.log_dir).expanduser() if config.log_dir else None
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
-    return run(config, log_dir)
+    return run(config, log_dir, source)
 
 
 def _front(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
@@ -83,6 +91,31 @@ def _action(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     print(json.dumps(said) if args.json else f"{said['model']}: {said['did']}")
+    return 0
+
+
+def _reload(args: argparse.Namespace) -> int:
+    """``hotweights switch reload``: the running front reads its configuration file again (``POST
+    /switch/reload``, as SIGHUP does): what it added, removed and changed, or why it refused (the running one
+    stays)."""
+    base, headers = _front(args)
+    try:
+        with urllib.request.urlopen(urllib.request.Request(f"{base}/switch/reload", method="POST", headers=headers),
+                                    timeout=900) as r:
+            said = json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            reason = json.loads(exc.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            reason = f"answered {exc.code}"
+        print(f"hotweights switch reload: {reason}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"hotweights switch reload: no switch answers at {base} ({getattr(exc, 'reason', exc)})",
+              file=sys.stderr)
+        return 1
+    done = "; ".join(f"{what} {', '.join(said[what])}" for what in ("added", "removed", "changed") if said[what])
+    print(json.dumps(said) if args.json else f"reloaded: {done or 'no model changed'}")
     return 0
 
 
@@ -139,9 +172,11 @@ def register(sub: Subparsers) -> None:
     """``hotweights switch``."""
     p = sub.add_parser("switch", help="many models behind one port: a request's model wakes its engine, the others "
                                       "park (--config FILE, or --model NAME=DIR ... [-- ENGINE ARGS])")
-    p.add_argument("action", nargs="?", default="serve", choices=["serve", "status", "park", "stop", "start"],
+    p.add_argument("action", nargs="?", default="serve",
+                   choices=["serve", "status", "park", "stop", "start", "reload"],
                    help="serve (default); status: each model's state, from a running switch; park, stop or start "
-                        "NAME: that model's engine, in a running switch")
+                        "NAME: that model's engine, in a running switch; reload: the running switch reads its "
+                        "--config file again (as SIGHUP does)")
     p.add_argument("target", nargs="?", default=None, help="park/stop/start: the model (its name or an alias)")
     p.add_argument("--config", default=None, help="TOML file: [switch] and one [[model]] table per model "
                                                   "(docs/switch.md has a complete example)")
@@ -166,6 +201,8 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--stop-keeper", action="store_const", const=True, default=None,
                    help="on the way out, stop the keeper if this front started it (else it keeps the weights for the "
                         "next start)")
+    p.add_argument("--watch-config", action="store_true",
+                   help="read the --config file again whenever it changes (as SIGHUP and `switch reload` do)")
     p.add_argument("--keep-standbys", action="store_const", const=True, default=None,
                    help="on the way out, leave the engines' warm standbys running for the next front (else they are "
                         "retired with it)")

@@ -87,16 +87,19 @@ async def _start(s: Lifecycle, m: Model) -> str:
 
 
 async def idle_timeouts(s: Lifecycle, m: Model) -> None:
-    """Park ``m`` after ``park_after_s`` idle, stop it after ``stop_after_s`` idle (the watch asks each model)."""
+    """Park ``m`` after ``park_after_s`` idle (or a request's ``keep_alive``: ``Model.park_after_s``), stop it after
+    ``stop_after_s`` idle (the watch asks each model)."""
     if m.inflight or m.waiting or not m.last_used:
         return
     idle = time.time() - m.last_used
+    park_after = m.park_after_s()
     if m.config.stop_after_s and idle > m.config.stop_after_s and m.state in (S.AWAKE, S.PARKED, S.DEEP):
         async with s.busy:
             if not (m.inflight or m.waiting) and m.state in (S.AWAKE, S.PARKED, S.DEEP):
                 await _stop(s, m, f"after {idle:.0f} s idle (stop_after_s)")
-    elif (m.config.park_after_s and idle > m.config.park_after_s and m.state is S.AWAKE
-          and not m.config.keep_awake and m.engine.parks):
+    elif (park_after is not None and idle > park_after and m.state is S.AWAKE and not m.config.keep_awake
+          and m.engine.parks):
+        why = "park_after_s" if m.keep_alive_s is None else "a request's keep_alive"
         async with s.busy:
             if not (m.inflight or m.waiting) and m.state is S.AWAKE:
-                await _park(s, m, f"after {idle:.0f} s idle (park_after_s)")
+                await _park(s, m, f"after {idle:.0f} s idle ({why})")

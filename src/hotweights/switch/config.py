@@ -358,3 +358,46 @@ def quick(pairs: list[str], engine: str, args: list[str], switch: dict[str, Any]
         models.append(model({"name": name, "checkpoint": directory, "engine": engine, "args": list(args),
                              "parked_weights": parked_weights}, f"--model #{i + 1} ({name})"))
     return build({k: v for k, v in switch.items() if v is not None}, models, "the command line")
+
+
+FIXED_KEYS = ("host", "port", "socket_dir", "log_dir", "parking", "preload_jobs", "start_jobs")  # not while it runs
+
+
+@dataclasses.dataclass(frozen=True)
+class Reload:
+    """What a new configuration changes in a running front (``diff``): models added, removed, and changed (their
+    table differs: stopped and started again), by name; the others are untouched."""
+
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        parts = [f"{what} {', '.join(names)}" for what, names in
+                 (("added", self.added), ("removed", self.removed), ("changed", self.changed)) if names]
+        return "; ".join(parts) or "no model changed"
+
+
+def diff(old: SwitchConfig, new: SwitchConfig) -> tuple[SwitchConfig, Reload]:
+    """``new`` as a front running ``old`` runs it (``preload_jobs``/``start_jobs`` at 0, auto, are the running
+    ones), and what it changes; ConfigError (one line) where it changes what a running front cannot
+    (``FIXED_KEYS``: where it listens, its keeper's directory, its logs, parking): restart the front for those."""
+    new = dataclasses.replace(new, preload_jobs=new.preload_jobs or old.preload_jobs,
+                              start_jobs=new.start_jobs or old.start_jobs)
+    fixed = [key for key in FIXED_KEYS if getattr(old, key) != getattr(new, key)]
+    if fixed:
+        raise ConfigError(f"{', '.join(fixed)} cannot change while the front runs (restart it for that); the running "
+                          f"configuration stays")
+    before, after = {m.name: m for m in old.models}, {m.name: m for m in new.models}
+    return new, Reload(tuple(n for n in after if n not in before), tuple(n for n in before if n not in after),
+                       tuple(n for n in after if n in before and after[n] != before[n]))
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigSource:
+    """Where a running front reads its configuration again (a reload): the file, how it is read (the file's tables
+    with the command line's flags over them), and whether the front watches the file for changes."""
+
+    path: Path
+    read: Callable[[], SwitchConfig]
+    watch: bool = False

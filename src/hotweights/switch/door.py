@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from .config import Reload, SwitchConfig
 from .model import Model
 
 
@@ -44,6 +45,16 @@ class SwitchPort(Protocol):
 
     def status(self, gpu: dict[int, int]) -> dict[str, Any]:
         """Each model's row (``gpu``: MiB held per pid) and the last switches, for ``/switch/status``."""
+        ...
+
+    def keep_alive(self, name: str, seconds: float) -> None:
+        """A request's ``keep_alive`` (Ollama's): model ``name`` parks once idle this long, from now on (``inf``:
+        never for idleness), in place of its ``park_after_s``."""
+        ...
+
+    async def reload(self, config: SwitchConfig) -> tuple[SwitchConfig, Reload]:
+        """A new configuration, as the switch runs it, and what it changed (``config.diff``); ConfigError (one line,
+        nothing changed) where it cannot be run."""
         ...
 
     def close(self) -> int:

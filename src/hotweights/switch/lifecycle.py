@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from .. import evidence
 from ..errors import HotweightsError
-from .config import ModelConfig, SwitchConfig
+from .config import ModelConfig, Reload, SwitchConfig
 from .upstream.engines import EngineError, EngineLike, WakeRefused
 from .metrics import SwitchMetrics
 from .model import Changes, Model, Switched
@@ -48,6 +48,7 @@ class Lifecycle:
                  totals: dict[int, int] | None = None) -> None:
         self.config, self.metrics = config, metrics
         self.totals = totals if totals is not None else {}  # each GPU's MiB (nvidia-smi, once): memory bounds wakes
+        self.engines = engines
         self.models = {m.name: Model(m, engines(m), S.STARTING if m.start == "eager" else S.STOPPED)
                        for m in config.models}  # a cached or lazy model's engine starts for its first request
         self.busy = asyncio.Lock()  # held by the one start, park or wake going on
@@ -60,6 +61,36 @@ class Lifecycle:
                                lambda s: start_to_reserve_for(s, config), self.changes, self.pin_kv_as,
                                compile_ahead=config.compile_ahead, read_ahead=config.read_ahead)
         self.startup.models = [self.models[v.name] for v in startup_order(self.snapshot())]
+
+    async def reload(self, new: SwitchConfig, change: Reload) -> None:
+        """A new configuration (``config.diff``: what it changes), under ``busy``: the removed and changed models'
+        engines stopped (their streams end; the requests waiting for a removed one are answered 503), a changed
+        model taken back to the beginning of its start-up with its new table (its requests waiting keep waiting,
+        for its new engine), added models made; the scheduler then starts them as start-up does. The others are
+        untouched: their engines, streams and states."""
+        tables = {c.name: c for c in new.models}
+        gone = [self.models[n] for n in (*change.removed, *change.changed)]
+        await asyncio.gather(*(asyncio.to_thread(m.engine.stop) for m in gone))
+        for m in gone:
+            if m.state is not S.STOPPED:
+                self.move(m, S.STOPPED)
+        for name in change.removed:
+            self.models[name].ledger.refuse(f"the model `{name}` was removed from the front's configuration")
+        for name in change.changed:
+            m = self.models[name]
+            self.startup.forget(m)
+            m.engine, m.crashes, m.keep_alive_s = self.engines(tables[name]), 0, None
+        self.config = new
+        models = {}
+        for c in new.models:  # in the new order; each keeps its Model (its requests), with the new table
+            m = models[c.name] = self.models.get(c.name) or Model(c, self.engines(c), S.STOPPED)
+            m.config = c
+            if m.state is S.STOPPED and not m.started and c.start == "eager":
+                self.move(m, S.STARTING)  # start-up starts it
+        self.models.clear()
+        self.models.update(models)
+        self.startup.models = [self.models[v.name] for v in startup_order(self.snapshot())]
+        self.changes.changed()
 
     def begin_startup(self) -> asyncio.Task[None]:
         """Start-up's jobs (``startup.py``: the preloads, ahead of the starts with ``preload_jobs`` > 1): their

@@ -164,6 +164,7 @@ class Model:
     start_failures: int = 0  # starts that failed in a row: the back-off doubles with each
     crashes: int = 0  # its engine's deaths in a row, each within ``lifecycle.STABLE_S`` of its start
     up_since: float = 0.0  # time.monotonic() its engine last came up
+    keep_alive_s: float | None = None  # a request's keep_alive (Ollama's), in place of park_after_s; inf: never
     failure: Failure | None = None  # why it is FAILED (set and cleared by ``Lifecycle.move`` only)
     last_error: str = ""  # why its last wake failed, where it stayed where it was; cleared once it is awake
     streams: set[Resumable] = field(default_factory=set)  # its streams in flight that may be paused (preempt.py)
@@ -183,6 +184,13 @@ class Model:
     @property
     def name(self) -> str:
         return self.config.name
+
+    def park_after_s(self) -> float | None:
+        """How long it stays awake once idle before it parks: a request's ``keep_alive`` where one was given (0:
+        at once; ``inf``: never), else its ``park_after_s`` (0: never); None: never."""
+        if self.keep_alive_s is not None:
+            return None if self.keep_alive_s == float("inf") else self.keep_alive_s
+        return self.config.park_after_s or None
 
     @property
     def cached(self) -> str:

@@ -116,6 +116,15 @@ class Startup:
             self.profiled(m)
         self.changes.changed()
 
+    def forget(self, m: Model) -> None:
+        """``m``'s configuration changed (a reload): its preload and start go back to the beginning, through the
+        doors, as a model's that start-up has not reached."""
+        if m.preload is P.DONE:
+            self.preload_moves(m, P.QUEUED)
+        m.preloaded, m.awaited = None, False
+        if m.start_phase is not T.WAITING:
+            self.start_moves(m, T.WAITING)
+
     # what the snapshot reads
     def needs(self) -> tuple[dict[str, GpuNeed], dict[str, GpuNeed]]:
         """The needs of the preloads running and of the compile ahead running, by model."""

@@ -68,7 +68,7 @@ PRELOAD_MOVES: dict[PreloadState, frozenset[PreloadState]] = {
     P.RUNNING: frozenset({P.COPYING}),
     P.COPYING: frozenset({P.DONE, P.RETRY_ALONE}),
     P.RETRY_ALONE: frozenset({P.RUNNING}),
-    P.DONE: frozenset(),
+    P.DONE: frozenset({P.QUEUED}),  # its configuration changed (a reload): preloaded again
 }
 
 
@@ -92,8 +92,9 @@ START_MOVES: dict[StartState, frozenset[StartState]] = {
     T.STARTING: frozenset({T.COMPILED, T.PROFILED, T.UP, T.FAILED}),
     T.COMPILED: frozenset({T.PROFILED, T.UP, T.FAILED}),
     T.PROFILED: frozenset({T.UP, T.FAILED}),
-    T.UP: frozenset({T.STARTING}),  # its engine died, or could not park: started again
-    T.FAILED: frozenset({T.PREPARING, T.STARTING}),  # start-up tries it again; or a request does
+    T.UP: frozenset({T.STARTING, T.WAITING}),  # its engine died, or could not park: started again; or its
+    # configuration changed (a reload): started as a new model
+    T.FAILED: frozenset({T.PREPARING, T.STARTING, T.WAITING}),  # start-up tries it again; or a request does; a reload
 }
 STARTS_GOING_ON = frozenset({T.STARTING, T.COMPILED, T.PROFILED})  # an engine process starting
 

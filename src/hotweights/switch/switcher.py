@@ -26,15 +26,17 @@ from typing import Any
 
 from .actions import ACTIONS, Refused, act, idle_timeouts
 from .admission import Admission
-from .config import ModelConfig, SwitchConfig
+from .config import ConfigError, ModelConfig, Reload, SwitchConfig, diff
 from .upstream.engines import EngineError, EngineLike
 from .lifecycle import Lifecycle, gone
 from .metrics import SwitchMetrics
 from .model import Model
 from .schedule import Plan, Room, Start, Wait, Wake, joining, may_join, plan
-from .states import SERVING, ModelState
+from .states import SERVING, STARTS_GOING_ON, ModelState, PreloadState, StartState
 
 S = ModelState
+STARTING_UP = frozenset({StartState.PREPARING, *STARTS_GOING_ON})
+PRELOADING = frozenset({PreloadState.RUNNING, PreloadState.COPYING})
 logger = logging.getLogger("hotweights.switch")
 
 
@@ -74,6 +76,25 @@ class Switcher:
     def status(self, gpu: dict[int, int]) -> dict[str, Any]:
         return {"models": [m.row(gpu).to_json() for m in self.models.values()],
                 "switches": [dataclasses.asdict(s) for s in reversed(self.life.switched)]}
+
+    def keep_alive(self, name: str, seconds: float) -> None:
+        m = self.models[name]
+        if m.keep_alive_s != seconds:
+            logger.info("switch: %s stays awake %s once idle (a request's keep_alive)", m.name,
+                        "for ever" if seconds == float("inf") else f"{seconds:g} s")
+        m.keep_alive_s = seconds
+
+    async def reload(self, config: SwitchConfig) -> tuple[SwitchConfig, Reload]:
+        new, change = diff(self.config, config)  # ConfigError: what a running front cannot change
+        async with self.life.busy:
+            starting = [n for n in (*change.removed, *change.changed)
+                        if self.models[n].start_phase in STARTING_UP or self.models[n].preload in PRELOADING]
+            if starting:
+                raise ConfigError(f"{', '.join(starting)} is starting: reload once its start is done; the running "
+                                  f"configuration stays")
+            await self.life.reload(new, change)
+            self.config = self.requests.config = new
+        return new, change
 
     def close(self) -> int:
         return self.requests.close()
@@ -183,7 +204,7 @@ class Switcher:
         (``actions.idle_timeouts``)."""
         while True:
             await asyncio.sleep(interval_s)
-            for m in self.models.values():
+            for m in list(self.models.values()):  # a reload may change the models meanwhile
                 if m.state in SERVING and not m.engine.alive():
                     self.life.changes.engine_gone(m.name)  # the scheduler moves it
                 elif self.life.busy.locked():
@@ -195,7 +216,7 @@ class Switcher:
                             await self.life.park(m, 2)
                         except EngineError as exc:
                             logger.warning("switch: %s", exc)
-                elif m.config.park_after_s or m.config.stop_after_s:
+                elif m.park_after_s() is not None or m.config.stop_after_s:
                     try:
                         await idle_timeouts(self.life, m)
                     except EngineError as exc:

@@ -15,11 +15,13 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import httpx
 from starlette.applications import Starlette
@@ -28,7 +30,7 @@ from starlette.exceptions import HTTPException
 from ...openai_errors import http_error, server_error
 from ...parked.records import take_port
 from ...paths import daemon_paths
-from ..config import ModelConfig, SwitchConfig
+from ..config import ConfigSource, ModelConfig, SwitchConfig
 from ..upstream.engines import Engine, EngineLike
 from ..fit import say_fit
 from .handlers import FrontState, routes
@@ -44,9 +46,11 @@ SHUTDOWN_GRACE_S = 3  # uvicorn's wait for open connections on SIGINT/SIGTERM (i
 
 
 def create_app(config: SwitchConfig, log_dir: Path | None = None,
-               engines: Callable[[ModelConfig], EngineLike] | None = None, note: Note | None = None) -> Starlette:
+               engines: Callable[[ModelConfig], EngineLike] | None = None, note: Note | None = None,
+               source: ConfigSource | None = None) -> Starlette:
     """The front's app; ``engines`` makes a model's engine (default: its real server process, ``Engine``); ``note``
-    keeps a note of their processes for the next front, should this one die (``leftovers.py``)."""
+    keeps a note of their processes for the next front, should this one die (``leftovers.py``); ``source``: where its
+    configuration is read again, on SIGHUP, ``POST /switch/reload`` or (``source.watch``) a change of the file."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="hotweights-switch-"))
     metrics = SwitchMetrics()
     starts = min(config.start_jobs, len(config.models))  # so many standbys where starts go together
@@ -55,10 +59,20 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
                         {gpu: mem.total_mib for gpu, mem in gpu_memory().items()})
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
     stopping = Stopping()
+    state = FrontState(config, switcher, metrics, client, stopping, log_dir, source)
+    reloads: set[asyncio.Future[Any]] = set()
+
+    def hangup() -> None:  # SIGHUP: read the configuration again (it used to end the front, with no last line)
+        task = asyncio.ensure_future(state.reload("SIGHUP"))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncGenerator[None, None]:
         stopping.begin(switcher)
+        with contextlib.suppress(RuntimeError):  # the main thread's loop only (an app in a test's thread has none)
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, hangup)
+        following = asyncio.create_task(follow(state)) if source is not None and source.watch else None
         keeper_before = await asyncio.to_thread(keeper_pid, config.socket_dir)  # 0: this front's preloads start it
         scheduling = asyncio.create_task(switcher.run())
         watching = asyncio.create_task(switcher.watch())
@@ -70,7 +84,7 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
             if stopping.streams or stopping.waiting:
                 logger.info("switch: stopping: %d stream(s) ended with an error event, %d waiting request(s) "
                             "answered 503", stopping.streams, stopping.waiting)
-            tasks = [t for t in (scheduling, watching, noting) if t]
+            tasks = [t for t in (scheduling, watching, noting, following, *reloads) if t]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -79,13 +93,40 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
             if note:
                 note.close()
             logger.info("switch: every engine stopped")
-            await asyncio.to_thread(leave_behind, config, keeper_before)
+            await asyncio.to_thread(leave_behind, state.config, keeper_before)
 
     app = Starlette(lifespan=lifespan, exception_handlers={HTTPException: http_error, Exception: server_error},
                     routes=routes())
-    app.state.front = FrontState(config, switcher, metrics, client, stopping, log_dir)
+    app.state.front = state
     app.state.switcher, app.state.stopping = switcher, stopping
     return app
+
+
+FOLLOW_S = 1.0  # --watch-config: the file's size and time looked at this often
+
+
+async def follow(state: FrontState) -> None:
+    """``--watch-config``: the configuration file read again once it has changed (its size or modification time) and
+    stayed so for ``FOLLOW_S``, as llama-swap's ``--watch-config`` does."""
+    assert state.source is not None
+    path = state.source.path
+
+    def seen() -> tuple[int, int]:
+        try:
+            st = path.stat()
+            return st.st_size, st.st_mtime_ns
+        except OSError:
+            return -1, -1
+
+    last = seen()
+    while True:
+        await asyncio.sleep(FOLLOW_S)
+        now = seen()
+        if now != last and now != (-1, -1):
+            await asyncio.sleep(FOLLOW_S)  # an editor's save may come in parts
+            if seen() == now:
+                last = now
+                await state.reload("the file changed")
 
 
 def keeper_pid(socket_dir: str) -> int:
@@ -156,8 +197,8 @@ def new_log_dir(base: Path | None = None) -> Path:
     return made
 
 
-def run(config: SwitchConfig, log_dir: Path | None = None) -> int:
-    """Serve until SIGINT/SIGTERM; every engine started is stopped on the way out."""
+def run(config: SwitchConfig, log_dir: Path | None = None, source: ConfigSource | None = None) -> int:
+    """Serve until SIGINT/SIGTERM; every engine started is stopped on the way out; SIGHUP reads ``source`` again."""
     import uvicorn
 
     sock = take_port(config.host, config.port, config.socket_dir or None)  # before any engine starts
@@ -166,7 +207,7 @@ def run(config: SwitchConfig, log_dir: Path | None = None) -> int:
     config = config.with_auto_jobs()  # auto: by the GPUs there are
     daemon_dir = daemon_paths(config.socket_dir or None).directory
     retire_left(daemon_dir)  # what a dead front left running, before this one starts its own
-    app = create_app(config, log_dir, note=Note(daemon_dir))
+    app = create_app(config, log_dir, note=Note(daemon_dir), source=source)
     names = ", ".join(m.name + (" (default)" if m is config.default else "") for m in config.models)
     logger.info("switch: http://%s:%d for %s; logs in %s", config.host, config.port, names, log_dir)
     try:

@@ -29,7 +29,7 @@ from ...openai_errors import error_response as error
 from ...openai_errors import stream_error
 from ..actions import ACTIONS
 from ..actions import Refused as ActionRefused
-from ..config import SwitchConfig
+from ..config import ConfigError, ConfigSource, SwitchConfig
 from ..upstream.engines import gpu_mib_by_pid
 from ..metrics import SwitchMetrics
 from ..model import Model
@@ -37,7 +37,7 @@ from ..upstream.process import one_line
 from ..preempt import resumable
 from .streams import Said, Stopping, relay_resumable
 from ..door import SwitchPort, Unavailable
-from .validate import BODIES, RELAYED, Refused, model_of
+from .validate import BODIES, RELAYED, Refused, keep_alive_of, model_of
 
 logger = logging.getLogger("hotweights.switch")
 LOG_PATH = re.compile(r" \(log: [^)]*\)")  # an engine's log path in a failure's one line
@@ -55,10 +55,29 @@ class FrontState:
     client: httpx.AsyncClient
     stopping: Stopping
     log_dir: Path
+    source: ConfigSource | None = None  # where its configuration is read again (a reload), None: the quick form
     routes: dict[str, str] = dataclasses.field(default_factory=dict)
+    reloading: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # one reload at a time
 
     def __post_init__(self) -> None:
         self.routes = {n: m.name for m in self.config.models for n in (m.name, *m.aliases)}
+
+    async def reload(self, why: str) -> tuple[int, dict[str, Any]]:
+        """The configuration read again and run (``SwitchPort.reload``): added models start, removed ones stop,
+        changed ones start again, the others are untouched; a configuration it cannot run is refused in one line
+        and the running one stays. The HTTP status and what it did, as ``/switch/reload`` answers them."""
+        if self.source is None:
+            return 400, {"error": "this front was started without --config: there is no file to read again"}
+        async with self.reloading:
+            try:
+                read = await asyncio.to_thread(self.source.read)
+                self.config, change = await self.switcher.reload(read)
+            except ConfigError as exc:
+                logger.warning("switch: reload (%s) refused: %s", why, exc)
+                return 400, {"error": f"reload refused: {exc}"}
+        self.routes = {n: m.name for m in self.config.models for n in (m.name, *m.aliases)}
+        logger.info("switch: reloaded %s (%s): %s", self.source.path, why, change.line())
+        return 200, dataclasses.asdict(change)
 
     def authorized(self, request: Request) -> bool:
         if not self.config.api_key:
@@ -77,6 +96,7 @@ def routes() -> list[Route]:
             Route("/", lambda _r: RedirectResponse("/ui")), Route("/switch/status", status),
             Route("/v1/models/{name:path}", one_model), Route("/version", version),
             Route("/switch/models/{name:path}/{action}", action, methods=["POST"]),
+            Route("/switch/reload", reload, methods=["POST"]),
             *(Route(path, forward, methods=["POST"]) for path in RELAYED)]
 
 
@@ -128,6 +148,15 @@ async def action(request: Request) -> Response:
     return JSONResponse({"model": m.name, "action": what, "did": did, "state": m.state.value})
 
 
+async def reload(request: Request) -> Response:
+    """``POST /switch/reload``: the front's configuration file read again and run (``FrontState.reload``)."""
+    f = front(request)
+    if not f.authorized(request):
+        return error(401, "Unauthorized")
+    code, said = await f.reload("POST /switch/reload")
+    return JSONResponse(said, status_code=code) if code == 200 else error(code, said["error"])
+
+
 async def version(request: Request) -> Response:
     return JSONResponse({"version": __version__})
 
@@ -160,10 +189,13 @@ async def forward(request: Request) -> Response:
     body = await request.body()
     try:  # before anything parks for it
         asked = model_of(request.url.path, body, f.routes, f.config.default.name)
+        keep_alive = keep_alive_of(body)
     except Refused as exc:
         f.metrics.requests.labels("", "refused").inc()
         return error(exc.status, str(exc), exc.param)
     name = f.routes[asked]
+    if keep_alive is not None:  # Ollama's: how long this model stays awake once idle, from now on
+        f.switcher.keep_alive(name, keep_alive)
     if asked != name:  # an alias: its engine serves the model's name
         body = json.dumps({**json.loads(body), "model": name}).encode()
     r = resumable(request.url.path, body) if f.config.preempt else None  # a stream that may be paused

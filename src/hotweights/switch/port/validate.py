@@ -9,6 +9,8 @@ another refuses); those are the engine's answer, relayed. Unknown fields pass: t
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -63,6 +65,37 @@ BODIES: dict[str, type[BaseModel]] = {"/v1/completions": _Completion, "/v1/chat/
 # /collective_rpc, ...: the engines run with VLLM_SERVER_DEV_MODE=1 so that they park), which stay on loopback.
 RELAYED = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/responses", "/v1/score", "/v1/rerank",
            "/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank", "/invocations")
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def keep_alive_of(body: bytes) -> float | None:
+    """Ollama's ``keep_alive`` in ``body`` (a JSON object the front has read), in seconds: how long the model stays
+    awake once idle; a number is seconds, a string a Go duration (``"5m"``, ``"1h30m"``, ``"500ms"``); negative:
+    for ever (``inf``); None where it is absent. Refused (400) where it is neither."""
+    try:
+        value = json.loads(body).get("keep_alive")
+    except (ValueError, AttributeError):
+        return None
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and (text := value.strip()):
+        sign, text = (-1.0, text[1:]) if text[0] == "-" else (1.0, text.lstrip("+"))
+        try:
+            seconds = sign * float(text)  # a plain number, as a string
+        except ValueError:
+            parts = _DURATION.findall(text)
+            if not parts or "".join(n + u for n, u in parts) != text:
+                raise Refused(f"keep_alive must be seconds or a duration such as \"5m\" or \"1h30m\", got "
+                              f"{value!r}", "keep_alive") from None
+            seconds = sign * sum(float(n) * _UNIT_S[u] for n, u in parts)
+    else:
+        raise Refused(f"keep_alive must be seconds or a duration such as \"5m\", got {value!r}", "keep_alive")
+    return float("inf") if seconds < 0 else seconds
 
 
 def model_of(path: str, body: bytes, served: dict[str, Any], default: str) -> str:
