@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .cli_parser import awake_count
 
@@ -70,25 +70,33 @@ def _front(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     return f"http://{host or '127.0.0.1'}:{port or 8000}", {"authorization": f"Bearer {key}"} if key else {}
 
 
-def _action(args: argparse.Namespace) -> int:
-    """``hotweights switch park|stop|start NAME``: the front's ``POST /switch/models/NAME/ACTION``."""
-    if not args.target:
-        raise ValueError(f"hotweights switch {args.action} NAME: which model")
+def _post(args: argparse.Namespace, path: str) -> dict[str, Any] | None:
+    """The running front's answer to ``POST path`` (``_front``'s URL and key), or None once its error is said in one
+    line on stderr (``hotweights switch ACTION: ...``)."""
     base, headers = _front(args)
-    url = f"{base}/switch/models/{args.target}/{args.action}"
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, method="POST", headers=headers), timeout=900) as r:
-            said = json.loads(r.read())
+        with urllib.request.urlopen(urllib.request.Request(base + path, method="POST", headers=headers),
+                                    timeout=900) as r:
+            said: dict[str, Any] = json.loads(r.read())
+            return said
     except urllib.error.HTTPError as exc:
         try:
             reason = json.loads(exc.read())["error"]["message"]
         except (ValueError, KeyError, TypeError):
             reason = f"answered {exc.code}"
         print(f"hotweights switch {args.action}: {reason}", file=sys.stderr)
-        return 1
     except OSError as exc:
         print(f"hotweights switch {args.action}: no switch answers at {base} ({getattr(exc, 'reason', exc)})",
               file=sys.stderr)
+    return None
+
+
+def _action(args: argparse.Namespace) -> int:
+    """``hotweights switch park|stop|start NAME``: the front's ``POST /switch/models/NAME/ACTION``."""
+    if not args.target:
+        raise ValueError(f"hotweights switch {args.action} NAME: which model")
+    said = _post(args, f"/switch/models/{args.target}/{args.action}")
+    if said is None:
         return 1
     print(json.dumps(said) if args.json else f"{said['model']}: {said['did']}")
     return 0
@@ -98,21 +106,8 @@ def _reload(args: argparse.Namespace) -> int:
     """``hotweights switch reload``: the running front reads its configuration file again (``POST
     /switch/reload``, as SIGHUP does): what it added, removed and changed, or why it refused (the running one
     stays)."""
-    base, headers = _front(args)
-    try:
-        with urllib.request.urlopen(urllib.request.Request(f"{base}/switch/reload", method="POST", headers=headers),
-                                    timeout=900) as r:
-            said = json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            reason = json.loads(exc.read())["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            reason = f"answered {exc.code}"
-        print(f"hotweights switch reload: {reason}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"hotweights switch reload: no switch answers at {base} ({getattr(exc, 'reason', exc)})",
-              file=sys.stderr)
+    said = _post(args, "/switch/reload")
+    if said is None:
         return 1
     done = "; ".join(f"{what} {', '.join(said[what])}" for what in ("added", "removed", "changed") if said[what])
     print(json.dumps(said) if args.json else f"reloaded: {done or 'no model changed'}")
