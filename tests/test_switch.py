@@ -311,8 +311,10 @@ def test_the_config_file_names_what_is_wrong(tmp_path):
             (good.replace("max_awake = 2", "overlap_after_s = 2"), r"overlap_after_s is gone \(a wake goes beside"),
             (good.replace("max_awake = 2", "preload_jobs = -1"), r"preload_jobs must be 0 \(auto\) or more"),
             (good.replace("max_awake = 2", "start_jobs = -2"), r"start_jobs must be 0 \(auto\) or more"),
-            (good.replace("port = 9000", 'port = "9000"'), "port must be 1-65535, got '9000'"),  # strict: no casts
-            (good.replace("port = 9000", "port = true"), "port must be 1-65535, got True"),
+            (good.replace("port = 9000", 'port = "9000"'), r"port must be a whole number \(1-65535\), got '9000'"),
+            (good.replace("port = 9000", "port = true"), r"port must be a whole number \(1-65535\), got True"),
+            (good.replace("port = 9000", "port = 0"), "port must be 1-65535, got 0"),
+            (good.replace("checkpoint = ", "chekpoint = "), "unknown key 'chekpoint'"),  # not "checkpoint is required"
             (good + 'args = "--max-model-len 512"\n', "args must be a list of strings, got '--max-model-len 512'"),
             (good + "park_after_s = -1\n", r"park_after_s must be 0 \(never\) or more seconds, got -1"),
             (good + 'start = "later"\n', "start must be one of eager, cached, lazy, got 'later'"),

@@ -265,8 +265,9 @@ def _checked(make: Callable[[], T], where: str, fields: tuple[str, ...]) -> T:
     """What ``make`` builds, or ConfigError: its first error in one line, naming the key."""
     try:
         return make()
-    except ValidationError as exc:
-        raise ConfigError(f"{where}: {_said(exc.errors()[0], fields)}") from None
+    except ValidationError as exc:  # an unknown key first: a typo of a required one is said as the typo
+        errors = sorted(exc.errors(), key=lambda e: e["type"] != "unexpected_keyword_argument")
+        raise ConfigError(f"{where}: {_said(errors[0], fields)}") from None
 
 
 def _said(error: Any, fields: tuple[str, ...]) -> str:
@@ -285,7 +286,11 @@ def _said(error: Any, fields: tuple[str, ...]) -> str:
         values = error["ctx"]["expected"].replace("'", "").replace(" or ", ", ").split(", ")
         one = " or ".join(values) if len(values) < 3 else "one of " + ", ".join(values)
         return f"{key} must be {one}, got {error['input']!r}"
-    must = _DESCRIBED.get(key) or _TYPES.get(error["type"], error["msg"].removeprefix("Input should be ").lower())
+    kind, bounds = _TYPES.get(error["type"]), _DESCRIBED.get(key)
+    if error["type"] in ("int_type", "float_type") and bounds and len(error["loc"]) == 1:  # not a number: say so
+        # ('port = "8469"': a number, not a string); a union's branches say their own
+        return f"{key} must be {kind} ({bounds}), got {error['input']!r}"
+    must = bounds or kind or error["msg"].removeprefix("Input should be ").lower()
     return f"{key} must be {must}, got {error['input']!r}"
 
 
