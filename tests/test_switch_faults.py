@@ -160,6 +160,9 @@ def test_a_body_that_is_not_an_object_and_an_unknown_model_are_refused_in_vllms_
     assert code == 400 and got["error"]["param"] == "messages", got
     code, got = post(front.url + "/v1/completions", {"model": "nobody", "prompt": "x"})
     assert code == 404 and got["error"]["message"].startswith("The model `nobody` does not exist"), got
+    text = front.log.read_text()  # issue 68: each refused in the request log too
+    assert "switch: request /v1/completions 404, refused: The model `nobody` does not exist" in text
+    assert "switch: request /v1/completions 400, refused: the body must be a JSON object" in text
 
 
 def test_an_engine_that_dies_mid_stream_ends_the_stream_with_an_error_event_and_one_log_line(front):
@@ -182,6 +185,32 @@ def test_an_engine_that_dies_mid_stream_ends_the_stream_with_an_error_event_and_
     text = front.log.read_text()
     assert "b: its engine's answer broke off" in text and "the stream ends with an error event" in text
     assert "Traceback" not in text and "Exception in ASGI application" not in text
+    assert "switch: request b /v1/completions 200 (its engine's answer broke off)" in text  # not counted ok
+    assert metric(front, 'hotweights_switch_requests_total{model="b",outcome="broken"}') >= 1
+
+
+def test_a_stream_its_client_leaves_is_counted_abandoned_and_leaves_no_traceback(front):
+    """Issue 68: a stream its client abandoned was logged 200 and counted ``ok``, and clients that disconnected
+    left ``Task exception was never retrieved`` tracebacks in the front's log (10 in one run)."""
+    answer(front.client(), "a")  # a awake
+    before = metric(front, 'hotweights_switch_requests_total{model="a",outcome="abandoned"}')
+    ok = metric(front, 'hotweights_switch_requests_total{model="a",outcome="ok"}')
+    for _ in range(3):
+        chunks = front.client().completions.create(model="a", prompt="The weight cache", max_tokens=LONG,
+                                                   stream=True)
+        for i, _chunk in enumerate(chunks):
+            if i == 3:
+                chunks.response.close()  # the client leaves mid-stream
+                break
+    deadline = time.monotonic() + 20
+    while metric(front, 'hotweights_switch_requests_total{model="a",outcome="abandoned"}') < before + 3:
+        assert time.monotonic() < deadline, front.log.read_text()[-3000:]
+        time.sleep(0.1)
+    assert metric(front, 'hotweights_switch_requests_total{model="a",outcome="ok"}') == ok
+    time.sleep(1)  # a read left behind would fail once its connection is closed
+    text = front.log.read_text()
+    assert "switch: request a /v1/completions 200 (its client left)" in text
+    assert "Task exception was never retrieved" not in text and "Task was destroyed but it is pending" not in text
 
 
 def test_a_second_front_on_a_taken_port_fails_before_it_starts_anything(front, models, keeper, tmp_path):
@@ -379,6 +408,8 @@ def test_a_crashed_default_starts_again_by_itself_and_health_says_why_while_it_i
     assert code == 503 and body["model"] == "a" and body["state"] == "failed", body
     assert "it starts again in " in body["reason"] and 20 < body["retry_in_s"] <= 60, body
     time.sleep(2)
-    assert front.state("a")["state"] == "failed"  # not restarted in a loop
+    row = front.state("a")
+    assert row["state"] == "failed" and row["pid"] == 0 == row["server_pid"], row  # not restarted in a loop; no
+    # dead pid shown (issue 68)
     assert answer(front.client(), "a")  # a request starts it at once, back-off or not
     assert health(front)[0] == 200

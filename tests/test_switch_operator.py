@@ -296,6 +296,9 @@ def test_an_operator_parks_stops_and_starts_a_model_from_the_cli_with_the_config
             assert done.returncode == 1 and "Unauthorized" in done.stderr, done.stderr
             done = run_cli("switch", "start", "c", "--config", str(config), timeout=60)
             assert done.returncode == 1 and "The model `c` does not exist" in done.stderr, done.stderr
+            assert cli("stop", "--all") == "a: stopped\nb: stopped already"  # issue 68: an unload-all
+            assert {m["state"] for m in f.status("sesame")["models"]} == {"stopped"}
+            assert f.client("sesame").completions.create(model="a", prompt="ab", max_tokens=2).choices  # started
         finally:
             f.interrupt()
 
@@ -488,6 +491,7 @@ def test_a_front_reads_its_config_again_on_sighup_and_reload_and_keeps_it_when_t
             until(lambda: {m["name"]: m["state"] for m in f.status()["models"]}.get("c") in ("awake", "parked"),
                   "c started", f)
             assert "b" not in {m["name"] for m in f.status()["models"]} and f.proc.poll() is None
+            assert f.state("c")["last_used"] is None  # never used: start-up's count of idle time is no use (issue 68)
             assert "(SIGHUP): added c; removed b" in f.log.read_text()
             with pytest.raises(openai.NotFoundError):
                 f.client().completions.create(model="b", prompt="ab", max_tokens=2)

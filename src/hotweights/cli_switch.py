@@ -92,7 +92,16 @@ def _post(args: argparse.Namespace, path: str) -> dict[str, Any] | None:
 
 
 def _action(args: argparse.Namespace) -> int:
-    """``hotweights switch park|stop|start NAME``: the front's ``POST /switch/models/NAME/ACTION``."""
+    """``hotweights switch park|stop|start NAME``: the front's ``POST /switch/models/NAME/ACTION``; ``stop --all``:
+    its ``POST /switch/unload``."""
+    if args.all:
+        if args.action != "stop" or args.target:
+            raise ValueError("--all goes with stop alone: hotweights switch stop --all")
+        said = _post(args, "/switch/unload")
+        if said is None:
+            return 1
+        print(json.dumps(said) if args.json else "\n".join(f"{n}: {did}" for n, did in said["stopped"].items()))
+        return 0
     if not args.target:
         raise ValueError(f"hotweights switch {args.action} NAME: which model")
     said = _post(args, f"/switch/models/{args.target}/{args.action}")
@@ -220,5 +229,6 @@ def register(sub: Subparsers) -> None:
                         "not (the default: slower where the preload is short, docs/switch.md)")
     p.add_argument("--no-read-ahead", dest="read_ahead", action="store_const", const=False, default=None,
                    help="start-up does not read the next preloads' checkpoints into the page cache ahead of them")
+    p.add_argument("--all", action="store_true", help="stop: every model's engine (the front's POST /switch/unload)")
     p.add_argument("--json", action="store_true", help="status: one JSON object")
     p.set_defaults(run=cmd_switch)

@@ -38,6 +38,10 @@ class SwitchPort(Protocol):
         """An operator's action (``actions.ACTIONS``) on model ``name``: what it did (``actions.Refused``)."""
         ...
 
+    async def unload(self) -> dict[str, str]:
+        """Every model's engine stopped (llama-swap's ``/unload``): what was done to each, by name."""
+        ...
+
     def health(self) -> tuple[bool, dict[str, Any]]:
         """Whether the front serves (start-up reached the default model, and it has not failed), and why not: the
         default model, its state, the reason, and when it is tried again, as ``/health`` answers them."""

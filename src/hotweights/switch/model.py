@@ -256,13 +256,17 @@ class Model:
                     preload=self.preload, awaited=self.awaited)
 
     def row(self, gpu: dict[int, int]) -> ModelRow:
-        pids = self.engine.pids()
+        """Its status row: the pids of an engine that runs (0 for one that died or stopped), its last request
+        relayed as its last use (None where it never had one: start-up's count of idle time is not a use)."""
+        alive = self.engine.alive()
+        pids = self.engine.pids() if alive else []
         held = sum(gpu.get(p, 0) for p in pids) if gpu and pids else None
         requests, first = self.pace()
-        return ModelRow(self.name, self.config.engine, self.state.value, self.engine.pid,
-                        self.engine.server or self.engine.pid, held,
-                        list(self.config.gpus) or None, self.engine.port, self.inflight, self.waiting,
-                        self.last_used or None, self.wakes, self.engine.parks, self.error or None,
+        pid = self.engine.pid if alive else 0
+        return ModelRow(self.name, self.config.engine, self.state.value, pid, (self.engine.server or pid) if alive
+                        else 0, held, list(self.config.gpus) or None, self.engine.port, self.inflight, self.waiting,
+                        self.answered[-1][0] if self.answered else None, self.wakes, self.engine.parks,
+                        self.error or None,
                         str(self.engine.log_path), host_mib(pids) if pids else None, self.config.parked_weights,
                         self.config.start, list(self.config.aliases), requests, first, self.cached or None,
                         self.preloaded is not None and self.preloaded[0].failed)

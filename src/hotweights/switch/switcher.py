@@ -61,6 +61,9 @@ class Switcher:
             raise Refused(f"no action {what!r}: one of {', '.join(ACTIONS)}")
         return await act(self.life, self.models[name], action)
 
+    async def unload(self) -> dict[str, str]:
+        return {name: await act(self.life, m, "stop") for name, m in list(self.models.items())}
+
     def health(self) -> tuple[bool, dict[str, Any]]:
         m = self.models[self.config.default.name]
         ok = self.life.ready.is_set() and m.state is not S.FAILED

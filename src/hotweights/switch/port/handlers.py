@@ -97,6 +97,7 @@ def routes() -> list[Route]:
             Route("/v1/models/{name:path}", one_model), Route("/version", version),
             Route("/switch/models/{name:path}/{action}", action, methods=["POST"]),
             Route("/switch/reload", reload, methods=["POST"]),
+            Route("/switch/unload", unload, methods=["POST"]),
             *(Route(path, forward, methods=["POST"]) for path in RELAYED)]
 
 
@@ -157,6 +158,15 @@ async def reload(request: Request) -> Response:
     return JSONResponse(said, status_code=code) if code == 200 else error(code, said["error"])
 
 
+async def unload(request: Request) -> Response:
+    """``POST /switch/unload``: every model's engine stopped (llama-swap's ``/unload``); a request for one starts it
+    again."""
+    f = front(request)
+    if not f.authorized(request):
+        return error(401, "Unauthorized")
+    return JSONResponse({"stopped": await f.switcher.unload()})
+
+
 async def version(request: Request) -> Response:
     return JSONResponse({"version": __version__})
 
@@ -190,8 +200,9 @@ async def forward(request: Request) -> Response:
     try:  # before anything parks for it
         asked = model_of(request.url.path, body, f.routes, f.config.default.name)
         keep_alive = keep_alive_of(body)
-    except Refused as exc:
+    except Refused as exc:  # a line in the request log too, as a relayed request has
         f.metrics.requests.labels("", "refused").inc()
+        logger.info("switch: request %s %d, refused: %s", request.url.path, exc.status, exc)
         return error(exc.status, str(exc), exc.param)
     name = f.routes[asked]
     if keep_alive is not None:  # Ollama's: how long this model stays awake once idle, from now on
@@ -213,19 +224,11 @@ async def forward(request: Request) -> Response:
         return opened
     m, upstream, waited = opened
     path = request.url.path
-    unserved = upstream.status_code in (404, 405) and path not in BODIES  # a path its kind does not serve
-    if unserved or (upstream.status_code >= 500 and "json" not in upstream.headers.get("content-type", "")):
-        said = (await upstream.aread()).decode(errors="replace")  # every 5xx the front answers is JSON
-        await upstream.aclose()
-        f.switcher.release(m)
-        f.metrics.requests.labels(name, f"engine_{upstream.status_code // 100}xx").inc()
-        logger.info("switch: request %s %s %d, waited %.3f s", name, path, upstream.status_code, waited)
-        if unserved:
-            return error(404, f"the engine of `{name}` ({m.config.engine}) does not serve {path}")
-        return error(upstream.status_code, f"the engine of `{name}` answered {upstream.status_code}: "
-                                           f"{one_line(said or 'nothing', 300)}")
+    if (answered := await _answered_here(f, m, upstream, path, waited)) is not None:
+        return answered
     code = upstream.status_code
-    f.metrics.requests.labels(name, "ok" if code < 400 else f"engine_{code // 100}xx").inc()
+    if code >= 400:  # else counted at its answer's end, by how it ended (``_told``)
+        f.metrics.requests.labels(name, f"engine_{code // 100}xx").inc()
     f.metrics.waited(name, waited)
     kept = {k: v for k, v in upstream.headers.items() if k.lower() in ("content-type", "cache-control")}
     events = upstream.headers.get("content-type", "").startswith("text/event-stream")
@@ -234,6 +237,25 @@ async def forward(request: Request) -> Response:
         stream = relay_resumable(f.switcher, f.client, f.stopping, m, upstream, record, r)
         return StreamingResponse(told(f, m, stream, record), status_code=code, headers=kept)
     return StreamingResponse(relay(f, m, upstream, events, record), status_code=code, headers=kept)
+
+
+async def _answered_here(f: FrontState, m: Model, upstream: httpx.Response, path: str,
+                         waited: float) -> Response | None:
+    """The front's own answer where the engine's is not relayed: a 404 of its own for a path the engine's kind does
+    not serve (counted ``unserved``), a plain-text 5xx as JSON; None where the engine's answer goes through."""
+    name = m.name
+    unserved = upstream.status_code in (404, 405) and path not in BODIES  # a path its kind does not serve
+    if not unserved and (upstream.status_code < 500 or "json" in upstream.headers.get("content-type", "")):
+        return None
+    said = (await upstream.aread()).decode(errors="replace")  # every 5xx the front answers is JSON
+    await upstream.aclose()
+    f.switcher.release(m)
+    f.metrics.requests.labels(name, "unserved" if unserved else f"engine_{upstream.status_code // 100}xx").inc()
+    logger.info("switch: request %s %s %d, waited %.3f s", name, path, upstream.status_code, waited)
+    if unserved:
+        return error(404, f"the engine of `{name}` ({m.config.engine}) does not serve {path}")
+    return error(upstream.status_code, f"the engine of `{name}` answered {upstream.status_code}: "
+                                       f"{one_line(said or 'nothing', 300)}")
 
 
 async def open_upstream(f: FrontState, name: str, path: str, body: bytes,
@@ -275,6 +297,7 @@ async def relay(f: FrontState, m: Model, upstream: httpx.Response, events: bool,
     request's line (``Said``) and its first byte's time in the metrics."""
     tail = b"\n\n"
     chunks = upstream.aiter_raw()
+    step: asyncio.Future[bytes] | None = None
     try:
         while True:
             step = asyncio.ensure_future(anext(chunks))
@@ -283,6 +306,7 @@ async def relay(f: FrontState, m: Model, upstream: httpx.Response, events: bool,
             if not step.done():  # the front stops: this answer ends now, not when the engine is done
                 step.cancel()
                 f.stopping.streams += 1
+                said.outcome = "cut"
                 if events:
                     yield (b"" if tail == b"\n\n" else b"\n\n") + stream_error(
                         "the server is shutting down; retry the request", 503)
@@ -294,7 +318,11 @@ async def relay(f: FrontState, m: Model, upstream: httpx.Response, events: bool,
             tail = (tail + chunk)[-2:]
             said.seen(chunk)
             yield chunk
+    except (GeneratorExit, asyncio.CancelledError):  # its client left
+        said.outcome = "abandoned"
+        raise
     except httpx.TransportError as exc:
+        said.outcome = "broken"
         name = m.config.name
         logger.warning("switch: %s: its engine's answer broke off (%s)%s", name, str(exc) or type(exc).__name__,
                        "; the stream ends with an error event" if events else "")
@@ -302,6 +330,10 @@ async def relay(f: FrontState, m: Model, upstream: httpx.Response, events: bool,
             yield (b"" if tail == b"\n\n" else b"\n\n") + stream_error(
                 f"the engine of `{name}` stopped in the middle of this answer; retry the request")
     finally:
+        if step is not None and not step.done():  # its read of the engine's next bytes goes with it, unawaited
+            step.cancel()
+        elif step is not None and not step.cancelled():
+            step.exception()  # retrieved: not a "Task exception was never retrieved" in the log
         await upstream.aclose()
         f.switcher.release(m)
         _told(f, m, said)
@@ -312,12 +344,18 @@ async def told(f: FrontState, m: Model, stream: AsyncIterator[bytes], said: Said
     try:
         async for chunk in stream:
             yield chunk
+    except (GeneratorExit, asyncio.CancelledError):  # its client left
+        said.outcome = "abandoned"
+        raise
     finally:
         _told(f, m, said)
 
 
 def _told(f: FrontState, m: Model, said: Said) -> None:
-    """An answer relayed: its first byte's time in the metrics and the model's pace, the request's line."""
+    """An answer relayed: how it ended in the metrics (``ok``, ``abandoned``, ``cut``, ``broken``), its first byte's
+    time and the model's pace, the request's line."""
+    if said.code < 400:
+        f.metrics.requests.labels(said.name, said.outcome).inc()
     if said.first:
         f.metrics.first_byte(said.name, said.first - said.arrived)
     m.relayed(said.first - said.arrived if said.first else None)

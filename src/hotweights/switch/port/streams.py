@@ -32,6 +32,7 @@ class Said:
         self.first = 0.0
         self.end = b""  # the answer's last bytes: its usage, where it has one
         self.paused = 0  # times its stream was paused and continued (preempt.py)
+        self.outcome = "ok"  # or: abandoned (its client left), cut (the front stopped), broken (its engine's broke off)
 
     def seen(self, chunk: bytes) -> None:
         if not self.first:
@@ -40,7 +41,9 @@ class Said:
 
     def line(self) -> str:
         tokens = self.TOKENS.findall(self.end)
-        return (f"switch: request {self.name} {self.path} {self.code}, waited {self.waited:.3f} s"
+        how = {"abandoned": " (its client left)", "cut": " (cut: the front stopped)",
+               "broken": " (its engine's answer broke off)"}.get(self.outcome, "")
+        return (f"switch: request {self.name} {self.path} {self.code}{how}, waited {self.waited:.3f} s"
                 + (f", first byte {self.first - self.arrived:.3f} s" if self.first else "")
                 + f", {time.monotonic() - self.arrived:.3f} s in all"
                 + (f", {int(tokens[-1])} tokens" if tokens else "")
@@ -138,6 +141,7 @@ class _Resumed:
             if stopping.halted().done():
                 stopping.streams += 1
                 self.ended = True
+                self.said.outcome = "cut"
                 return [stream_error("the server is shutting down; retry the request", 503)]
             return []
         try:
