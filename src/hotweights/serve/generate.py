@@ -145,15 +145,15 @@ def _adjusted(logits: torch.Tensor, params: SamplingParams, out: list[int],
     """Logits after the bias, vLLM's repetition penalty (over the prompt and the tokens generated so far: a positive
     logit divided by it, a negative one multiplied, as vLLM and transformers apply it) and OpenAI's penalties:
     ``- frequency * count - presence * (count > 0)`` over the tokens generated so far."""
-    if params.repetition_penalty != 1.0 and (seen := (prompt or []) + out):
-        index = torch.tensor(sorted(set(seen)), device=logits.device)
-        picked = logits.index_select(0, index)
-        penalty = params.repetition_penalty
-        logits = logits.index_copy(0, index, torch.where(picked > 0, picked / penalty, picked * penalty))
     if params.logit_bias:
         ids, bias = zip(*params.logit_bias)
         logits = logits.index_add(0, torch.tensor(ids, device=logits.device),
                                   torch.tensor(bias, device=logits.device, dtype=logits.dtype))
+    if params.repetition_penalty != 1.0 and (seen := (prompt or []) + out):  # after the bias, as vLLM's sampler
+        index = torch.tensor(sorted(set(seen)), device=logits.device)
+        picked = logits.index_select(0, index)
+        penalty = params.repetition_penalty
+        logits = logits.index_copy(0, index, torch.where(picked > 0, picked / penalty, picked * penalty))
     if out and (params.presence_penalty or params.frequency_penalty):
         counts = torch.bincount(torch.tensor(out, device=logits.device), minlength=logits.numel()).to(logits.dtype)
         logits = logits - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).to(logits.dtype)
