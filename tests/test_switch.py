@@ -105,21 +105,22 @@ def test_a_stream_through_a_switch_arrives_whole(front):
 
 @pytest.mark.slow
 def test_a_killed_engine_starts_again_on_its_next_request(front):
+    """Not the default (its engine starts again by itself: tests/test_switch_faults.py): the next request starts it."""
     client = front.client()
-    expected = answer(client, "chat")
-    pid = front.state("chat")["pid"]
+    expected = answer(client, "coder")
+    pid = front.state("coder")["pid"]
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while front.state("chat")["state"] != "failed":
+    while front.state("coder")["state"] != "failed":
         assert time.monotonic() < deadline, front.status()
         time.sleep(0.1)
-    assert answer(client, "chat") == expected
-    row = front.state("chat")
+    assert answer(client, "coder") == expected
+    row = front.state("coder")
     assert row["state"] == "awake" and row["pid"] != pid
     with urllib.request.urlopen(front.url + "/metrics") as r:
         scrape = r.read().decode()
-    assert 'hotweights_switch_switches_total{model="chat",source="restart"} 1.0' in scrape
-    assert 'hotweights_switch_model_state{model="chat",state="awake"} 1.0' in scrape
+    assert 'hotweights_switch_switches_total{model="coder",source="restart"} 1.0' in scrape
+    assert 'hotweights_switch_model_state{model="coder",state="awake"} 1.0' in scrape
     assert "hotweights_switch_switch_seconds_bucket" in scrape and "hotweights_switch_waiting_requests" in scrape
 
 

@@ -95,7 +95,7 @@ class Lifecycle:
     def begin_startup(self) -> asyncio.Task[None]:
         """Start-up's jobs (``startup.py``: the preloads, ahead of the starts with ``preload_jobs`` > 1): their
         task, for as long as the front runs."""
-        return asyncio.create_task(self.startup.run())
+        return asyncio.create_task(self.startup.run(), name="start-up's jobs")
 
     def move(self, m: Model, to: ModelState, failure: Failure | None = None) -> None:
         """The one way a model changes state; a move the table does not allow is refused (a bug: logged, raised).

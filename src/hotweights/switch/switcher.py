@@ -40,6 +40,13 @@ PRELOADING = frozenset({PreloadState.RUNNING, PreloadState.COPYING})
 logger = logging.getLogger("hotweights.switch")
 
 
+def said_if_failed(task: asyncio.Task[Any]) -> None:
+    """A task of the switch's that ended with an exception (a bug: the scheduler, start-up's jobs or the watch gone)
+    logs it at once, not at the front's exit."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        logger.error("switch: %s ended: %s", task.get_name(), exc, exc_info=exc)
+
+
 class Switcher:
     def __init__(self, config: SwitchConfig, metrics: SwitchMetrics, engines: Callable[[ModelConfig], EngineLike],
                  totals: dict[int, int] | None = None) -> None:
@@ -110,6 +117,7 @@ class Switcher:
         start-up's preloads run ahead of the starts, that many at once where memory allows, and with ``start_jobs``
         > 1 up to that many starts go together where none profiles the GPU's memory (``schedule.startup_batch``)."""
         startup = self.life.begin_startup()
+        startup.add_done_callback(said_if_failed)
         try:
             await self._schedule()
         finally:
@@ -139,8 +147,8 @@ class Switcher:
         """The engines found dead outside the scheduler (``Changes.engine_gone``) marked failed, under ``busy``."""
         died, self.life.changes.died = self.life.changes.died, set()
         for name in died:
-            m = self.models[name]
-            if m.state in SERVING and not m.engine.alive():
+            m = self.models.get(name)  # a reload may have removed it since
+            if m is not None and m.state in SERVING and not m.engine.alive():
                 self.life.exited(m)
 
     async def engine_gone(self, m: Model) -> bool:
