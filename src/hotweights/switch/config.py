@@ -406,3 +406,15 @@ class ConfigSource:
     path: Path
     read: Callable[[], SwitchConfig]
     watch: bool = False
+
+
+def started_when_asked(config: SwitchConfig) -> tuple[SwitchConfig, list[str]]:
+    """``config`` with each eager model whose engine cannot park (vLLM's CPU build has no sleep mode, or parking
+    is off) and that need not be awake (not the default, not kept awake) made ``cached``: started by its first
+    request (preloaded at start-up where preloads run ahead of the starts). Start-up would otherwise start it
+    only to stop it at once (a park stops such an engine), minutes of vLLM start for nothing. The names of those
+    it changed."""
+    changed = [m.name for m in config.models if m.start == "eager" and m is not config.default and not m.keep_awake
+               and not KINDS[m.engine].parks(config.parking)]
+    models = tuple(dataclasses.replace(m, start="cached") if m.name in changed else m for m in config.models)
+    return (dataclasses.replace(config, models=models) if changed else config), changed

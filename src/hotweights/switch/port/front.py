@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException
 from ...openai_errors import http_error, server_error
 from ...parked.records import take_port
 from ...paths import daemon_paths
-from ..config import ConfigSource, ModelConfig, SwitchConfig
+from ..config import ConfigSource, ModelConfig, SwitchConfig, started_when_asked
 from ..upstream.engines import Engine, EngineLike
 from ..fit import say_fit
 from .handlers import FrontState, routes
@@ -39,7 +39,7 @@ from ..kinds import KINDS
 from ..upstream.leftovers import Note, retire_left
 from ..metrics import SwitchMetrics
 from .streams import Stopping
-from ..switcher import Switcher
+from ..switcher import Switcher, said_if_failed
 
 logger = logging.getLogger("hotweights.switch")
 SHUTDOWN_GRACE_S = 3  # uvicorn's wait for open connections on SIGINT/SIGTERM (its default: forever; ours was 30)
@@ -76,6 +76,9 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
         keeper_before = await asyncio.to_thread(keeper_pid, config.socket_dir)  # 0: this front's preloads start it
         scheduling = asyncio.create_task(switcher.run())
         watching = asyncio.create_task(switcher.watch())
+        for task, name in ((scheduling, "the scheduler"), (watching, "the watch over the engines")):
+            task.set_name(name)  # a bug that ends one is said at once, not at the front's exit
+            task.add_done_callback(said_if_failed)
         noting = asyncio.create_task(note.kept(lambda: {m.name: [m.engine.pid, m.engine.server]
                                                         for m in switcher.models.values()})) if note else None
         try:
@@ -84,9 +87,9 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
             if stopping.streams or stopping.waiting:
                 logger.info("switch: stopping: %d stream(s) ended with an error event, %d waiting request(s) "
                             "answered 503", stopping.streams, stopping.waiting)
-            tasks = [t for t in (scheduling, watching, noting, following, *reloads) if t]
-            for task in tasks:
-                task.cancel()
+            tasks: list[asyncio.Future[Any]] = [t for t in (scheduling, watching, noting, following, *reloads) if t]
+            for job in tasks:
+                job.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await client.aclose()
             await switcher.stop()
@@ -205,6 +208,11 @@ def run(config: SwitchConfig, log_dir: Path | None = None, source: ConfigSource 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per relayed request otherwise
     log_dir = log_dir or new_log_dir()
     config = config.with_auto_jobs()  # auto: by the GPUs there are
+    config, asked = started_when_asked(config)
+    if asked:
+        logger.info("switch: %s start on their first request (start = \"cached\"): their engines cannot park "
+                    "(%s), so start-up would start them only to stop them", ", ".join(asked),
+                    "parking is off" if not config.parking else "no sleep mode")
     daemon_dir = daemon_paths(config.socket_dir or None).directory
     retire_left(daemon_dir)  # what a dead front left running, before this one starts its own
     app = create_app(config, log_dir, note=Note(daemon_dir), source=source)

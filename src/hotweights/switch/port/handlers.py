@@ -29,7 +29,7 @@ from ...openai_errors import error_response as error
 from ...openai_errors import stream_error
 from ..actions import ACTIONS
 from ..actions import Refused as ActionRefused
-from ..config import ConfigError, ConfigSource, SwitchConfig
+from ..config import ConfigError, ConfigSource, SwitchConfig, started_when_asked
 from ..upstream.engines import gpu_mib_by_pid
 from ..metrics import SwitchMetrics
 from ..model import Model
@@ -70,7 +70,7 @@ class FrontState:
             return 400, {"error": "this front was started without --config: there is no file to read again"}
         async with self.reloading:
             try:
-                read = await asyncio.to_thread(self.source.read)
+                read = started_when_asked(await asyncio.to_thread(self.source.read))[0]  # as the front began
                 self.config, change = await self.switcher.reload(read)
             except ConfigError as exc:
                 logger.warning("switch: reload (%s) refused: %s", why, exc)
