@@ -139,9 +139,20 @@ def restart(s: Snapshot, config: SwitchConfig) -> Wake | None:
 
 
 def start_next(s: Snapshot, config: SwitchConfig) -> Start | Wait:
-    """Start-up's next start (``startup_next``), with the starts that go with it; else a wait."""
+    """Start-up's next start (``startup_next``), with the starts that go with it; else a wait, until the next change
+    or the end of the earliest back-off of a start that failed or of a crashed engine started again by itself
+    (``retry_in_s``: a timer's kick may come a hair before the back-off's end, and none comes after it)."""
     following = startup_next(s)
-    return Start(startup_batch(following, s, config)) if following is not None else Wait()
+    return Start(startup_batch(following, s, config)) if following is not None else Wait(retry_in_s(s))
+
+
+def retry_in_s(s: Snapshot) -> float | None:
+    """Seconds until the earliest back-off ends of a model the scheduler tries again by itself (a failed start, or
+    a crashed engine of the default or a kept-awake model), None where none waits for one."""
+    left = [f.retry_at - s.now for v in s.models if (f := v.failure) is not None and v.state is ModelState.FAILED
+            and not v.waiting and (f.kind is FailureKind.START or v.name == s.default or v.config.keep_awake)
+            and f.retry_at > s.now]
+    return min(left) + 0.01 if left else None
 
 
 def wanted(s: Snapshot, config: SwitchConfig) -> list[View]:
