@@ -534,3 +534,16 @@ def test_with_watch_config_a_changed_file_is_read_again_by_itself(model, tmp_pat
             assert "(the file changed): added b" in f.log.read_text()
         finally:
             f.interrupt()
+
+
+@pytest.mark.slow
+def test_sighup_to_a_front_without_a_config_file_is_said_and_the_front_goes_on(model, tmp_path):
+    """Issue 68: SIGHUP ended the front with no shutdown line and a stale note file."""
+    with private_keeper("hwhu-") as sock:
+        f = wait_started(Front(tmp_path, {"a": model}, socket_dir=sock))
+        try:
+            f.proc.send_signal(signal.SIGHUP)
+            until(lambda: "nothing to read again" in f.log.read_text(), "the SIGHUP said", f, 10)
+            assert f.proc.poll() is None and f.ready()
+        finally:
+            assert f.interrupt() in (0, 130)

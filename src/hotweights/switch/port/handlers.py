@@ -66,7 +66,8 @@ class FrontState:
         """The configuration read again and run (``SwitchPort.reload``): added models start, removed ones stop,
         changed ones start again, the others are untouched; a configuration it cannot run is refused in one line
         and the running one stays. The HTTP status and what it did, as ``/switch/reload`` answers them."""
-        if self.source is None:
+        if self.source is None:  # SIGHUP too: said, and the front goes on (it used to end it)
+            logger.warning("switch: reload (%s): this front was started without --config: nothing to read again", why)
             return 400, {"error": "this front was started without --config: there is no file to read again"}
         async with self.reloading:
             try:
