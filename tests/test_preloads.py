@@ -25,7 +25,8 @@ from hotweights.switch.gpus import GpuMemory, gpu_memory
 from hotweights.switch.kinds import KINDS, GpuNeed
 from hotweights.switch.metrics import SwitchMetrics
 from hotweights.switch.startup import Startup
-from hotweights.switch.schedule import Preloading, next_preload, start_to_reserve_for, startup_batch
+from hotweights.switch.admit import Preloading, next_preload, start_to_reserve_for
+from hotweights.switch.schedule import startup_batch
 from hotweights.switch.snapshot import Snapshot
 from hotweights.switch.states import PreloadOutcome, PreloadState, StartState
 from hotweights.switch.switcher import Switcher

@@ -790,7 +790,8 @@ def test_the_ledger_keeps_a_batch_place_for_each_request_let_in_and_only_for_tho
 
 
 def test_a_reload_is_what_a_new_config_adds_removes_and_changes_and_refuses_what_cannot_change_live():
-    from hotweights.switch.config import ConfigError, diff
+    from hotweights.switch.config import ConfigError
+    from hotweights.switch.running import diff
 
     a, b, c = (ModelConfig(n, Path("/m") / n) for n in "abc")
     old = SwitchConfig((a, b), preload_jobs=4)

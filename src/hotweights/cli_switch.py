@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 def cmd_switch(args: argparse.Namespace) -> int:
-    from .switch import config as switch_config
+    from .switch import config as switch_config, running
 
     if args.action == "status":
         return _status(args)
@@ -38,7 +38,7 @@ def cmd_switch(args: argparse.Namespace) -> int:
     try:
         if args.config:
             config = switch_config.overlay(switch_config.load(args.config), given, "the command line")
-            source = switch_config.ConfigSource(
+            source = running.ConfigSource(
                 Path(args.config), lambda: switch_config.overlay(switch_config.load(args.config), given,
                                                                  "the command line"), args.watch_config)
         else:

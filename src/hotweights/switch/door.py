@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from .config import Reload, SwitchConfig
+from .config import SwitchConfig
+from .running import Reload
 from .model import Model
 
 

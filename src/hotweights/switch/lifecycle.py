@@ -13,11 +13,13 @@ from collections.abc import Callable
 
 from .. import evidence
 from ..errors import HotweightsError
-from .config import ModelConfig, Reload, SwitchConfig
+from .config import ModelConfig, SwitchConfig
+from .running import Reload
 from .upstream.engines import EngineError, EngineLike, WakeRefused
 from .metrics import SwitchMetrics
 from .model import Changes, Model, Switched
-from .schedule import Room, room_for, start_to_reserve_for, startup_order, victim
+from .admit import start_to_reserve_for
+from .schedule import Room, room_for, startup_order, victim
 from .snapshot import Snapshot
 from .startup import Startup
 from .states import (SERVING, STARTS_GOING_ON, TRANSITIONS, Failure, FailureKind, InvalidTransition, ModelState,

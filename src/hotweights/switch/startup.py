@@ -10,9 +10,9 @@ its start waits for it, which is each start preloading its own model. A start aw
 profiles the GPU's memory (``GpuNeed.profiles``: vLLM sizes its KV cache from a profile of the whole GPU's memory,
 which a preload allocating meanwhile corrupts; a vLLM preload pins its own KV cache for that reason,
 ``engines/vllm/kvpin.py``) starts with no preload beside it on its GPUs (``alone``), and one whose KV cache its
-arguments pin starts beside them (the memory its start needs is reserved: ``schedule.preload_fits``).
+arguments pin starts beside them (the memory its start needs is reserved: ``admit.preload_fits``).
 
-Which preload begins, and when, is ``schedule.next_preload``'s decision (a pure function, tested as a table), over
+Which preload begins, and when, is ``admit.next_preload``'s decision (a pure function, tested as a table), over
 the switch's snapshot taken right after free memory is read (``nvidia-smi``), so nothing changes between the read
 and the decision; this object only runs the jobs. It looks again on every change (``Changes``, the scheduler's
 signal). One task (``sample``) is the only poll: while start-up goes on it reads the starts' logs every
@@ -38,7 +38,7 @@ from .gpus import GpuMemory, gpu_memory
 from .memory import RESERVE_MIB, GpuNeed
 from .model import Changes, Model
 from .readahead import ReadAhead, shard_paths
-from .schedule import next_preload, preload_queue, preloading, queued_preloads
+from .admit import next_preload, preload_queue, preloading, queued_preloads
 from .snapshot import Snapshot, View
 from .states import (PRELOAD_MOVES, SERVING, START_MOVES, STARTS_GOING_ON, InvalidTransition, PreloadOutcome,
                      PreloadState, StartState)
@@ -72,7 +72,7 @@ class Job:
 class Startup:
     """The preloads and starts of ``models`` (in start-up order: the default first), up to ``jobs`` preloads at a
     time, ahead of the starts where ``ahead``; decided over the switch's snapshot (``look``: ``Lifecycle.snapshot``),
-    leaving room for the starts ``reserve_for`` names in it (``schedule.start_to_reserve_for``); ``changes``: the
+    leaving room for the starts ``reserve_for`` names in it (``admit.start_to_reserve_for``); ``changes``: the
     signal it waits on and gives; ``profiled``: called once a start's profile of the GPU's memory is done
     (``Lifecycle.pin_kv_as``)."""
 
@@ -153,7 +153,7 @@ class Startup:
         """``m``'s engine starts now (``StartState.STARTING``); where its start profiles the GPU's memory, once no
         preload runs on its GPUs: vLLM sizes its KV cache from a profile of the whole GPU's memory, which a preload
         allocating meanwhile would shrink (or leave none). The preloads running there end first, and none begins
-        there until it is up (``schedule.preloading``: ``starting``). A start whose KV cache its arguments pin goes
+        there until it is up (``admit.preloading``: ``starting``). A start whose KV cache its arguments pin goes
         at once."""
         self.start_moves(m, T.STARTING)
         need = m.engine.gpu_need()

@@ -26,7 +26,8 @@ from typing import Any
 
 from .actions import ACTIONS, Refused, act, idle_timeouts
 from .admission import Admission
-from .config import ConfigError, ModelConfig, Reload, SwitchConfig, diff
+from .config import ConfigError, ModelConfig, SwitchConfig
+from .running import Reload, diff
 from .upstream.engines import EngineError, EngineLike
 from .lifecycle import Lifecycle, gone
 from .metrics import SwitchMetrics

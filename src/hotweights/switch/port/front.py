@@ -30,7 +30,8 @@ from starlette.exceptions import HTTPException
 from ...openai_errors import http_error, server_error
 from ...parked.records import take_port
 from ...paths import daemon_paths
-from ..config import ConfigSource, ModelConfig, SwitchConfig, started_when_asked
+from ..config import ModelConfig, SwitchConfig
+from ..running import ConfigSource, started_when_asked
 from ..upstream.engines import Engine, EngineLike
 from ..fit import say_fit
 from .handlers import FrontState, routes

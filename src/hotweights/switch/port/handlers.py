@@ -29,7 +29,8 @@ from ...openai_errors import error_response as error
 from ...openai_errors import stream_error
 from ..actions import ACTIONS
 from ..actions import Refused as ActionRefused
-from ..config import ConfigError, ConfigSource, SwitchConfig, started_when_asked
+from ..config import ConfigError, SwitchConfig
+from ..running import ConfigSource, started_when_asked
 from ..upstream.engines import gpu_mib_by_pid
 from ..metrics import SwitchMetrics
 from ..model import Model
