@@ -61,6 +61,10 @@ class FrontState:
     reloading: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # one reload at a time
 
     def __post_init__(self) -> None:
+        self._route()
+
+    def _route(self) -> None:
+        """Every name a request may ask for (a model's name or alias) -> the model, from the config it runs."""
         self.routes = {n: m.name for m in self.config.models for n in (m.name, *m.aliases)}
 
     async def reload(self, why: str) -> tuple[int, dict[str, Any]]:
@@ -77,7 +81,7 @@ class FrontState:
             except ConfigError as exc:
                 logger.warning("switch: reload (%s) refused: %s", why, exc)
                 return 400, {"error": f"reload refused: {exc}"}
-        self.routes = {n: m.name for m in self.config.models for n in (m.name, *m.aliases)}
+        self._route()
         logger.info("switch: reloaded %s (%s): %s", self.source.path, why, change.line())
         return 200, dataclasses.asdict(change)
 

@@ -75,6 +75,8 @@ def keep_alive_of(body: bytes) -> float | None:
     """Ollama's ``keep_alive`` in ``body`` (a JSON object the front has read), in seconds: how long the model stays
     awake once idle; a number is seconds, a string a Go duration (``"5m"``, ``"1h30m"``, ``"500ms"``); negative:
     for ever (``inf``); None where it is absent. Refused (400) where it is neither."""
+    if b'"keep_alive"' not in body:  # most bodies: not parsed a second time on the way to the engine
+        return None
     try:
         value = json.loads(body).get("keep_alive")
     except (ValueError, AttributeError):
