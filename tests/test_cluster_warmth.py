@@ -88,6 +88,23 @@ def test_a_wake_that_would_park_another_model_ranks_after_one_into_a_free_place(
     assert ranked({"a": full, "d": host}) == [["a"], ["d"]], "still warmer than host memory"
 
 
+def test_a_model_awake_on_several_nodes_goes_to_its_home_until_its_queue_there_reaches_the_bound():
+    """The default model awake on every node: each request goes to one of them (the same whoever asks), so that the
+    others' places free up for other models, and to the next awake node once its home has a queue."""
+    reports = {k: report(k, m=(W.AWAKE, 0)) for k in "abc"}
+    home = ranked(reports)[0]
+    assert len(home) == 1 and ranked(dict(reversed(reports.items())))[0] == home
+    others = sorted(set("abc") - set(home))
+    assert ranked(reports) == [home, others]
+    reports[home[0]] = report(home[0], m=(W.AWAKE, 4))
+    assert ranked(reports)[0] == others, "its home has a queue at the bound: the other awake nodes first"
+    reports = {"a": report("a", m=(W.AWAKE, 0)), "b": report("b", m=(W.PARKED, 0))}
+    assert ranked(reports) == [["a"], ["b"]], "awake on one node only: no home to prefer"
+    reports["c"] = report("c", m=(W.PARKED, 0))
+    groups = ranked(reports, sent={"b": 1})
+    assert sorted(groups[0] + groups[1]) == ["a", "b"] and groups[2] == ["c"], "awake away before a wake"
+
+
 def test_a_model_a_node_does_not_report_is_absent_there():
     reports = {"a": report("a", other=(W.AWAKE, 0)), "b": report("b", m=(W.CACHED, 0))}
     assert ranked(reports) == [["b"], ["a"]]

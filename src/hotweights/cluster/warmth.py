@@ -17,6 +17,12 @@ refinements, each from the first run of ``benchmarks/cluster_trace.py``:
   never to a start while a queue is all it waits for. An engine batches what it has in flight: the bound is a
   queue, not a batch.
 
+One from its third run: a model awake on several nodes (the default model, awake on each at start; a hot model
+that spread) goes to one of them, its home (``AWAY`` ranks the others a quarter warmth colder), until its queue
+there reaches the bound. Sent by "fewest in flight" to each, it stayed awake on every node and took a place there
+that another model then woke into by turns. The home is the node that wins the model's rendezvous hash among those
+where it is awake: every router picks the same one, with no state.
+
 Not covered: how requests reach a node (``router.py``, Ray's), what a node's front does with them (``switch/``).
 """
 
@@ -35,6 +41,7 @@ Router = Literal["warmth", "multiplex", "round_robin"]  # ours, and Ray's own tw
 ROUTERS: tuple[str, ...] = get_args(Router)  # here, stdlib only: the command line's parser reads it without extras
 CROWDED = 0.5  # a wake that parks another model: after a wake into a free place, before host memory
 QUEUED = 1.75  # a queue at the bound: after any wake on the GPU (crowded or not), before host memory
+AWAY = 0.25  # awake, but not on the model's home: after its home, before any wake
 
 
 class Warmth(enum.IntEnum):
@@ -111,23 +118,34 @@ def rank(reports: Mapping[K, NodeReport | None], model: str, *, spread_at: int, 
     """The replicas for one request of ``model``, best first, in groups of equal rank (Ray picks within a group by
     the fewest requests in flight). A replica's rank is its model's warmth (awake where this router sent the model
     since the replica's report: ``sent``), ``CROWDED`` colder where a wake would park another model (no room),
+    ``AWAY`` colder where it is awake but another node is its home (of several awake, the rendezvous hash's winner),
     ``QUEUED`` colder where the model's queue there (reported plus sent) has reached ``spread_at``. A replica whose
     report is missing, older than ``stale_after_s`` or unhealthy ranks after every other, in one last group (the
     request still goes somewhere when nothing better is left)."""
     sent = sent or {}
-    groups: dict[float, list[K]] = {}
+    live: dict[K, tuple[Warmth, int, NodeReport]] = {}
     for key, report in reports.items():
-        if report is None or not report.healthy or now - report.at > stale_after_s:
-            score = math.inf
-        else:
+        if report is not None and report.healthy and now - report.at <= stale_after_s:
             warmth, queue = report.models.get(model, (Warmth.ABSENT, 0))
-            if sent.get(key, 0):
-                warmth = Warmth.AWAKE
+            live[key] = (Warmth.AWAKE if sent.get(key, 0) else warmth, queue + sent.get(key, 0), report)
+    awake = [key for key, (warmth, _q, _r) in live.items() if warmth is Warmth.AWAKE]
+    home = max(awake, key=lambda k: _score(model, live[k][2].node or str(k))) if len(awake) > 1 else None
+    groups: dict[float, list[K]] = {}
+    for key in reports:
+        score = math.inf
+        if key in live:
+            warmth, queue, report = live[key]
             crowded = warmth is not Warmth.AWAKE and report.room == 0
-            queued = queue + sent.get(key, 0) >= spread_at
-            score = int(warmth) + (CROWDED if crowded else 0.0) + (QUEUED if queued else 0.0)
+            away = warmth is Warmth.AWAKE and home is not None and key != home
+            score = (int(warmth) + (CROWDED if crowded else 0.0) + (AWAY if away else 0.0)
+                     + (QUEUED if queue >= spread_at else 0.0))
         groups.setdefault(score, []).append(key)
     return [groups[s] for s in sorted(groups)]
+
+
+def _score(model: str, node: str) -> bytes:
+    """A node's rendezvous score for a model (``placed``, the home in ``rank``)."""
+    return hashlib.blake2b(f"{model}\0{node}".encode(), digest_size=8).digest()
 
 
 def placed(model: str, nodes: Sequence[str], count: int | None) -> set[str]:
@@ -135,5 +153,4 @@ def placed(model: str, nodes: Sequence[str], count: int | None) -> set[str]:
     decides alone from the same list, and a node that joins or leaves moves only the models it wins or held."""
     if count is None or count >= len(nodes):
         return set(nodes)
-    score = {n: hashlib.blake2b(f"{model}\0{n}".encode(), digest_size=8).digest() for n in nodes}
-    return set(sorted(nodes, key=lambda n: score[n], reverse=True)[:count])
+    return set(sorted(nodes, key=lambda n: _score(model, n), reverse=True)[:count])
