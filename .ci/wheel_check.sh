@@ -34,7 +34,7 @@ if $hw verify --model "$work/tiny" --out "$work/v" > "$work/verify.txt" 2>&1; th
 cat "$work/verify.txt"; grep -q "\[serve\]'" "$work/verify.txt"; ! grep -q Traceback "$work/verify.txt"
 
 step "[engine]: torch (the CPU build: install it first, or pip picks a CUDA build), preload"
-$pip install -q "$TORCH_SPEC" ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX" --retries 1}
+TORCH_SPEC=$TORCH_SPEC TORCH_INDEX=$TORCH_INDEX bash .ci/install_torch.sh "$work/venv/bin/python"
 $pip install -q "$wheel[engine]"
 $hw demo-model "$work/tiny" --size tiny
 $hw preload --model "$work/tiny" --socket-dir "$work/sock"
