@@ -115,6 +115,17 @@ def test_the_switch_docs_example_is_one_the_switch_takes(tmp_path):
     assert [m.name for m in config.models] == ["chat", "coder", "small"] and config.models[2].keep_awake
 
 
+def test_switch_example_prints_the_docs_example_from_the_installed_package():
+    """``switch --help`` points at ``hotweights switch example``, which a wheel ships: the docs' example, whole."""
+    from conftest import run_cli
+
+    done = run_cli("switch", "example")
+    docs = (ROOT / "docs" / "switch.md").read_text().split("```toml\n", 1)[1].split("```", 1)[0]
+    assert done.returncode == 0 and done.stdout.endswith(docs), done.stderr
+    helped = run_cli("switch", "--help").stdout
+    assert "hotweights switch example" in helped and "docs/" not in helped
+
+
 RAYSERVICE_SPEC = {"serveConfigV2", "rayClusterConfig", "upgradeStrategy", "serviceUnhealthySecondThreshold",
                    "deploymentUnhealthySecondThreshold", "excludeHeadPodFromServeSvc"}
 RAYCLUSTER_SPEC = {"rayVersion", "headGroupSpec", "workerGroupSpecs", "enableInTreeAutoscaling", "autoscalerOptions"}

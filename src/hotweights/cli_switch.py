@@ -28,6 +28,9 @@ def cmd_switch(args: argparse.Namespace) -> int:
         return _action(args)
     if args.action == "reload":
         return _reload(args)
+    if args.action == "example":
+        sys.stdout.write((Path(__file__).parent / "switch" / "example.toml").read_text())
+        return 0
     given = {key: getattr(args, key, None) for key in switch_config.SWITCH_KEYS}  # the flags are the keys
     engine_args = list(getattr(args, "cmd", []) or [])
     if args.config and (args.models or engine_args or args.parked_weights):
@@ -55,17 +58,28 @@ def cmd_switch(args: argparse.Namespace) -> int:
 
 
 def _front(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
-    """The running front's URL and the headers its key wants: from the flags, else ``--config``'s [switch], else the
-    defaults (and ``$VLLM_API_KEY``, as the front reads it)."""
-    host, port, key = args.host, args.port, args.api_key
-    if args.config:
-        from .switch import config as switch_config
+    """The running front's URL and the headers its key wants: from the flags, else ``--config``'s [switch] (without
+    flags: ``./switch.toml`` where there is one), else the one front that runs over this user's keeper (its note),
+    else the defaults; the key also from ``$VLLM_API_KEY``, as the front reads it."""
+    from .switch import config as switch_config
 
+    host, port, key = args.host, args.port, args.api_key
+    path = args.config or (DEFAULT_CONFIG if not (host or port) and Path(DEFAULT_CONFIG).is_file() else None)
+    if path:
         try:
-            config = switch_config.load(args.config)
+            config = switch_config.load(path)
         except switch_config.ConfigError as exc:
             raise ValueError(str(exc)) from None
-        host, port, key = host or config.host, port or config.port, key or config.api_key
+        host = host or ("127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host)
+        port, key = port or config.port, key or config.api_key
+    elif not (host or port):
+        from .paths import daemon_paths
+        from .switch.upstream.leftovers import running_fronts
+
+        fronts = running_fronts(daemon_paths(None).directory)
+        if len(fronts) == 1:
+            key = key or os.environ.get("VLLM_API_KEY", "")
+            return fronts[0], {"authorization": f"Bearer {key}"} if key else {}
     key = key or os.environ.get("VLLM_API_KEY", "")
     return f"http://{host or '127.0.0.1'}:{port or 8000}", {"authorization": f"Bearer {key}"} if key else {}
 
@@ -172,18 +186,23 @@ class EngineKinds:
         return name in list(self)
 
 
+DEFAULT_CONFIG = "switch.toml"  # status and the operator verbs read it from the working directory without flags
+
+
 def register(sub: Subparsers) -> None:
     """``hotweights switch``."""
     p = sub.add_parser("switch", help="many models behind one port: a request's model wakes its engine, the others "
                                       "park (--config FILE, or --model NAME=DIR ... [-- ENGINE ARGS])")
     p.add_argument("action", nargs="?", default="serve",
-                   choices=["serve", "status", "park", "stop", "start", "reload"],
+                   choices=["serve", "status", "park", "stop", "start", "reload", "example"],
                    help="serve (default); status: each model's state, from a running switch; park, stop or start "
                         "NAME: that model's engine, in a running switch; reload: the running switch reads its "
-                        "--config file again (as SIGHUP does)")
+                        "--config file again (as SIGHUP does); example: print a complete --config file, every key "
+                        "explained (`hotweights switch example > switch.toml`)")
     p.add_argument("target", nargs="?", default=None, help="park/stop/start: the model (its name or an alias)")
     p.add_argument("--config", default=None, help="TOML file: [switch] and one [[model]] table per model "
-                                                  "(docs/switch.md has a complete example)")
+                                                  "(`hotweights switch example` prints a complete one); status and "
+                                                  "the operator verbs read ./switch.toml without flags")
     p.add_argument("--model", dest="models", action="append", default=[], metavar="NAME=DIR",
                    help="the quick form: a model and its checkpoint (repeat; the first is the default)")
     p.add_argument("--engine", default="hotweights", choices=EngineKinds(), metavar="KIND",
@@ -226,7 +245,7 @@ def register(sub: Subparsers) -> None:
                         "--kv-cache-memory-bytes) and GPU memory holds them (default 0: 4 with GPUs, else 1)")
     p.add_argument("--compile-ahead", action=argparse.BooleanOptionalAction, default=None,
                    help="the first start's compile runs beside its preload (a vLLM server with dummy weights), or "
-                        "not (the default: slower where the preload is short, docs/switch.md)")
+                        "not (the default: it lost on an H100, where the preload was short)")
     p.add_argument("--no-read-ahead", dest="read_ahead", action="store_const", const=False, default=None,
                    help="start-up does not read the next preloads' checkpoints into the page cache ahead of them")
     p.add_argument("--all", action="store_true", help="stop: every model's engine (the front's POST /switch/unload)")
