@@ -81,3 +81,66 @@ def test_the_quick_start_runs_as_written(tmp_path):
             server.wait(60)
     finally:
         run_cli("stop", "--socket-dir", sock)
+
+
+def switch_quick_start() -> tuple[str, list[str]]:
+    """The switch's block: the config its heredoc writes, and the commands after it (comments cut)."""
+    block = README.split("\nMany models behind one port", 1)[1].split("```\n", 2)[1]
+    config = block.split("<<'EOF'", 1)[1].split("\n", 1)[1].split("\nEOF\n", 1)[0]
+    after = block.split("\nEOF\n", 1)[1]
+    return config, [line.split("  #", 1)[0].strip() for line in after.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_the_switch_quick_start_runs_as_written_and_status_finds_the_front_without_flags(tmp_path):
+    """The README's switch block: its config (tiny demo models for its checkpoints, and a [switch] table with a free
+    port and a private keeper: the only lines added), the front, the curl, then ``switch status`` without flags in
+    the config's directory (it reads ./switch.toml) and in another (the one front over this keeper, from its note)."""
+    from hotweights.demo_model import write_demo_model
+
+    config, (start, curl, status) = switch_quick_start()
+    for path in set(re.findall(r'checkpoint = "(/models/[^"]+)"', config)):
+        model = write_demo_model(tmp_path / path.rsplit("/", 1)[1], "tiny")
+        config = config.replace(f'"{path}"', f'"{model}"')
+    port = free_port()
+    sock = tempfile.mkdtemp(prefix="hwqs-", dir="/tmp")
+    (tmp_path / "switch.toml").write_text(f'[switch]\nport = {port}\nsocket_dir = "{sock}"\n\n{config}\n')
+    env = {**os.environ, "HOTWEIGHTS_SOCKET_DIR": sock}
+
+    def hotweights(line: str) -> list[str]:
+        args = shlex.split(line)
+        assert args[0] == "hotweights", line
+        return [sys.executable, "-m", "hotweights", *args[1:]]
+
+    log = tmp_path / "front.log"
+    front = subprocess.Popen(hotweights(start), cwd=tmp_path, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                             env=env)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                assert front.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.3)
+        args = shlex.split(curl.replace("8000", str(port)))
+        url = next(a for a in args if a.startswith(("http", "localhost")))
+        header = args[args.index("-H") + 1].split(": ", 1)
+        body = json.loads(args[args.index("-d") + 1])
+        req = urllib.request.Request(url if url.startswith("http") else f"http://{url}", data=json.dumps(body).encode(),
+                                     headers={header[0]: header[1]})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            answer = json.loads(r.read())
+        assert answer["model"] == body["model"] and answer["choices"][0]["finish_reason"] in ("length", "stop")
+        here = subprocess.run(hotweights(status), cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60)
+        assert here.returncode == 0 and re.search(rf"^{body['model']}\s+awake", here.stdout, re.M), here
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        found = subprocess.run([*hotweights(status), "--json"], cwd=elsewhere, capture_output=True, text=True, env=env,
+                               timeout=60)
+        assert found.returncode == 0 and {m["name"] for m in json.loads(found.stdout)["models"]} == {"chat", "coder"}
+    finally:
+        front.terminate()
+        front.wait(60)
+        run_cli("stop", "--socket-dir", sock)

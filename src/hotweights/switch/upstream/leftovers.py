@@ -38,12 +38,13 @@ def notes_dir(daemon_dir: Path) -> Path:
 class Note:
     """This front's note of its engines: ``{model: [pid, started_at], ...}``, written again when a pid changes."""
 
-    def __init__(self, daemon_dir: Path) -> None:
+    def __init__(self, daemon_dir: Path, url: str = "") -> None:
         ensure_socket_dir(daemon_dir)  # private, ours: as the keeper's own
         directory = notes_dir(daemon_dir)
         directory.mkdir(mode=0o700, exist_ok=True)
         self.path = directory / f"{os.getpid()}.json"
         self.front = [os.getpid(), started_at(os.getpid())]
+        self.url = url  # where it serves: `hotweights switch status` without flags finds it here
         self.written: dict[str, list[int | None]] | None = None
 
     async def kept(self, pids: Callable[[], dict[str, list[int]]], interval_s: float = 1.0) -> None:
@@ -58,12 +59,26 @@ class Note:
         if engines == self.written:
             return
         part = self.path.with_suffix(".part")
-        part.write_text(json.dumps({"front": self.front, "engines": engines}))
+        part.write_text(json.dumps({"front": self.front, "url": self.url, "engines": engines}))
         os.replace(part, self.path)
         self.written = engines
 
     def close(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+def running_fronts(daemon_dir: Path) -> list[str]:
+    """The URLs of the fronts that run over this keeper's directory, from their notes (a front that is gone, or a
+    note that cannot be read, is left out)."""
+    urls = []
+    directory = notes_dir(daemon_dir)
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            note = json.loads(path.read_text())
+            (front, front_started), url = note["front"], note.get("url")
+            if url and started_at(front) == front_started:
+                urls.append(str(url))
+    return urls
 
 
 def retire_left(daemon_dir: Path) -> list[str]:
