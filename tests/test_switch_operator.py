@@ -331,6 +331,25 @@ def test_without_parking_a_switch_says_it_stopped_one_engine_and_started_the_oth
         assert "parked b" not in log and "woke a" not in log, log[-3000:]
 
 
+def test_a_keeper_stopped_under_a_running_front_is_started_again_before_an_engine_starts_again(model, tmp_path):
+    """Issue 68: after ``hotweights stop`` under a running front, an engine started again read its checkpoint and
+    only its own log said so. The front now sees the keeper gone, preloads the model again (a keeper starts), says
+    so, and the engine maps its weights."""
+    with private_keeper("hwop-") as sock:
+        f = wait_started(Front(tmp_path, {"a": model, "b": model}, "--", "--max-model-len", "64", socket_dir=sock))
+        try:
+            assert run_cli("switch", "stop", "b", "--port", str(f.port), timeout=60).returncode == 0
+            assert run_cli("stop", "--socket-dir", str(sock), timeout=60).returncode == 0  # the keeper, under it
+            assert f.client().completions.create(model="b", prompt="ab", max_tokens=2).choices  # b starts again
+            log = f.log.read_text()
+            assert re.search(r"switch: b: no keeper answers \(.*\); preloaded again \(cached", log), log[-3000:]
+            assert run_cli("status", "--socket-dir", str(sock), timeout=60).returncode == 0  # a keeper runs again
+            b_log = max((tmp_path / f"logs-{f.port}").glob("b*.log"), key=lambda p: p.stat().st_mtime).read_text()
+            assert "Mapped " in b_log.rsplit("hotweights serve", 1)[-1] and "falling back" not in b_log, b_log[-3000:]
+        finally:
+            f.interrupt()
+
+
 @pytest.mark.slow
 def test_a_model_over_the_keepers_max_bytes_is_said_to_be_served_from_disk(model, tmp_path):
     """Before: its preload failed, its engine read the checkpoint, and only the ready line said so."""

@@ -88,6 +88,7 @@ class Engine:
         self._need: GpuNeed | None = None
         self.start_jobs, self.socket_dir = start_jobs, socket_dir
         self.keeper = KeeperView(model, self.kind, socket_dir, self.env(socket_dir))
+        self.started_before = False  # a start again asks the keeper first (``cached_again``)
 
     url = property(lambda self: self.process.url)
     pid = property(lambda self: self.process.pid)
@@ -185,6 +186,24 @@ class Engine:
             pass
         return None
 
+    def cached_again(self) -> str:
+        """Before its engine starts again (a crash, a stop, a park that stopped it): where the keeper no longer holds
+        its weights (stopped under the running front, ``hotweights stop``; or the entry released), they are
+        preloaded again, which starts a keeper where none runs, so that the start maps them rather than read its
+        checkpoint with no word from the front. What happened, in a few words ("" where the keeper holds them)."""
+        if self.kind.not_preloaded(self.model):
+            return ""
+        try:
+            if self.keeper.cached():
+                return ""
+            why = "the keeper no longer holds its weights (released?)"
+        except (OSError, HotweightsError) as exc:
+            why = f"no keeper answers ({one_line(str(exc), 120)}: stopped with `hotweights stop`?)"
+        outcome = self.preload()
+        if outcome.failed:
+            return f"{why}; preloading them again failed ({outcome.note}): its engine reads its checkpoint"
+        return f"{why}; preloaded again ({outcome}), a keeper started where none ran"
+
     def host_copy_after(self) -> str:
         """Where this model's parked weights go to host memory, their host copy made now, after its preload (its GPU
         copy kept), so that its first park only lets the GPU copy go: made at that park instead, it held start-up's
@@ -263,8 +282,13 @@ class Engine:
 
     def start(self, timeout_s: float = 900.0) -> float:
         """Start its engine; the seconds it took. Where the keeper holds only the host copy of its weights, their GPU
-        copy is made again first, within those seconds (``device_copy_back``)."""
+        copy is made again first, within those seconds (``device_copy_back``); a start again finds the keeper first
+        (``cached_again``)."""
         began = time.monotonic()
+        again = self.cached_again() if self.started_before else ""
+        if again:
+            logger.warning("switch: %s: %s", self.model.name, again)
+        self.started_before = True
         back = self.device_copy_back()
         copied_s = time.monotonic() - began if back else 0.0
         if back:
