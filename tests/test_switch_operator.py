@@ -61,6 +61,18 @@ def test_flags_the_front_sets_itself_are_refused_in_one_line_naming_the_key_to_u
         assert "[[model]] #1: args: " in line and said in line, line
 
 
+def test_engine_args_the_engines_own_parser_refuses_are_refused_in_one_line_before_anything_starts(model, tmp_path):
+    """Issue 68: a typo in a model's args passed the config check and failed only at its engine's start."""
+    said = refused(tmp_path, table("a", model, ["--max-modl-len", "64"]))
+    assert said.endswith("model a: --max-modl-len is not an argument of hotweights serve (did you mean "
+                         "--max-model-len?)"), said
+    said = refused(tmp_path, table("a", model, ["--max-model-len", "lots"]))
+    assert "model a: hotweights serve refuses its args: argument --max-model-len: invalid int value: 'lots'" in said
+    done = run_cli("switch", "--model", f"a={model}", "--port", str(free_port()), "--", "--devise", "cpu", timeout=60)
+    assert done.returncode in (1, 2) and "--devise is not an argument of hotweights serve (did you mean --device?)" \
+        in done.stderr.strip().splitlines()[-1], done.stderr  # the quick form's engine args too
+
+
 def test_aliases_must_be_names_and_none_may_be_another_models_name(model, tmp_path):
     line = refused(tmp_path, table("a", model) + table("b", model, aliases=["c", "a"]))
     assert "model names and aliases must differ: a is named twice" in line, line
@@ -336,7 +348,7 @@ def test_a_keeper_stopped_under_a_running_front_is_started_again_before_an_engin
     only its own log said so. The front now sees the keeper gone, preloads the model again (a keeper starts), says
     so, and the engine maps its weights."""
     with private_keeper("hwop-") as sock:
-        f = wait_started(Front(tmp_path, {"a": model, "b": model}, "--", "--max-model-len", "64", socket_dir=sock))
+        f = wait_started(Front(tmp_path, {"a": model, "b": model}, socket_dir=sock))
         try:
             assert run_cli("switch", "stop", "b", "--port", str(f.port), timeout=60).returncode == 0
             assert run_cli("stop", "--socket-dir", str(sock), timeout=60).returncode == 0  # the keeper, under it

@@ -160,3 +160,34 @@ args = ["--max-model-len", "64"]
         # the standby the last start prepared waits for the next start, as it should; this test has none
         subprocess.run([VLLM_PYTHON, "-m", "hotweights", "standby", "--stop", "--socket-dir", str(sock)],
                        capture_output=True, timeout=60)
+
+
+def test_vllm_args_its_parser_refuses_and_heads_its_cpu_build_cannot_serve_are_refused_before_anything_starts(
+        tmp_path):
+    """Issue 68: ``--max-modl-len`` passed the front's check and failed at the engine's start; a ``--size tiny``
+    demo model (head size 16) with vLLM's CPU build reported ready, then failed every request. Both are now one line
+    from vLLM's own parser and attention backend, before the front binds its port or preloads anything."""
+    from hotweights.demo_model import write_demo_model
+
+    small, tiny = write_demo_model(tmp_path / "small", "small"), write_demo_model(tmp_path / "tiny", "tiny")
+
+    def refused(checkpoint: Path, *args: str) -> str:
+        config = tmp_path / "switch.toml"
+        config.write_text(f'[[model]]\nname = "v"\ncheckpoint = "{checkpoint}"\nengine = "vllm"\n'
+                          f"args = {json.dumps(list(args))}\n")
+        sock = tempfile.mkdtemp(prefix="hwva-", dir="/tmp")
+        done = subprocess.run([VLLM_PYTHON, "-m", "hotweights", "switch", "--config", str(config), "--port",
+                               str(free_port())], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "HOTWEIGHTS_SOCKET_DIR": sock})
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode in (1, 2) and len(lines) == 1, done.stderr[-3000:]
+        assert not Path(sock, "daemon.sock").exists()  # nothing preloaded: no keeper started
+        return lines[0]
+
+    said = refused(small, "--max-modl-len", "512")
+    assert "model v: --max-modl-len is not an argument of vLLM (did you mean --max-model-len?)" in said, said
+    said = refused(small, "--dtype", "wat")
+    assert "model v: vLLM refuses its args: argument --dtype: invalid choice: 'wat'" in said, said
+    said = refused(tiny, "--max-model-len", "512")
+    assert "model v: its attention head size 16 is not one vLLM's CPU build serves" in said, said
+    assert "--size small" in said

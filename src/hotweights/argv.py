@@ -7,6 +7,9 @@ Stdlib only. Not covered: argparse's abbreviations (``--load`` for ``--load-form
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -67,3 +70,23 @@ def strip(argv: Sequence[str], *options: Option) -> list[str]:
     for option in options:
         out = option.strip(out)
     return out
+
+
+def refused(parser: argparse.ArgumentParser, args: Sequence[str], engine: str) -> str:
+    """What ``parser`` (an engine's own: vLLM's, ``hotweights serve``'s) says of ``args`` in one line ("" where it
+    takes them): a flag it does not know, with the closest one it does, or a value it refuses, in its own words."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            _known, unknown = parser.parse_known_args(list(args))
+    except SystemExit:  # its own last line: "vllm: error: argument --dtype: invalid choice ..."
+        lines = said.getvalue().strip().splitlines() or ["refused"]
+        return f"{engine} refuses its args: " + lines[-1].split("error: ", 1)[-1]
+    flags = [a.split("=", 1)[0] for a in unknown if a.startswith("-")]
+    if not flags:
+        return f"{engine} takes no {' '.join(unknown)!r} in its args" if unknown else ""
+    import difflib
+
+    known = [s for action in parser._actions for s in action.option_strings]
+    close = difflib.get_close_matches(flags[0], known, n=1)
+    return f"{flags[0]} is not an argument of {engine}" + (f" (did you mean {close[0]}?)" if close else "")

@@ -22,15 +22,10 @@ if TYPE_CHECKING:
 def cmd_switch(args: argparse.Namespace) -> int:
     from .switch import config as switch_config, running
 
-    if args.action == "status":
-        return _status(args)
-    if args.action in ("park", "stop", "start"):
-        return _action(args)
-    if args.action == "reload":
-        return _reload(args)
-    if args.action == "example":
-        sys.stdout.write((Path(__file__).parent / "switch" / "example.toml").read_text())
-        return 0
+    verb = {"status": _status, "park": _action, "stop": _action, "start": _action, "reload": _reload,
+            "example": _example}.get(args.action)
+    if verb is not None:
+        return verb(args)
     given = {key: getattr(args, key, None) for key in switch_config.SWITCH_KEYS}  # the flags are the keys
     engine_args = list(getattr(args, "cmd", []) or [])
     if args.config and (args.models or engine_args or args.parked_weights):
@@ -40,13 +35,16 @@ def cmd_switch(args: argparse.Namespace) -> int:
         raise ValueError("--watch-config watches the --config file: give one")
     try:
         if args.config:
-            config = switch_config.overlay(switch_config.load(args.config), given, "the command line")
-            source = running.ConfigSource(
-                Path(args.config), lambda: switch_config.overlay(switch_config.load(args.config), given,
-                                                                 "the command line"), args.watch_config)
+            def read() -> switch_config.SwitchConfig:
+                return switch_config.args_checked(switch_config.overlay(switch_config.load(args.config), given,
+                                                                        "the command line"))
+
+            config = read()
+            source = running.ConfigSource(Path(args.config), read, args.watch_config)
         else:
             source = None
-            config = switch_config.quick(args.models, args.engine, engine_args, given, args.parked_weights or "gpu")
+            config = switch_config.args_checked(
+                switch_config.quick(args.models, args.engine, engine_args, given, args.parked_weights or "gpu"))
     except switch_config.ConfigError as exc:
         raise ValueError(str(exc)) from None
     from .switch.port.front import run
@@ -55,6 +53,12 @@ def cmd_switch(args: argparse.Namespace) -> int:
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
     return run(config, log_dir, source)
+
+
+def _example(_args: argparse.Namespace) -> int:
+    """A complete config, every key explained (package data: a wheel ships it; the docs show the same)."""
+    sys.stdout.write((Path(__file__).parent / "switch" / "example.toml").read_text())
+    return 0
 
 
 def _front(args: argparse.Namespace) -> tuple[str, dict[str, str]]:

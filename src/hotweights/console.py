@@ -17,7 +17,7 @@ class ProgressBar:
         self._progress: Any = None
         self._task: Any = None
 
-    def __enter__(self):
+    def __enter__(self) -> Any:
         if not self.enabled:
             return None
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
@@ -66,7 +66,7 @@ def status_table(status: Any, socket_path: Path) -> str:
                      f"{e.num_attaches:>10}  {e.parked or '-'}")
     if not rows:
         lines.append("(no entries)")
-    by_model: dict[str, list] = {}
+    by_model: dict[str, list[Any]] = {}
     for e in rows:
         by_model.setdefault(e.model, []).append(e)
     for model, entries in sorted(by_model.items()):

@@ -332,6 +332,19 @@ def overlay(config: SwitchConfig, given: dict[str, Any], where: str) -> SwitchCo
                     SWITCH_KEYS)
 
 
+def args_checked(config: SwitchConfig) -> SwitchConfig:
+    """``config``, once each engine kind's own parser has taken every model's ``args`` (vLLM's: a typo such as
+    ``--max-modl-len`` failed only at the engine's start); ConfigError naming the first model refused, in one line.
+    Not in ``load``: vLLM's parser takes seconds to import, and ``switch status`` reads the file too."""
+    kinds = {m.engine for m in config.models}
+    said = {name: line for kind in sorted(kinds)
+            for name, line in KINDS[kind].refused([m for m in config.models if m.engine == kind]).items()}
+    for m in config.models:
+        if m.name in said:
+            raise ConfigError(f"model {m.name}: {said[m.name]}")
+    return config
+
+
 def load(path: str | Path) -> SwitchConfig:
     """The configuration in the TOML file ``path``; ConfigError naming the table and key that is wrong."""
     path = Path(path)

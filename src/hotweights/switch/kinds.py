@@ -13,8 +13,10 @@ lines, what makes two of its starts profile alike). Torch-free.
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,6 +49,7 @@ VLLM_GRAPHS_MIB = 1024  # its CUDA graphs at the default sizes (51, batches up t
 VLLM_MAX_GRAPH_BATCH = 512
 VLLM_SCRATCH_MIB = 3072  # a vLLM preload's context, activations of its profile run and CUDA graphs (8B: ~2.5 GiB)
 VLLM_ACTIVATIONS_MIB = 1024  # a vLLM engine's activations beside a KV cache its arguments pin, and 1 MiB a sequence
+ARGCHECK_S = 120.0  # vLLM's parser imported (5 s on 2 busy cores): a check that takes longer refuses nothing
 FEWER_SEQS = ("--max-num-seqs", "32")  # what the fit's hint suggests: measured on an H200 (fill10_seven_2026-12-05)
 Command = tuple[list[str], dict[str, str]]  # a server's argv, and what it adds to the environment
 
@@ -91,6 +94,7 @@ class EngineKind(Protocol):
     def reads_checkpoint_itself(self, args: Sequence[str]) -> bool: ...
     def parks(self, parking: bool) -> bool: ...
     def command(self, m: Spec, port: int, parks: bool) -> Command: ...
+    def refused(self, models: Sequence[Spec]) -> dict[str, str]: ...
     def not_preloaded(self, m: Spec) -> str: ...
     def compile_ahead_command(self, m: Spec, port: int, parks: bool, total_mib: int) -> Command | None: ...
     def kv_profiled(self, log: str) -> int | None: ...
@@ -133,6 +137,20 @@ class HotweightsKind:
     def command(self, m: Spec, port: int, parks: bool) -> Command:
         """Its server's command on ``127.0.0.1:port``, and what it adds to the environment."""
         return [sys.executable, "-m", "hotweights", "serve", *_common(m, port), *m.args], {}
+
+    def refused(self, models: Sequence[Spec]) -> dict[str, str]:
+        """What its engine's own argument parser refuses of each model's ``args``, in one line ({name: line}), before
+        any engine starts (``hotweights serve``'s parser, in this process)."""
+        import argparse
+
+        from .. import cli_engine
+        from ..cli_parser import build_parser
+
+        commands = next(a for a in build_parser(cli_engine.register)._actions
+                        if isinstance(a, argparse._SubParsersAction))
+        serve = commands.choices["serve"]
+        said = {m.name: argv.refused(serve, [str(m.checkpoint), *m.args], "hotweights serve") for m in models}
+        return {name: line for name, line in said.items() if line}
 
     def not_preloaded(self, m: Spec) -> str:
         """Why this model has nothing to preload ("" when it has)."""
@@ -222,6 +240,21 @@ class VllmKind:
 
     def command(self, m: Spec, port: int, parks: bool) -> Command:
         return self._serve(m, m.args, port, parks)
+
+    def refused(self, models: Sequence[Spec]) -> dict[str, str]:
+        """vLLM's own parser over each model's ``args``, and on its CPU build whether its attention backend serves
+        the model's head size, in one process for all (``engines.vllm.argcheck``: vLLM imported, no CUDA, ~5 s).
+        Where that process cannot say (no vLLM here: the start says so), nothing is refused."""
+        if not models:
+            return {}
+        table = [{"name": m.name, "args": list(m.args), "checkpoint": str(m.checkpoint)} for m in models]
+        try:
+            done = subprocess.run([sys.executable, "-m", "hotweights.engines.vllm.argcheck"], input=json.dumps(table),
+                                  capture_output=True, text=True, timeout=ARGCHECK_S)
+            said: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {}
+        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+            return {}
+        return said
 
     def _serve(self, m: Spec, args: Sequence[str], port: int, parks: bool) -> Command:
         cmd = [sys.executable, "-m", "hotweights", "vllm", "serve", *_common(m, port), *args]
