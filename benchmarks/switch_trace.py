@@ -150,11 +150,12 @@ async def sse_events(resp: httpx.Response) -> AsyncIterator[dict]:
 async def send(client: httpx.AsyncClient, url: str, r: Request, began: float) -> dict:  # noqa: C901
     await asyncio.sleep(max(0.0, began + r.at_s - time.perf_counter()))
     body = {"model": r.model, "prompt": r.prompt, "max_tokens": r.max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, **({"logprobs": 1} if r.probe else {})}
+            "stream_options": {"include_usage": True}, "return_token_ids": True,  # each token's arrival (SLOS)
+            **({"logprobs": 1} if r.probe else {})}
     sent = time.perf_counter()
     row = {"at_s": r.at_s, "model": r.model, "prompt_tokens": len(r.prompt), "max_tokens": r.max_tokens,
            "probe": r.probe, "ttft_s": None, "total_s": None, "tokens": 0, "chunks": 0, "outcome": "ok", "text": "",
-           "logprobs": [], "first_token": None}
+           "logprobs": [], "first_token": None, "token_at": []}
     usage_tokens = None
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
@@ -175,6 +176,7 @@ async def send(client: httpx.AsyncClient, url: str, r: Request, began: float) ->
                     row["ttft_s"] = round(time.perf_counter() - sent, 4)
                 for choice in choices:
                     row["chunks"] += 1  # vLLM merges tokens into one event when its client lags
+                    row["token_at"] += [time.perf_counter() - sent] * max(1, len(choice.get("token_ids") or []))
                     row["text"] += choice.get("text", "")
                     logprobs = choice.get("logprobs") or {}
                     row["logprobs"] += logprobs.get("token_logprobs") or []
@@ -251,7 +253,34 @@ def same_start(a: tuple[str, float], b: tuple[str, float]) -> bool:
     return a[0] == b[0] and abs(a[1] - b[1]) <= PROBE_TOLERANCE
 
 
-def summarize(rows: list[dict], args: argparse.Namespace, extra: dict) -> dict:
+# (name, TTFT bound, per-token bound): Aegaeon's (SOSP'25) SLO, token i by the first token's time + 0.1 s x i; its
+# single-GPU sweep's, with a TTFT of 5 s; ours, TTFT within 2 s and time per output token within 0.1 s. Per request.
+SLOS = (("aegaeon", 10.0, 0.1), ("aegaeon_5s", 5.0, 0.1), ("ours", 2.0, 0.1))
+
+
+def slo_met(r: dict, name: str, ttft_s: float, token_s: float) -> bool:
+    """Whether request row ``r`` met an SLO of ``SLOS``: Aegaeon's by each token's arrival (``token_at``, seconds
+    after it was sent), ours by the time per output token after the first (``tpot_s``)."""
+    if r["outcome"] != "ok" or r["ttft_s"] is None or r["ttft_s"] > ttft_s:
+        return False
+    if name == "ours":
+        return r["tpot_s"] is not None and r["tpot_s"] <= token_s
+    return all(t <= r["ttft_s"] + token_s * i + 1e-3 for i, t in enumerate(r.get("token_at") or []))
+
+
+def attainment(rows: list[dict], host: frozenset[str] | set[str]) -> dict:
+    """Each of ``SLOS``' attainment (a share of requests), in all and per tier (``host``: the host tier's models),
+    with the requests each counts."""
+    def share(rs: list[dict], slo: tuple[str, float, float]) -> float | None:
+        return round(sum(slo_met(r, *slo) for r in rs) / len(rs), 4) if rs else None
+
+    tiers = {"all": rows, "gpu_tier": [r for r in rows if r["model"] not in host],
+             "host_tier": [r for r in rows if r["model"] in host]}
+    return {tier: {"requests": len(rs), **{slo[0]: share(rs, slo) for slo in SLOS}} for tier, rs in tiers.items()}
+
+
+def summarize(rows: list[dict], args: argparse.Namespace, extra: dict,
+              host: frozenset[str] | set[str] = frozenset()) -> dict:
     ttfts = [r["ttft_s"] if r["outcome"] == "ok" and r["ttft_s"] is not None else math.inf for r in rows]
     reference: dict[str, tuple[str, float]] = {}  # per model: its first probe's first token and that token's logprob
     probes = [(r, (r.get("first_token") or r["text"][:1], r["logprobs"][0])) for r in rows
@@ -290,11 +319,12 @@ def summarize(rows: list[dict], args: argparse.Namespace, extra: dict) -> dict:
             "tpot_p50_s": percentile(tpots, 50), "tpot_p99_s": percentile(tpots, 99),
             "decode_tokens_per_s_p50": round(statistics.median(rates), 1) if rates else None,
             "probe_answers": {k: [v[0][:40], round(v[1], 4)] for k, v in reference.items()},  # first token, logprob
-            "probe_tells_models_apart": tells_apart, "probes_drifted": drifted, **extra,
-            "rows": [{k: v for k, v in r.items() if k not in ("text", "logprobs")} for r in rows]}
+            "probe_tells_models_apart": tells_apart, "probes_drifted": drifted, "slos": attainment(rows, host),
+            **extra, "rows": [{k: v for k, v in r.items() if k not in ("text", "logprobs", "token_at")}
+                              for r in rows]}
 
 
-def run_trace(url: str, trace: list[Request], args: argparse.Namespace) -> dict:
+def run_trace(url: str, trace: list[Request], args: argparse.Namespace, host: frozenset[str] = frozenset()) -> dict:
     samples: list[dict] = []
     stop = threading.Event()
     began = time.perf_counter()
@@ -313,7 +343,7 @@ def run_trace(url: str, trace: list[Request], args: argparse.Namespace) -> dict:
         stop.set()
         sampler.join()
     return summarize(rows, args, {"switches": switches(url) - before, "memory": samples,
-                                  "wall_s": round(time.perf_counter() - began, 1)})
+                                  "wall_s": round(time.perf_counter() - began, 1)}, host)
 
 
 def roll_call(url: str, names: list[str], args: argparse.Namespace) -> dict:
@@ -330,14 +360,21 @@ def roll_call(url: str, names: list[str], args: argparse.Namespace) -> dict:
             "rows": {r["model"]: {"outcome": r["outcome"], "ttft_s": r["ttft_s"]} for r in rows}}
 
 
+def host_tier(mode: str, names: list[str], args: argparse.Namespace) -> frozenset[str]:
+    """The models whose parked weights ``mode`` keeps in host memory (mixed: all but the ``--gpu-tier`` most
+    popular, by default half)."""
+    mode = {"preempt": "park"}.get(mode, mode.removesuffix("_preempt"))
+    on_gpu = args.gpu_tier if args.gpu_tier is not None else (len(names) + 1) // 2  # mixed: the most popular first
+    return frozenset(names if mode == "park_host" else names[on_gpu:] if mode == "mixed" else [])
+
+
 def mode_config(mode: str, models: dict[str, Path], args: argparse.Namespace) -> tuple[str, list[str]]:
     """The front's config file and flags for ``mode``."""
     engine_args = shlex.split(args.engine_args) + (["--load-format", "auto"] if mode == "vllm_sleep" else [])
     preempt = mode.endswith("preempt")
     mode = {"preempt": "park"}.get(mode, mode.removesuffix("_preempt"))
     names = list(models)
-    on_gpu = args.gpu_tier if args.gpu_tier is not None else (len(names) + 1) // 2  # mixed: the most popular first
-    host = set(names if mode == "park_host" else names[on_gpu:] if mode == "mixed" else [])
+    host = host_tier(mode, names, args)
     awake = {"one": 1, "park_x2": 2, "static": len(names)}.get(mode)  # else auto ("before": its own default, 1)
     text = "[switch]\n" + (f"max_awake = {awake}\n" if awake else "")
     text += f"schedule = \"{'fifo' if mode == 'park_fifo' else 'fair'}\"\n"
@@ -371,7 +408,8 @@ def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock:
     try:
         result["memory_by_tier"] = {"started": memory_by_tier(url, sock)}
         for rate in args.rate_list:
-            runs = [run_trace(url, make_trace(names, args, rate, args.seed + i), args) for i in range(args.repeats)]
+            runs = [run_trace(url, make_trace(names, args, rate, args.seed + i), args, host_tier(mode, names, args))
+                    for i in range(args.repeats)]
             result["rates"][str(rate)] = {"runs": runs, **spread(runs)}
             print(json.dumps({mode: {"rate": rate, **{k: v for k, v in result["rates"][str(rate)].items()
                                                       if k != "runs"}}}), file=sys.stderr)
@@ -422,6 +460,10 @@ def spread(runs: list[dict]) -> dict:
         med = statistics.median(xs)
         out[k] = None if math.isinf(med) else round(med, 4)
         out[f"{k}_range"] = [round(xs[0], 4) if finite else None, None if math.isinf(xs[-1]) else round(xs[-1], 4)]
+    if all("slos" in r for r in runs):  # each SLO's attainment, per tier: the median of the runs and their range
+        out["slos"] = {tier: {slo: [statistics.median(v), min(v), max(v)] if (v := [
+            r["slos"][tier][slo] for r in runs if r["slos"][tier][slo] is not None]) else None
+            for slo, _t, _k in SLOS} for tier in runs[0]["slos"]}
     return out
 
 

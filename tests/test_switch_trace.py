@@ -118,3 +118,28 @@ def test_the_probe_tells_models_apart_by_first_token_or_its_logprob_and_counts_a
     drifted = summarize([probe("m0", "<110856>", -8.0911), probe("m8", "<139146>", -8.0584),
                          probe("m0", "<90481>", -8.1001)], args, {})  # m0 asked, nobody's answer: batching noise
     assert drifted["crossed"] == 0 and drifted["probes_drifted"] == 1
+
+
+def test_each_request_meets_aegaeons_slo_by_each_tokens_deadline_and_ours_by_ttft_and_tpot_per_tier():
+    """Issue 69: Aegaeon's SLO (TTFT within 10 s, token i by the first token's time + 0.1 s x i: a pause is paid
+    for by tokens that came early), its single-GPU one (TTFT within 5 s) and ours (TTFT within 2 s, TPOT within
+    0.1 s), per request, in all and per tier."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from switch_trace import attainment
+
+    def row(model: str, ttft: float, gaps: list[float], outcome: str = "ok") -> dict:
+        at = [ttft]
+        for gap in gaps:
+            at.append(at[-1] + gap)
+        tpot = (at[-1] - ttft) / (len(at) - 1) if len(at) > 1 else 0.0
+        return {"model": model, "outcome": outcome, "ttft_s": ttft, "tpot_s": tpot, "token_at": at}
+
+    steady = row("a", 1.0, [0.05] * 20)  # all three
+    paused = row("a", 1.0, [0.01] * 20 + [0.25] + [0.01] * 5)  # a 0.25 s pause after 20 quick tokens: slack
+    stalled = row("h", 1.0, [0.5] + [0.01] * 30)  # the second token 0.5 s late: Aegaeon's misses, TPOT 0.026 s
+    late = row("h", 6.0, [0.05] * 5)  # within Aegaeon's 10 s, not its 5 s, not our 2 s
+    failed = row("h", 0.1, [0.01], outcome="http_503")
+    got = attainment([steady, paused, stalled, late, failed], {"h"})
+    assert got["all"] == {"requests": 5, "aegaeon": 0.6, "aegaeon_5s": 0.4, "ours": 0.6}, got
+    assert got["gpu_tier"] == {"requests": 2, "aegaeon": 1.0, "aegaeon_5s": 1.0, "ours": 1.0}
+    assert got["host_tier"] == {"requests": 3, "aegaeon": round(1 / 3, 4), "aegaeon_5s": 0.0, "ours": round(1 / 3, 4)}
