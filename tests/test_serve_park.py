@@ -215,3 +215,53 @@ def test_a_wake_fills_a_new_pool_at_the_old_address_and_a_failed_fill_leaves_not
         os.close(copy_fd)
         os.close(short_fd)
         os.close(fd)
+
+
+def prompt_tokens(server: ServerProc) -> float:
+    with urllib.request.urlopen(server.url + "/metrics", timeout=30) as r:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
+                   if line.startswith("hotweights_server_prompt_tokens_total"))
+
+
+def test_a_park_that_keeps_its_generation_pauses_it_unmapped_and_the_wake_goes_on_with_nothing_computed_again(
+        parked):
+    """Issue 69: ``POST /sleep?level=2&mode=keep`` with a stream in flight. The generation stops between two steps,
+    its KV cache kept, its stream open and silent while the keeper's pools are unmapped; the wake maps them and the
+    stream goes on to the same greedy text as an unparked one, its prompt counted once (no prefill again)."""
+    import threading
+    import time
+
+    server, _ = parked
+    body = {"prompt": "The weight cache", "max_tokens": 48, "temperature": 0, "ignore_eos": True}
+    status_, plain = server.post("/v1/completions", body)
+    assert status_ == 200, plain
+    counted = prompt_tokens(server)
+    events: list[tuple[float, str]] = []
+
+    def read() -> None:
+        req = urllib.request.Request(server.url + "/v1/completions", data=json.dumps({**body, "stream": True}).encode(),
+                                     headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            for line in r:
+                if line.startswith(b"data: {"):
+                    events.append((time.monotonic(), json.loads(line[6:])["choices"][0]["text"]))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    deadline = time.monotonic() + 60
+    while len(events) < 3:
+        assert time.monotonic() < deadline and reader.is_alive()
+        time.sleep(0.005)
+    assert call(server, "POST", "/sleep?level=2&mode=keep")[0] == 200
+    paused_at, during = time.monotonic(), len(events)
+    assert pool_mappings(server.proc.pid) == 0 and reader.is_alive()  # the weights unmapped, the stream open
+    assert call(server, "GET", "/health")[0] == 503
+    time.sleep(1.0)
+    assert len(events) <= during + 1 and reader.is_alive()  # silent: nothing generated while parked
+    assert call(server, "POST", "/wake_up")[0] == 200
+    reader.join(120)
+    assert "".join(text for _at, text in events) == plain["choices"][0]["text"]
+    assert max(b - a for (a, _), (b, _) in zip(events, events[1:])) >= 0.9  # the pause is in the stream
+    assert events[-1][0] > paused_at
+    assert prompt_tokens(server) - counted == plain["usage"]["prompt_tokens"]  # counted once: no prefill again
+    assert call(server, "POST", "/sleep?level=1&mode=abort")[0] == 400

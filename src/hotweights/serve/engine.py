@@ -8,7 +8,12 @@ cancelled, or the connection closes before the answer is ready) and when the ser
 engine thread checks before every decoding step, so a cancelled job frees the engine within one step.
 
 Health: the engine can serve while its thread is alive, it is not shutting down, and no single job has
-gone ``stall_s`` without a decoding step (``health`` says which, for ``/health``).
+gone ``stall_s`` without a decoding step (``health`` says which, for ``/health``; time paused is not a stall).
+
+A pause (``pause``, a park that keeps the generations in flight: ``park.py``) closes a gate the engine thread
+passes before every decoding step and before every job: the job in flight stops between two steps, its KV cache
+and its place in the answer kept in the thread, and the jobs queued behind it wait; ``resume`` opens the gate and
+it goes on from the next step, nothing computed again.
 
 Not covered: batching (jobs run one after another, in arrival order).
 """
@@ -74,6 +79,10 @@ class Engine:
         self._stopping = False
         self._pending: set[Job] = set()
         self._pending_lock = threading.Lock()
+        self._open = threading.Event()  # the gate: closed by a pause, opened by resume
+        self._open.set()
+        self._resting = threading.Event()  # the thread waits at the gate, or for a job: it runs no step now
+        self._resting.set()
         self._thread = threading.Thread(target=self._run, name="hotweights engine", daemon=True)
         self._thread.start()
 
@@ -98,6 +107,30 @@ class Engine:
             job.cancel()
         self._jobs.put(None)
 
+    def pause(self, timeout_s: float) -> bool:
+        """Close the gate and wait until the engine thread runs no decoding step (it waits at the gate, or for a
+        job); the job in flight keeps its state. False after ``timeout_s`` (the gate opened again)."""
+        self._open.clear()
+        self._resting.clear()
+        if self._current is None and self._jobs.empty():
+            self._resting.set()  # idle: the next job waits at the gate before its first step
+        if self._resting.wait(timeout_s):
+            return True
+        self.resume()
+        return False
+
+    def resume(self) -> None:
+        """Open the gate: the paused job goes on from its next step."""
+        self._last_step = time.monotonic()  # a pause is not a stall
+        self._open.set()
+
+    def _gate(self, job: Job) -> None:
+        """Wait here while paused (a job cancelled meanwhile, or a stop, goes on at once: to its end)."""
+        while not self._open.is_set() and not self._stopping and not job.cancelled.is_set():
+            self._resting.set()
+            self._open.wait(0.05)
+        self._resting.clear()  # a step may run from here: a pause now waits for the next gate
+
     def wait_idle(self, timeout_s: float) -> bool:
         """Until no job runs or waits (a park drains the engine first); False after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
@@ -119,13 +152,19 @@ class Engine:
         return None
 
     def _beat(self, job: Job) -> bool:
-        """Called before every decoding step: True when ``job`` should stop."""
+        """Called before every decoding step: True when ``job`` should stop. Waits at the gate while paused."""
+        self._gate(job)
         self._last_step = time.monotonic()
         return job.cancelled.is_set()
 
     def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
+        while True:
+            self._resting.set()  # waiting for a job runs no step
+            job = self._jobs.get()
+            if job is None:
+                break
             self._current, self._last_step = job, time.monotonic()
+            self._gate(job)
             try:
                 if not job.cancelled.is_set():
                     for chunk in self.generator.stream(job.prompt_ids, job.params,

@@ -21,7 +21,13 @@ While parked, generation requests get 503 (``engine_sleeping``) and ``/health`` 
 200: a balancer should not send requests to an engine that cannot serve them). Evidence lines:
 ``evidence.parked`` and ``evidence.woke``.
 
-Not covered: parking with requests queued (they are refused, not held).
+A park that keeps its generations (``POST /sleep?level=N&mode=keep``, as vLLM's ``/pause?mode=keep``; the switch's
+preempt asks it) does not wait for them: the generation in flight stops between two decoding steps (the engine's
+gate, ``engine.Engine.pause``) with its KV cache where it is (a level-2 park gives back only the weights), its
+stream open and silent, and the jobs queued behind it wait; the wake maps the weights again and each goes on from
+its next step. Nothing is computed again: the prompt tokens counted once (``/metrics``).
+
+Not covered: new requests while parked (they are refused, not held).
 """
 
 from __future__ import annotations
@@ -64,8 +70,9 @@ class Parking:
     def is_sleeping(self) -> bool:
         return self.level > 0 or self.closing
 
-    def sleep(self, level: int) -> str:
-        """Park at ``level`` (1 or 2; deeper than now, or nothing to do); the evidence line."""
+    def sleep(self, level: int, keep: bool = False) -> str:
+        """Park at ``level`` (1 or 2; deeper than now, or nothing to do); the evidence line. ``keep``: the
+        generations in flight pause where they are (their KV caches kept) rather than end first."""
         if level not in (1, 2):
             raise ParkError(f"level must be 1 or 2, got {level}", status=400)
         with self._lock:
@@ -73,7 +80,7 @@ class Parking:
                 return f"{self.name} is parked at level {self.level} already"
             start = time.perf_counter()
             self.closing = True
-            if not self.engine.wait_idle(DRAIN_S):
+            if not (self.engine.pause(DRAIN_S) if keep else self.engine.wait_idle(DRAIN_S)):
                 self.closing = self.level > 0
                 raise ParkError(f"generations still running after {DRAIN_S:.0f} s; park again when they end")
             freed = 0
@@ -94,6 +101,7 @@ class Parking:
             start = time.perf_counter()
             again = self._weights_again() if self.level == 2 else None
             self.level = 0
+            self.engine.resume()  # generations a park kept go on (a no-op where none was kept)
             line = evidence.woke(self.name, time.perf_counter() - start, again and again.source,
                                  again.rate() if again else "")
         logger.info(line)

@@ -234,7 +234,11 @@ async def sleep(request: Request) -> Response:
     s = server(request)
     try:
         level = int(request.query_params.get("level", "1"))
-        await run_in_threadpool(s.parking.sleep, level)
+        mode = request.query_params.get("mode", "wait")  # keep: the generations in flight pause, kept
+        if mode not in ("wait", "keep"):
+            return error(400, f"mode must be wait (the generations in flight end first) or keep (they pause, "
+                              f"their KV caches kept), got {mode!r}", "mode")
+        await run_in_threadpool(s.parking.sleep, level, mode == "keep")
     except ValueError:
         return error(400, "level must be 1 or 2", "level")
     except ParkError as exc:
