@@ -11,6 +11,7 @@ Run: pytest tests/test_preempt.py
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -159,8 +160,10 @@ def test_a_stream_paused_for_another_models_turn_arrives_whole_and_the_same(tmp_
     models = {"a": write_demo_model(tmp_path / "a", "tiny"), "b": write_demo_model(tmp_path / "b", "tiny", seed=1)}
     with private_keeper("hwpre-") as sock:
         # streams of ~1.5 s here: with 480 tokens (0.3 s) under CI's load b's request came after the chat's end
-        f = wait_started(Front(tmp_path, models, "--max-awake", "1", "--preempt", "--turn-s", "0.1", socket_dir=sock,
-                               engine_args=("--max-model-len", "2048")))
+        # --no-keep-kv: continued by a new request from its token ids, as with vLLM (the embedded engine's park
+        # would keep it: the test after this one)
+        f = wait_started(Front(tmp_path, models, "--max-awake", "1", "--preempt", "--no-keep-kv", "--turn-s", "0.1",
+                               socket_dir=sock, engine_args=("--max-model-len", "2048")))
         try:
             client = f.client()
             ask = {"model": "a", "prompt": "The weight cache", "max_tokens": 1800, "temperature": 0}
@@ -186,6 +189,50 @@ def test_a_stream_paused_for_another_models_turn_arrives_whole_and_the_same(tmp_
     assert {c.id for c in chat} == {chat[0].id} and chat[-1].usage.completion_tokens == said_tokens
     assert sum(1 for c in chat if c.choices and c.choices[0].delta.role) == 1  # one opening chunk
     assert "tokens, paused 1 time(s)" in log
+
+
+def prompt_tokens(port: int) -> float:
+    """What an embedded engine counted of prompts it computed (its ``/metrics``)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
+                   if line.startswith("hotweights_server_prompt_tokens_total"))
+
+
+@pytest.mark.slow
+def test_a_host_tier_stream_held_across_its_engines_park_goes_on_with_nothing_computed_again(tmp_path):
+    """Issue 69 on the CPU: one engine at a time, every model on the host tier (``--parked-weights host``: a park
+    unmaps the weights and the keeper keeps only their host copy), ``--preempt``. A stream on ``a`` is held when
+    ``b``'s request has waited its turn: ``a``'s engine parks with the generation paused and its KV cache kept, ``b``
+    is answered, ``a`` wakes (its weights mapped back) and the stream goes on from where it stopped. The client reads
+    the same greedy text as unpaused, and ``a``'s engine computed its prompt once (its counter), not again."""
+    from hotweights.demo_model import write_demo_model
+
+    models = {"a": write_demo_model(tmp_path / "a", "tiny"), "b": write_demo_model(tmp_path / "b", "tiny", seed=1)}
+    with private_keeper("hwkv-") as sock:
+        f = wait_started(Front(tmp_path, models, "--max-awake", "1", "--preempt", "--turn-s", "0.1",
+                               "--parked-weights", "host", socket_dir=sock, engine_args=("--max-model-len", "2048")))
+        try:
+            client = f.client()
+            ask = {"model": "a", "prompt": "The weight cache", "max_tokens": 1800, "temperature": 0}
+            began = time.monotonic()
+            unpaused = client.completions.create(**ask)
+            plain, alone_s = unpaused.choices[0].text, time.monotonic() - began
+            port = f.state("a")["port"]
+            counted = prompt_tokens(port)
+            chunks, ended, b_done = interleaved(client, ask, min(1.0, alone_s / 5), chat=False)
+            after = prompt_tokens(f.state("a")["port"])
+            same_engine = f.state("a")["port"] == port
+        finally:
+            f.interrupt()
+    log = f.log.read_text()
+    assert "a: a stream held after" in log and "leaves for b" in log and "paused after" not in log, log[-3000:]
+    assert re.search(r"switch: a (deep-parked|parked) for b once its requests ended, .*to host memory", log), log
+    assert b_done < ended, (alone_s, log[-3000:])  # b answered while a's stream was held
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == plain  # greedy: token for token
+    assert {c.id for c in chunks} == {chunks[0].id} and chunks[-1].usage.completion_tokens == 1800
+    assert same_engine and after - counted == len("The weight cache")  # its prompt once: nothing computed again
 
 
 @pytest.mark.slow
@@ -241,4 +288,4 @@ def test_a_client_that_leaves_while_its_stream_is_paused_gives_its_place_back(tm
             f.interrupt()
     assert len(ends) == 6  # every one of b's streams ended whole
     assert got.choices[0].finish_reason == "length" and rows["a"]["inflight"] == rows["b"]["inflight"] == 0
-    assert "a: a stream paused after" in f.log.read_text()
+    assert "a: a stream held after" in f.log.read_text()  # the embedded engine's park keeps it (keep_kv)

@@ -242,6 +242,9 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--preempt", action="store_const", const=True, default=None,
                    help="a busy engine whose turn is over pauses its streamed requests at once (each continues on "
                         "its next wake, seamless in the client's stream) rather than finishing them first")
+    p.add_argument("--no-keep-kv", dest="keep_kv", action="store_const", const=False, default=None,
+                   help="with --preempt, a paused request continues by a new request from its token ids (its prompt "
+                        "computed again) even where its engine's park could keep its KV cache (the embedded engine)")
     p.add_argument("--preload-jobs", type=int, default=None,
                    help="start-up's preloads at once, where GPU memory allows (default 0: 4 with GPUs, else 1)")
     p.add_argument("--start-jobs", type=int, default=None,

@@ -17,6 +17,9 @@
                              # have waited turn_s seconds in sum per request in flight on it
     preempt = false          # true: a busy engine that leaves pauses its streamed requests at once, and each
                              # continues on its next wake, seamless in the client's stream (preempt.py)
+    keep_kv = true           # with preempt, an engine whose park can keep them (the embedded engine) keeps the
+                             # paused requests' KV caches: they go on at its wake, nothing computed again; false,
+                             # or vLLM: each continues by a new request from its token ids (its prompt again)
     log_dir = ""             # each engine's log goes here ("": a new temporary directory per run, the oldest
                              # of those removed past the ten newest, once a week has passed over them)
     preload_jobs = 0         # start-up's preloads at once, ahead of the starts, where GPU memory allows (a vLLM
@@ -215,6 +218,7 @@ class SwitchConfig:
     # a busy engine's turn, in request-seconds waited per request it has in flight (schedule.py)
     turn_s: Annotated[float, Field(ge=0, description="0 or more")] = 1.0
     preempt: bool = False  # a leaving engine pauses its streamed requests; each continues on its next wake
+    keep_kv: bool = True  # with preempt: held in the engine with their KV caches where its park can (serve/park.py)
     # start-up's preloads at once (startup.py); 0: auto (with_auto_jobs())
     preload_jobs: Annotated[int, Field(ge=0, description="0 (auto) or more")] = 0
     # start-up's starts at once where none profiles the GPU's memory (schedule.startup_batch); 0: auto

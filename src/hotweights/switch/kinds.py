@@ -90,6 +90,8 @@ class EngineKind(Protocol):
     def engine_layout(self) -> bool: ...  # its preload publishes the engine's layout (per rank), not the checkpoint's
     @property
     def keeps_standbys(self) -> bool: ...  # its starts go through warm standbys (``standby/handoff.py``)
+    @property
+    def keeps_kv(self) -> bool: ...  # its park keeps the generations in flight, paused with their KV caches
     def ranks_of(self, args: Sequence[str]) -> int: ...
     def reads_checkpoint_itself(self, args: Sequence[str]) -> bool: ...
     def parks(self, parking: bool) -> bool: ...
@@ -120,6 +122,7 @@ class HotweightsKind:
     deepens_when_idle: bool = True
     engine_layout: bool = False
     keeps_standbys: bool = False
+    keeps_kv: bool = True  # /sleep?mode=keep (serve/park.py)
 
     def ranks_of(self, args: Sequence[str]) -> int:
         """The tensor parallelism its ``args`` ask for (ValueError where they are malformed)."""
@@ -228,6 +231,7 @@ class VllmKind:
     deepens_when_idle: bool = False
     engine_layout: bool = True
     keeps_standbys: bool = True
+    keeps_kv: bool = False  # vLLM's sleep drops the KV cache: a paused stream continues from its token ids
 
     def ranks_of(self, args: Sequence[str]) -> int:
         return VllmStart.parse(list(args)).tensor_parallel_size

@@ -14,7 +14,8 @@ from .config import ConfigError, SwitchConfig
 from .kinds import KINDS
 
 
-FIXED_KEYS = ("host", "port", "socket_dir", "log_dir", "parking", "preload_jobs", "start_jobs")  # not while it runs
+# not while it runs: where it listens, its keeper, its logs, how its engines were made
+FIXED_KEYS = ("host", "port", "socket_dir", "log_dir", "parking", "preload_jobs", "start_jobs", "keep_kv")
 
 
 @dataclasses.dataclass(frozen=True)

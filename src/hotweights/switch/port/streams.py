@@ -1,6 +1,7 @@
 """The front's bookkeeping of the answers it relays: each request's line in the log (``Said``), the stop of every
 open stream when the front is asked to stop (``Stopping``), and the relay of a stream that may be paused and
-continued (``relay_resumable``, ``preempt.py``). Torch-free."""
+continued (``relay_resumable``, ``preempt.py``): held on its connection where its engine's park keeps it with its
+KV cache (the embedded engine), else continued from its token ids by a new request. Torch-free."""
 
 from __future__ import annotations
 
@@ -100,9 +101,12 @@ async def relay_resumable(requests: SwitchPort, client: httpx.AsyncClient, stopp
             if relay.ended:
                 return
             if relay.r.pause.is_set() and relay.r.can_pause:
-                if not relay.r.clean:
+                if m.engine.keeps_kv:  # held: its engine pauses it where it is, and it goes on at the next wake
+                    failed = await relay.hold()
+                elif not relay.r.clean:
                     continue  # its text held back: it pauses once that is relayed (``Resumable.clean``)
-                failed = await relay.resume()
+                else:
+                    failed = await relay.resume()
                 if failed:
                     yield failed
                     return
@@ -125,17 +129,25 @@ class _Resumed:
         self.upstream, self.chunks, self.events = upstream, upstream.aiter_raw(), Events()
         self.holding = True
         self.ended = False  # the front stopped: the stream's error event is the last
+        self.step: asyncio.Future[bytes] | None = None  # the read in progress: a held stream keeps it (a read
+        # cancelled midway would lose what it had)
         m.streams.add(r)
 
     async def next(self, stopping: Stopping) -> list[bytes] | None:
         """The events to relay next ([] where a pause came first); None at the answer's end. The front stopping
         ends the stream with an error event."""
-        step: asyncio.Future[bytes] = asyncio.ensure_future(anext(self.chunks))
-        pausing = asyncio.ensure_future(self.r.pause.wait() if self.r.clean else asyncio.Event().wait())
+        if self.step is None:
+            self.step = asyncio.ensure_future(anext(self.chunks))
+        step = self.step
+        held = self.m.engine.keeps_kv  # a held stream needs no clean cut (nothing is continued), and reads on
+        pausing = asyncio.ensure_future(self.r.pause.wait() if self.r.clean or held else asyncio.Event().wait())
         racing: set[asyncio.Future[Any]] = {step, pausing, stopping.halted()}
         await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
         pausing.cancel()
         if not step.done():
+            if held and not stopping.halted().done():
+                return []  # the read goes on: the next call awaits it
+            self.step = None
             step.cancel()
             await asyncio.gather(step, return_exceptions=True)
             if stopping.halted().done():
@@ -144,6 +156,7 @@ class _Resumed:
                 self.said.outcome = "cut"
                 return [stream_error("the server is shutting down; retry the request", 503)]
             return []
+        self.step = None
         try:
             chunk = step.result()
         except StopAsyncIteration:
@@ -155,6 +168,26 @@ class _Resumed:
                 self.said.seen(relayed)
                 out.append(relayed)
         return out
+
+    async def hold(self) -> bytes:
+        """Pause here with the connection to the engine kept open: its place in flight given back (the engine then
+        parks, keeping this generation paused with its KV cache: ``serve/park.py``'s ``mode=keep``), the model
+        waited for again as by a new request, and the answer read on from the same connection once it woke: nothing
+        is computed again. b"" once it may read on, else the error event that ends the stream."""
+        m, r = self.m, self.r
+        r.pause.clear()
+        self._let_go()
+        r.paused += 1
+        self.said.paused = r.paused
+        logger.info("switch: %s: a stream held after %d token(s), its KV cache kept; it goes on at the model's next "
+                    "wake", m.name, len(r.ids))
+        try:
+            await self.requests.acquire(m.name)
+        except Unavailable as exc:
+            return stream_error(f"this answer was paused for another model and could not go on: {exc}", 503)
+        self.holding = True
+        m.streams.add(r)
+        return b""
 
     async def resume(self) -> bytes:
         """Pause here and continue on the model's next wake: b"" once the continuation streams, else the error
@@ -193,5 +226,8 @@ class _Resumed:
             self.requests.release(self.m)
 
     async def close(self) -> None:
+        if self.step is not None:
+            self.step.cancel()
+            await asyncio.gather(self.step, return_exceptions=True)
         await self.upstream.aclose()
         self._let_go()

@@ -56,6 +56,8 @@ class EngineLike(Protocol):
     def exit_code(self) -> int | None: ...
     def pids(self) -> list[int]: ...
     def alive(self) -> bool: ...
+    @property
+    def keeps_kv(self) -> bool: ...
     def preload(self) -> PreloadOutcome: ...
     def host_copy_after(self) -> str: ...
     def cached_already(self) -> PreloadOutcome | None: ...
@@ -79,9 +81,10 @@ class Engine:
     """The real one: a server process per model, on a loopback port of its own."""
 
     def __init__(self, model: ModelConfig, log_dir: Path, socket_dir: str = "", parking: bool = True,
-                 start_jobs: int = 1) -> None:
+                 start_jobs: int = 1, keep_kv: bool = True) -> None:
         self.model, self.kind = model, KINDS[model.engine]
         self.parks = self.kind.parks(parking)
+        self._keep_kv = keep_kv
         self.log_path = log_dir / f"{model.name.replace('/', '_')}.log"
         self.process = EngineProcess(model.name, self.log_path)
         self._ahead = EngineProcess(model.name, self.log_path)  # its compile ahead (``compile_ahead``), if one runs
@@ -95,6 +98,12 @@ class Engine:
     port = property(lambda self: self.process.port)
     server = property(lambda self: self.process.server)
     exit_code = property(lambda self: self.process.exit_code)
+
+    @property
+    def keeps_kv(self) -> bool:
+        """Whether its park keeps the generations in flight, paused with their KV caches (a stream held across it
+        goes on at the wake: nothing computed again), rather than waiting for them or having them cut."""
+        return self.kind.keeps_kv and self.parks and self._keep_kv
 
     def pids(self) -> list[int]:
         return self.process.pids()
@@ -306,7 +315,7 @@ class Engine:
             self.stop()
             return
         try:
-            self.process.ask(f"/sleep?level={level}", timeout_s=120)
+            self.process.ask(f"/sleep?level={level}" + ("&mode=keep" if self.keeps_kv else ""), timeout_s=120)
         except OSError as exc:
             raise EngineError(f"{self.model.name}: would not park: {one_line(str(exc))}") from None
 
