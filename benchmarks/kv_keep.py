@@ -7,7 +7,8 @@ a completion of the prompt's token ids and those generated so far, what the swit
 Per round, each way in turn (interleaved): a streamed greedy completion of a ``--prompt-tokens`` prompt (random
 token ids), paused after ``--pause-after`` tokens; the park; ``--parked-s`` parked; the wake; then the time from the
 wake's return to the next token (keep: the generation goes on; recompute: the continuation's first token, after
-its prefill of the prompt and the answer so far). Also the answer's token ids against an unpaused one's (greedy).
+its prefill of the prompt and the answer so far). Also each answer's token ids against the first unpaused one's
+(greedy), and the same request unpaused each round (``plain``: how far two runs agree with no pause at all).
 Prints the medians, and the ratio of the ways back.
 
 Run: .venv/bin/python benchmarks/kv_keep.py --size small --json                             (CPU)
@@ -127,14 +128,37 @@ def start(args: argparse.Namespace, work: Path, env: dict[str, str]) -> tuple[st
 def summarize(result: dict) -> None:
     """Per way its medians (``back_s``: from asking the wake to the next token) and their ratio."""
     med = {}
-    for name in ("keep", "recompute"):
+    for name in ("keep", "recompute", "plain"):
         rows = [r for r in result["rounds"] if r["way"] == name]
-        med[name] = {k: round(statistics.median(r[k] for r in rows if r[k] is not None), 4)
-                     for k in ("park_s", "wake_s", "resume_s")}
+        med[name] = {"same_as_unpaused": sum(r["same_as_unpaused"] for r in rows),
+                     "agree_tokens": sorted(r["agree_tokens"] for r in rows)}
+        if name == "plain":
+            continue
+        med[name].update({k: round(statistics.median(r[k] for r in rows if r[k] is not None), 4)
+                          for k in ("park_s", "wake_s", "resume_s")})
         med[name]["back_s"] = round(med[name]["wake_s"] + med[name]["resume_s"], 4)
-        med[name]["same_as_unpaused"] = sum(r["same_as_unpaused"] for r in rows)
     result["medians"] = med
     result["recompute_over_keep"] = round(med["recompute"]["back_s"] / med["keep"]["back_s"], 2)
+
+
+def plain_round(c: httpx.Client, url: str, prompt: list[int], args: argparse.Namespace) -> dict:
+    """The same request unpaused: how far two runs of it agree here (a demo model's logits are nearly flat, and on a
+    GPU two runs' numerics may part a greedy answer with no pause at all)."""
+    out: list[int] = []
+    with c.stream("POST", f"{url}/v1/completions", json=body(prompt, args.max_tokens)) as r:
+        for event in events(r):
+            out += ids_of(event)
+    return {"park_s": None, "wake_s": None, "resume_s": None, "ids": out}
+
+
+def agree(a: list[int], b: list[int]) -> int:
+    """How many tokens two answers share from their start."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def main() -> int:
@@ -175,10 +199,10 @@ def main() -> int:
                 for event in events(r):
                     plain += ids_of(event)
             for i in range(args.rounds):
-                ways = [("keep", keep_round), ("recompute", recompute_round)]
+                ways = [("keep", keep_round), ("recompute", recompute_round), ("plain", plain_round)]
                 for name, way in ways if i % 2 == 0 else ways[::-1]:
                     row = way(c, url, prompt, args)
-                    row["same_as_unpaused"] = row.pop("ids") == plain
+                    row["same_as_unpaused"], row["agree_tokens"] = row["ids"] == plain, agree(row.pop("ids"), plain)
                     result["rounds"].append({"way": name, **{k: round(v, 4) if isinstance(v, float) else v
                                                               for k, v in row.items()}})
                     print(json.dumps(result["rounds"][-1]), file=sys.stderr, flush=True)
