@@ -201,17 +201,20 @@ def prompt_tokens(port: int) -> float:
 
 
 @pytest.mark.slow
-def test_a_host_tier_stream_held_across_its_engines_park_goes_on_with_nothing_computed_again(tmp_path):
+@pytest.mark.parametrize("schedule", [(), ("--schedule", "deadline", "--slo-ttft-s", "0.3")], ids=["fair", "deadline"])
+def test_a_host_tier_stream_held_across_its_engines_park_goes_on_with_nothing_computed_again(tmp_path, schedule):
     """Issue 69 on the CPU: one engine at a time, every model on the host tier (``--parked-weights host``: a park
     unmaps the weights and the keeper keeps only their host copy), ``--preempt``. A stream on ``a`` is held when
     ``b``'s request has waited its turn: ``a``'s engine parks with the generation paused and its KV cache kept, ``b``
     is answered, ``a`` wakes (its weights mapped back) and the stream goes on from where it stopped. The client reads
-    the same greedy text as unpaused, and ``a``'s engine computed its prompt once (its counter), not again."""
+    the same greedy text as unpaused, and ``a``'s engine computed its prompt once (its counter), not again. The same
+    with the deadline schedule (issue 69, part 2: ``b``'s first token due 0.3 s after its request ends ``a``'s turn;
+    ``a``'s held stream, due by its token deadline, goes first once ``b`` is served)."""
     from hotweights.demo_model import write_demo_model
 
     models = {"a": write_demo_model(tmp_path / "a", "tiny"), "b": write_demo_model(tmp_path / "b", "tiny", seed=1)}
     with private_keeper("hwkv-") as sock:
-        f = wait_started(Front(tmp_path, models, "--max-awake", "1", "--preempt", "--turn-s", "0.1",
+        f = wait_started(Front(tmp_path, models, "--max-awake", "1", "--preempt", "--turn-s", "0.1", *schedule,
                                "--parked-weights", "host", socket_dir=sock, engine_args=("--max-model-len", "2048")))
         try:
             client = f.client()

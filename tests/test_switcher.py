@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 from pathlib import Path
 
@@ -595,6 +596,39 @@ def test_room_for_parks_idle_engines_first_then_waits_for_turns_as_a_table():
     assert room(1, 3, (0.7, 0.4)).leave == ("a",)  # b owes more: a leaves
     assert room(1, 3, (20,)).leave == ("a",)  # starving: whatever is in flight
     assert room(0, 1, (0.4,)).park == ("a",)  # an idle one parks before any turn ends
+
+
+def test_the_deadline_schedule_serves_the_first_due_and_ends_a_turn_by_it_never_shorter_than_a_wake():
+    """Issue 69, part 2, as a table over views: with ``schedule = "deadline"`` the model whose request is due first
+    goes next (a first token ``slo_ttft_s`` after its request; a held stream's next token when its due says), and a
+    busy engine's turn ends once that due time less the model's wake has come, not before the busy engine has been
+    awake as long as its own wake took."""
+    from hotweights.switch.schedule import due, room_for, turn_left_s, wanted
+    from hotweights.switch.snapshot import Snapshot, View
+
+    config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in "abcd"), max_awake="auto",
+                          schedule="deadline", slo_ttft_s=2.0, slo_token_s=0.1)
+    need = GpuNeed((0,), 0.0, 15 * GIB, 20 * GIB, parked_mib=1950)  # room for two awake of 112 GiB
+    now = 1000.0
+
+    def view(name, state="parked", inflight=0, waited=(), dues=(), awake_for=10.0, wake_s=None):
+        return View(config.models["abcd".index(name)], ModelState(state), need, inflight=inflight,
+                    waiting=len(waited), arrivals=tuple(now - w for w in waited),
+                    dues=dues or (None,) * len(waited), awake_at=now - awake_for, wake_s=wake_s)
+
+    held = view("c", waited=(0.1,), dues=(now + 0.3,), wake_s=0.2)  # a held stream: its next token in 0.3 s
+    fresh = view("d", waited=(1.0,), wake_s=0.2)  # a new request that came 1 s ago: its first token in 1 s
+    assert due(held, config) == now + 0.3 and due(fresh, config) == now + 1.0
+    s = Snapshot((view("a", "awake", 1), view("b", "awake", 1), held, fresh), {0: 112 * GIB}, now, "a")
+    assert [v.name for v in wanted(s, config)] == ["c", "d"]  # the first due first, not the most or longest waiting
+    assert abs(turn_left_s(s["a"], held, config, now) - 0.1) < 1e-9  # due in 0.3 s, its wake 0.2 s
+    assert abs(turn_left_s(s["a"], fresh, config, now) - 0.8) < 1e-9
+    just_woke = view("a", "awake", 1, awake_for=0.05, wake_s=0.4)  # awake 0.05 s of a wake that took 0.4 s
+    assert abs(turn_left_s(just_woke, held, config, now) - 0.35) < 1e-9  # never shorter than its own wake
+    late = view("c", waited=(0.1,), dues=(now - 0.5,))  # overdue: the busy engine's turn is over now
+    s = Snapshot((view("a", "awake", 1), view("b", "awake", 2), late, view("d")), {0: 112 * GIB}, now, "a")
+    assert room_for(s["c"], s, config).leave == ("a",)
+    assert due(view("d"), config) == math.inf  # nothing waits: never due
 
 
 def test_the_plan_is_a_function_of_a_snapshot_as_a_table():

@@ -233,9 +233,16 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--keep-standbys", action="store_const", const=True, default=None,
                    help="on the way out, leave the engines' warm standbys running for the next front (else they are "
                         "retired with it)")
-    p.add_argument("--schedule", choices=["fair", "fifo"], default=None,
+    p.add_argument("--schedule", choices=["fair", "fifo", "deadline"], default=None,
                    help="which waiting model a switch serves next: fair (default: the most requests waiting; one "
-                        "waiting over starve_after_s first) or fifo (first come)")
+                        "waiting over starve_after_s first), fifo (first come), or deadline (the first due: a first "
+                        "token slo_ttft_s after its request, a held stream's next token slo_token_s a token after "
+                        "its first; a busy engine's turn ends by it)")
+    p.add_argument("--slo-ttft-s", type=float, default=None,
+                   help="deadline schedule: a request's first token is due this long after it came (default 2)")
+    p.add_argument("--slo-token-s", type=float, default=None,
+                   help="deadline schedule: a held stream's next token is due this long a token after its first "
+                        "(default 0.1)")
     p.add_argument("--turn-s", type=float, default=None,
                    help="where memory forces a choice between busy engines, a busy one leaves once another model's "
                         "waiting requests have waited this long in sum per request in flight on it (default 1)")

@@ -24,10 +24,11 @@ class Admission:
         self.config, self.models, self.changes, self.metrics = config, models, changes, metrics
         self.closing = False  # the front stops: no request waits for a model any more
 
-    async def acquire(self, name: str) -> Model:
-        """The awake engine of ``name`` with this request counted in flight; Unavailable when it cannot be."""
+    async def acquire(self, name: str, due: float | None = None) -> Model:
+        """The awake engine of ``name`` with this request counted in flight; Unavailable when it cannot be. ``due``:
+        a held stream's next token's due time (``time.monotonic()``), for the deadline schedule."""
         m = self.models[name]
-        arrived = m.ledger.arrive()
+        arrived = m.ledger.arrive(due)
         self.metrics.waiting(name, m.waiting)
         served = False
         try:

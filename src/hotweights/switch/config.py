@@ -11,7 +11,9 @@
     stop_keeper = false      # true: on the way out, stop the keeper if this front started it (frees the weights)
     keep_standbys = false    # true: on the way out, leave the warm standbys (vLLM imported) for the next front
     schedule = "fair"        # which waiting model goes next: "fair" (most requests waiting; one waiting over
-    starve_after_s = 10      # starve_after_s goes first) or "fifo" (first come)
+    starve_after_s = 10      # starve_after_s goes first), "fifo" (first come), or "deadline" (the earliest due:
+    slo_ttft_s = 2           # a first token slo_ttft_s after its request came, a held stream's next token
+    slo_token_s = 0.1        # slo_token_s a token after its first; turns end by those, never shorter than a wake)
     turn_s = 1               # where memory forces a choice between busy engines: a busy one leaves (takes no new
                              # request, parks once its requests end) once the requests waiting for another model
                              # have waited turn_s seconds in sum per request in flight on it
@@ -98,7 +100,7 @@ class ConfigError(ValueError):
 # Strict (a TOML string is not a number, nor true a port), except where TOML's list stands for a tuple.
 _SCHEMA = ConfigDict(extra="forbid", strict=True)
 _LIST = Strict(False)
-Schedule = Literal["fair", "fifo"]
+Schedule = Literal["fair", "fifo", "deadline"]
 ParkedWeights = Literal["gpu", "host"]
 Start = Literal["eager", "cached", "lazy"]
 Seconds = Annotated[float, Field(ge=0, description="0 (never) or more seconds")]
@@ -213,7 +215,11 @@ class SwitchConfig:
     parking: bool = True
     stop_keeper: bool = False  # on the way out, stop the keeper if this front's preloads started it
     keep_standbys: bool = False  # on the way out, leave the engines' warm standbys running (else retired)
-    schedule: Schedule = "fair"  # or "fifo": which waiting model a switch serves next (schedule.py)
+    schedule: Schedule = "fair"  # or "fifo", "deadline": which waiting model a switch serves next (schedule.py)
+    # deadline: a request's first token is due slo_ttft_s after it came, a held stream's next token slo_token_s a
+    # token after its first (Aegaeon's token deadline)
+    slo_ttft_s: Annotated[float, Field(gt=0, description="positive (seconds)")] = 2.0
+    slo_token_s: Annotated[float, Field(gt=0, description="positive (seconds)")] = 0.1
     starve_after_s: Seconds = 10.0  # fair: a model whose request has waited this long goes next
     # a busy engine's turn, in request-seconds waited per request it has in flight (schedule.py)
     turn_s: Annotated[float, Field(ge=0, description="0 or more")] = 1.0

@@ -23,8 +23,12 @@ class SwitchPort(Protocol):
     @property
     def models(self) -> Mapping[str, Model]: ...  # read by the port: names, configs, states, rows
 
-    async def acquire(self, name: str) -> Model:
-        """The awake engine of ``name`` with this request counted in flight; Unavailable when it cannot be."""
+    @property
+    def config(self) -> SwitchConfig: ...  # the front's settings (a held stream's due time: the SLO's)
+
+    async def acquire(self, name: str, due: float | None = None) -> Model:
+        """The awake engine of ``name`` with this request counted in flight; Unavailable when it cannot be. ``due``:
+        a held stream's next token's due time (``time.monotonic()``)."""
         ...
 
     def release(self, m: Model) -> None:

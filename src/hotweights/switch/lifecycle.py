@@ -241,6 +241,7 @@ class Lifecycle:
         """``m`` serves: every request waiting for it now is in flight before the next switch, which could otherwise
         park it again before they ran."""
         m.start_failures, m.last_error = 0, ""
+        m.awake_at = time.monotonic()
         self.move(m, S.AWAKE)
         m.ledger.let_in()  # every request waiting goes through at once
 
@@ -280,6 +281,7 @@ class Lifecycle:
         m.wakes += 1
         self._awake(m)
         seconds = time.monotonic() - began
+        m.wake_s = seconds if m.wake_s is None else (m.wake_s + seconds) / 2  # the deadline schedule's estimate
         self.metrics.switch(m.name, source, seconds)
         self.switched.append(Switched(time.time(), m.name, seconds, source, waited, tuple(n for n, *_ in parked)))
         logger.info(evidence.switch_awake(m.name, seconds, source, parked, time.monotonic() - woke_began, waited))

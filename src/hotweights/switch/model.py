@@ -71,6 +71,7 @@ class Ledger:
 
     arrivals: list[float] = field(default_factory=list)
     refused: dict[float, str] = field(default_factory=dict)  # waiting requests a failed switch answers, by arrival
+    due: dict[float, float] = field(default_factory=dict)  # by arrival: when a held stream's next token is due
     reserved: int = 0
     inflight: int = 0
     last_used: float = 0.0  # time.time() of the last request let in or done
@@ -80,10 +81,13 @@ class Ledger:
     def waiting(self) -> int:
         return len(self.arrivals)
 
-    def arrive(self) -> float:
-        """A request comes for the model: its arrival."""
+    def arrive(self, due: float | None = None) -> float:
+        """A request comes for the model: its arrival. ``due``: when its next token is due (a held stream's; else
+        its first token's, which the schedule counts from its arrival)."""
         at = time.monotonic()
         self.arrivals.append(at)
+        if due is not None:
+            self.due[at] = due
         return at
 
     def let_in(self) -> int:
@@ -123,6 +127,7 @@ class Ledger:
         left the engine idle."""
         self.arrivals.remove(arrived)
         self.refused.pop(arrived, None)
+        self.due.pop(arrived, None)
         if served:
             self.last_used = time.time()
         elif self.reserved > self.waiting:  # the batch had a place for it: given back, as if it had been served
@@ -164,6 +169,8 @@ class Model:
     start_failures: int = 0  # starts that failed in a row: the back-off doubles with each
     crashes: int = 0  # its engine's deaths in a row, each within ``lifecycle.STABLE_S`` of its start
     up_since: float = 0.0  # time.monotonic() its engine last came up
+    awake_at: float = 0.0  # time.monotonic() it last became awake (a wake or a start)
+    wake_s: float | None = None  # what its wakes took, lately (an average that weighs the last one by half)
     keep_alive_s: float | None = None  # a request's keep_alive (Ollama's), in place of park_after_s; inf: never
     failure: Failure | None = None  # why it is FAILED (set and cleared by ``Lifecycle.move`` only)
     last_error: str = ""  # why its last wake failed, where it stayed where it was; cleared once it is awake
@@ -253,7 +260,9 @@ class Model:
         return View(self.config, self.state, self.engine.gpu_need(), self.start_phase, self.engine.parks,
                     self.waiting, self.reserved, self.inflight, self.last_used, tuple(self.arrivals), f,
                     files_changed=failed_start and f is not None and self.engine.files() != f.files,
-                    preload=self.preload, awaited=self.awaited)
+                    preload=self.preload, awaited=self.awaited,
+                    dues=tuple(self.ledger.due.get(a) for a in self.arrivals), awake_at=self.awake_at,
+                    wake_s=self.wake_s)
 
     def row(self, gpu: dict[int, int]) -> ModelRow:
         """Its status row: the pids of an engine that runs (0 for one that died or stopped), its last request

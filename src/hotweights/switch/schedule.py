@@ -6,15 +6,18 @@ must make room for it, and when a request is answered 503 without a switch.
 
 Which model: ``fair`` (the default) takes a model whose longest-waiting request has waited over ``starve_after_s``
 first (the longest first), else the one with the most requests waiting (then the longest-waiting); ``fifo`` the
-request that came first.
+request that came first; ``deadline`` the model whose request is due first (``due``: a first token ``slo_ttft_s``
+after its request came, a held stream's next token ``slo_token_s`` a token after its first: Aegaeon's deadlines).
 
 Room (``room_for``): GPU memory bounds the awake set (``memory.py``), and ``max_awake``, where set, caps it per GPU.
 An engine stays awake, serving its own requests, while its memory is not needed. A wake that fits beside the awake
 engines goes at once; one that does not parks idle engines first, the least recently used first; then it waits for
 engines already leaving; then, where memory forces a choice between busy engines, a busy engine's turn ends once the
 requests waiting for the model have waited, in sum, ``turn_s`` per request it has in flight (a starving request ends
-it at once): it leaves (takes no new request, parks once its requests end) and the model wakes after it. Nothing is
-parked or left for a wake that must wait anyway.
+it at once): it leaves (takes no new request, parks once its requests end) and the model wakes after it. With the
+``deadline`` schedule the turn ends instead once the model's first due time, less what its wake takes (``wake_cost``),
+has come, and never before the busy engine has been awake for as long as its own wake took (Aegaeon's scale-down: a
+turn shorter than its switch is all switch). Nothing is parked or left for a wake that must wait anyway.
 
 Start-up's starts (``startup_batch``): one at a time where a start profiles the GPU's memory (``GpuNeed.profiles``);
 where none does (vLLM with ``--kv-cache-memory-bytes``), up to ``start_jobs`` models whose preloads are done start
@@ -26,6 +29,7 @@ compiles), unless requests wait for a model that has started: the switches they 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -155,6 +159,8 @@ def wanted(s: Snapshot, config: SwitchConfig) -> list[View]:
              if v.waiting > v.reserved and v.state not in (S.AWAKE, S.LEAVING) and not refusal(v, now)]
     if config.schedule == "fifo":
         return sorted(found, key=lambda v: -v.waited_s(now))
+    if config.schedule == "deadline":
+        return sorted(found, key=lambda v: (due(v, config), -v.waited_s(now)))
     return sorted(found, key=lambda v: (v.waited_s(now) <= config.starve_after_s,
                                         -(v.waited_s(now) if v.waited_s(now) > config.starve_after_s else 0),
                                         -(v.waiting - v.reserved), -v.waited_s(now)))
@@ -233,9 +239,27 @@ def fits(v: View, s: Snapshot, config: SwitchConfig, gone: Sequence[str] = ()) -
     return all(over_mib(g, s.totals[g], holders) <= 0 for g in v.need.gpus if g in s.totals)
 
 
+DEFAULT_WAKE_S = {True: 0.1, False: 1.0}  # a wake not yet measured: weights kept on the GPU, or from host memory
+
+
+def wake_cost(v: View) -> float:
+    """What ``v``'s wake takes: its wakes lately, else a guess by where its parked weights are."""
+    return v.wake_s if v.wake_s is not None else DEFAULT_WAKE_S[v.weights_kept]
+
+
+def due(v: View, config: SwitchConfig) -> float:
+    """When ``v``'s first waiting request is due (``time.monotonic()``): a held stream's next token when its
+    ``dues`` says, else a first token ``slo_ttft_s`` after the request came; infinite with none waiting."""
+    dues = v.dues or (None,) * len(v.arrivals)
+    return min((d if d is not None else a + config.slo_ttft_s for a, d in zip(v.arrivals, dues)), default=math.inf)
+
+
 def turn_left_s(busy: View, v: View, config: SwitchConfig, now: float) -> float:
     """Seconds until ``busy``'s turn ends for ``v``: once ``v``'s waiting requests have waited, in sum, ``turn_s`` per
-    request in flight on ``busy`` (0 at once where one of them starves)."""
+    request in flight on ``busy`` (0 at once where one of them starves); with the ``deadline`` schedule, once ``v``'s
+    first due time less its wake has come, but not before ``busy`` has been awake as long as its own wake took."""
+    if config.schedule == "deadline":
+        return max(0.0, due(v, config) - wake_cost(v) - now, busy.awake_at + wake_cost(busy) - now)
     if not v.arrivals:
         return config.turn_s
     if now - min(v.arrivals) > config.starve_after_s:

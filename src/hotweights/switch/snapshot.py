@@ -35,6 +35,9 @@ class View:
     files_changed: bool = False  # its checkpoint's files differ from those its failed start saw
     preload: PreloadState = PreloadState.DONE
     awaited: bool = False  # its start waits for its preload
+    dues: tuple[float | None, ...] = ()  # per waiting request (as ``arrivals``): its next token's due time, or None
+    awake_at: float = 0.0  # time.monotonic() it last became awake
+    wake_s: float | None = None  # what its wakes took lately (None: none yet)
 
     @property
     def name(self) -> str:

@@ -57,8 +57,8 @@ class Switcher:
         self.requests = Admission(config, self.models, self.life.changes, metrics)
 
     # the port's door (``door.SwitchPort``)
-    async def acquire(self, name: str) -> Model:
-        return await self.requests.acquire(name)
+    async def acquire(self, name: str, due: float | None = None) -> Model:
+        return await self.requests.acquire(name, due)
 
     def release(self, m: Model) -> None:
         self.requests.release(m)

@@ -182,7 +182,7 @@ class _Resumed:
         logger.info("switch: %s: a stream held after %d token(s), its KV cache kept; it goes on at the model's next "
                     "wake", m.name, len(r.ids))
         try:
-            await self.requests.acquire(m.name)
+            await self.requests.acquire(m.name, self.next_due())
         except Unavailable as exc:
             return stream_error(f"this answer was paused for another model and could not go on: {exc}", 503)
         self.holding = True
@@ -201,7 +201,7 @@ class _Resumed:
         logger.info("switch: %s: a stream paused after %d token(s); it continues on the model's next wake",
                     m.name, len(r.ids))
         try:
-            await self.requests.acquire(m.name)
+            await self.requests.acquire(m.name, self.next_due())
         except Unavailable as exc:
             return stream_error(f"this answer was paused for another model and could not continue: {exc}", 503)
         self.holding = True
@@ -218,6 +218,11 @@ class _Resumed:
                                 f"({self.upstream.status_code}: {said})", self.upstream.status_code)
         self.chunks, self.events = self.upstream.aiter_raw(), Events()
         return b""
+
+    def next_due(self) -> float:
+        """When its next token is due (``time.monotonic()``), by Aegaeon's deadline: its first token's time and
+        ``slo_token_s`` a token since (the deadline schedule's; the others ignore it)."""
+        return (self.said.first or time.monotonic()) + self.requests.config.slo_token_s * len(self.r.ids)
 
     def _let_go(self) -> None:
         self.m.streams.discard(self.r)
