@@ -174,38 +174,16 @@ class _Resumed:
         parks, keeping this generation paused with its KV cache: ``serve/park.py``'s ``mode=keep``), the model
         waited for again as by a new request, and the answer read on from the same connection once it woke: nothing
         is computed again. b"" once it may read on, else the error event that ends the stream."""
-        m, r = self.m, self.r
-        r.pause.clear()
-        self._let_go()
-        r.paused += 1
-        self.said.paused = r.paused
-        logger.info("switch: %s: a stream held after %d token(s), its KV cache kept; it goes on at the model's next "
-                    "wake", m.name, len(r.ids))
-        try:
-            await self.requests.acquire(m.name, self.next_due())
-        except Unavailable as exc:
-            return stream_error(f"this answer was paused for another model and could not go on: {exc}", 503)
-        self.holding = True
-        m.streams.add(r)
-        return b""
+        return await self._wait_again("held", "its KV cache kept; it goes on", "go on")
 
     async def resume(self) -> bytes:
         """Pause here and continue on the model's next wake: b"" once the continuation streams, else the error
         event that ends the stream."""
         m, r = self.m, self.r
-        r.pause.clear()
         await self.upstream.aclose()
-        self._let_go()
-        r.paused += 1
-        self.said.paused = r.paused
-        logger.info("switch: %s: a stream paused after %d token(s); it continues on the model's next wake",
-                    m.name, len(r.ids))
-        try:
-            await self.requests.acquire(m.name, self.next_due())
-        except Unavailable as exc:
-            return stream_error(f"this answer was paused for another model and could not continue: {exc}", 503)
-        self.holding = True
-        m.streams.add(r)
+        failed = await self._wait_again("paused", "it continues", "continue")
+        if failed:
+            return failed
         try:
             self.upstream = await self.client.send(self.client.build_request(
                 "POST", f"{m.engine.url}{COMPLETIONS}", content=r.continuation(),
@@ -217,6 +195,24 @@ class _Resumed:
             return stream_error(f"the engine of `{m.name}` refused this answer's continuation "
                                 f"({self.upstream.status_code}: {said})", self.upstream.status_code)
         self.chunks, self.events = self.upstream.aiter_raw(), Events()
+        return b""
+
+    async def _wait_again(self, how: str, then: str, could_not: str) -> bytes:
+        """Its place in flight given back, and the model waited for again as by a new request (due by its next
+        token's deadline): b"" once it has its place again, else the error event that ends the stream."""
+        m, r = self.m, self.r
+        r.pause.clear()
+        self._let_go()
+        r.paused += 1
+        self.said.paused = r.paused
+        logger.info("switch: %s: a stream %s after %d token(s); %s at the model's next wake", m.name, how, len(r.ids),
+                    then)
+        try:
+            await self.requests.acquire(m.name, self.next_due())
+        except Unavailable as exc:
+            return stream_error(f"this answer was paused for another model and could not {could_not}: {exc}", 503)
+        self.holding = True
+        m.streams.add(r)
         return b""
 
     def next_due(self) -> float:
