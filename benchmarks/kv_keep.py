@@ -13,6 +13,7 @@ Prints the medians, and the ratio of the ways back.
 
 Run: .venv/bin/python benchmarks/kv_keep.py --size small --json                             (CPU)
      python3 benchmarks/kv_keep.py --size 8b --device cuda --prompt-tokens 2000 --json       (a GPU)
+     python3 benchmarks/kv_keep.py --engine vllm --size 0.6b --device cuda --json            (a GPU, vLLM 0.26)
 """
 
 from __future__ import annotations
@@ -68,17 +69,35 @@ def keep_round(c: httpx.Client, url: str, prompt: list[int], args: argparse.Name
     reader = threading.Thread(target=read)
     reader.start()
     enough.wait(600)
+    park_s, wake_s, woke = park_and_wake(c, url, True, args)
+    reader.join(600)
+    after = [at for at, ids in got if ids and at > woke]
+    return {"park_s": park_s, "wake_s": wake_s, "resume_s": after[0] - woke if after else None,
+            "ids": [i for _t, ids in got for i in ids]}
+
+
+def park_and_wake(c: httpx.Client, url: str, keep: bool, args: argparse.Namespace) -> tuple[float, float, float]:
+    """A level-2 park, ``--parked-s`` parked, the wake: the park's and the wake's seconds, and when the wake returned
+    (``time.perf_counter()``). ``keep``: the generation kept with its KV cache (the embedded server's
+    ``mode=keep``; vLLM's scheduler paused with its requests kept, then the weights alone unmapped by
+    ``hotweights_hold``); else a plain park (vLLM's sleep drops the KV cache)."""
+    vllm_keep = keep and args.engine == "vllm"
     t = time.perf_counter()
-    c.post(f"{url}/sleep?level=2&mode=keep").raise_for_status()
+    if vllm_keep:
+        c.post(f"{url}/pause?mode=keep").raise_for_status()
+        c.post(f"{url}/collective_rpc", json={"method": "hotweights_hold", "args": ["2"]}).raise_for_status()
+    else:
+        c.post(f"{url}/sleep?level=2" + ("&mode=keep" if keep else "")).raise_for_status()
     park_s = time.perf_counter() - t
     time.sleep(args.parked_s)
     t = time.perf_counter()
-    c.post(f"{url}/wake_up").raise_for_status()
+    if vllm_keep:
+        c.post(f"{url}/collective_rpc", json={"method": "hotweights_release"}).raise_for_status()
+        c.post(f"{url}/resume").raise_for_status()
+    else:
+        c.post(f"{url}/wake_up").raise_for_status()
     woke = time.perf_counter()
-    reader.join(600)
-    after = [at for at, ids in got if ids and at > woke]
-    return {"park_s": park_s, "wake_s": woke - t, "resume_s": after[0] - woke if after else None,
-            "ids": [i for _t, ids in got for i in ids]}
+    return park_s, woke - t, woke
 
 
 def recompute_round(c: httpx.Client, url: str, prompt: list[int], args: argparse.Namespace) -> dict:
@@ -88,14 +107,7 @@ def recompute_round(c: httpx.Client, url: str, prompt: list[int], args: argparse
         while len(out) < args.pause_after:
             out += ids_of(next(it))
     # the stream is cut (the engine cancels the job within a step): a plain park waits for it
-    t = time.perf_counter()
-    c.post(f"{url}/sleep?level=2").raise_for_status()
-    park_s = time.perf_counter() - t
-    time.sleep(args.parked_s)
-    t = time.perf_counter()
-    c.post(f"{url}/wake_up").raise_for_status()
-    woke = time.perf_counter()
-    wake_s = woke - t
+    park_s, wake_s, woke = park_and_wake(c, url, False, args)
     resume_s = None
     with c.stream("POST", f"{url}/v1/completions", json=body(prompt + out, args.max_tokens - len(out))) as r:
         for event in events(r):
@@ -114,14 +126,21 @@ def start(args: argparse.Namespace, work: Path, env: dict[str, str]) -> tuple[st
     if not args.model:
         gen = ["--gen-device", "cuda"] if args.device.startswith("cuda") else []
         subprocess.run([*hw, "demo-model", model, "--size", args.size, *gen], check=True, env=env, stdout=sys.stderr)
-    subprocess.run([*hw, "preload", "--model", model, "--device", args.device], check=True, env=env,
-                   stdout=sys.stderr)
     port = free_port()
     log = work / "serve.log"
-    server = subprocess.Popen([*hw, "serve", model, "--port", str(port), "--device", args.device,
-                               "--max-model-len", str(args.prompt_tokens + args.max_tokens + 8),
-                               "--model-loader-extra-config", json.dumps({"fallback": False})],
-                              stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
+    length = str(args.prompt_tokens + args.max_tokens + 8)
+    extra = json.dumps({"fallback": False})
+    if args.engine == "vllm":  # the engine layout, zero-copy; sleep mode and the dev endpoints (/pause, RPC)
+        subprocess.run([*hw, "preload", "--engine", "vllm", "--model", model], check=True, env=env, stdout=sys.stderr)
+        cmd = [*hw, "vllm", "serve", model, "--port", str(port), "--max-model-len", length, "--load-format",
+               "hotweights", "--model-loader-extra-config", extra, "--enable-sleep-mode", *args.vllm_args.split()]
+        env = {**env, "VLLM_SERVER_DEV_MODE": "1"}
+    else:
+        subprocess.run([*hw, "preload", "--model", model, "--device", args.device], check=True, env=env,
+                       stdout=sys.stderr)
+        cmd = [*hw, "serve", model, "--port", str(port), "--device", args.device, "--max-model-len", length,
+               "--model-loader-extra-config", extra]
+    server = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
     return model, server, f"http://127.0.0.1:{port}", log
 
 
@@ -161,11 +180,15 @@ def agree(a: list[int], b: list[int]) -> int:
     return n
 
 
-def main() -> int:
+def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="small", help="demo model size (hotweights demo-model --size)")
     parser.add_argument("--model", default="", help="a checkpoint instead of a demo model")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--engine", choices=["hotweights", "vllm"], default="hotweights",
+                        help="vllm: hotweights vllm serve on a GPU (its KV-keeping park: /pause?mode=keep, then "
+                             "hotweights_hold over /collective_rpc)")
+    parser.add_argument("--vllm-args", default="--gpu-memory-utilization 0.5", help="vllm: more server arguments")
     parser.add_argument("--prompt-tokens", type=int, default=500)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--pause-after", type=int, default=32)
@@ -173,7 +196,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse()
     work = Path(tempfile.mkdtemp(prefix="hw-kvkeep-"))
     sock = tempfile.mkdtemp(prefix="hwkv", dir="/tmp")
     env = {**os.environ, "HOTWEIGHTS_SOCKET_DIR": sock}
@@ -212,7 +239,10 @@ def main() -> int:
         server.wait(60)
         subprocess.run([*hw, "stop", "--socket-dir", sock], capture_output=True)
     result["prompt_tokens_counted"] = sum(float(x.rsplit(" ", 1)[1]) for x in metrics.splitlines()
-                                          if x.startswith("hotweights_server_prompt_tokens_total"))
+                                          if x.startswith(("hotweights_server_prompt_tokens_total",
+                                                           "vllm:prompt_tokens_total")))
+    result["server_log_tail"] = [x for x in log.read_text(errors="replace").splitlines()
+                                 if "Parked" in x or "Woke" in x or "hotweights" in x][-12:]
     summarize(result)
     result["settings"] = {k: v for k, v in vars(args).items() if k != "json"}
     print(json.dumps(result) if args.json else json.dumps(result, indent=1))

@@ -19,6 +19,13 @@ fill10_eight_2026-12-05b.json``); one plausible cause is each wait queueing for 
 processes' work. Here the park pins them (``_pin_saved_buffers``), and the wake takes them from vLLM, lets it
 wake the rest, then copies all back asynchronously and waits once (``_restore_buffers``). Not yet run on a GPU.
 
+A park that keeps the KV cache (issue 69; ``hold``/``release``, which ``install_park`` adds to vLLM's ``Worker`` as
+``hotweights_hold``/``hotweights_release`` for ``POST /collective_rpc``): with the engine's scheduler paused and its
+requests kept (``POST /pause?mode=keep``), ``hold`` unmaps only the zero-copy weights (level 2) and calls none of
+vLLM's sleep, so the KV cache, the CUDA graphs and the requests in flight stay where they are; ``release`` maps the
+weights again at their addresses, and ``POST /resume`` lets the requests go on from their next token: no prefill
+again. Only the weights' memory is given back (an 8B's 15.3 GiB, its 2 GiB of KV cache kept).
+
 A wake that cannot fit is refused before anything is mapped or allocated: the GPU must have free what
 the park freed (minus the weights, unless they must come from the host copy into new memory). The keeper
 is told of each park and wake with what this worker still holds on its GPU (``Park``): a start beside a
@@ -100,6 +107,42 @@ def wake_up(worker: Any, original: Any, tags: list[str] | None = None) -> Any:
     if resident.held() and not getattr(worker, "_hotweights_parked", (0,))[0]:
         resident.announce(0, 0)
     return result
+
+
+def hold(worker: Any, level: str | int = 2) -> dict[str, Any]:
+    """Park keeping the KV cache, the scheduler paused beforehand with its requests kept: at level 2 the zero-copy
+    weights are unmapped at their addresses, and nothing else changes (see the module's docstring). What it freed."""
+    start = time.perf_counter()
+    torch.cuda.synchronize()  # the last step's kernels have read the weights
+    free_before = torch.cuda.mem_get_info()[0]
+    unmapped = resident.unmap_all() if int(level) == 2 and resident.held() else 0
+    torch.cuda.synchronize()
+    freed = max(0, torch.cuda.mem_get_info()[0] - free_before)
+    worker._hotweights_parked = (int(level), 0, unmapped)
+    worker._hotweights_held = True
+    logger.info(evidence.parked(_name(worker), int(level), freed, time.perf_counter() - start,
+                                weights_mapped=not unmapped) + " (KV cache and requests kept)")
+    if resident.held():
+        from ...pools.devices import process_gpu_bytes
+
+        resident.announce(int(level), process_gpu_bytes(torch.cuda.current_device()))
+    return {"freed": freed, "unmapped": unmapped}
+
+
+def release(worker: Any) -> dict[str, Any]:
+    """The wake of ``hold``: the weights mapped again at their addresses (from the keeper's entry, else its host
+    copy), refused before anything is mapped where they cannot fit; ``POST /resume`` then lets the kept requests go
+    on. Where the weights came from."""
+    start = time.perf_counter()
+    _level, _own, unmapped = getattr(worker, "_hotweights_parked", (0, 0, 0))
+    _check_fits(worker, 0, unmapped)
+    again = resident.map_again() if any(not h.mapped for h in resident.held()) else None
+    worker._hotweights_parked, worker._hotweights_held = (0, 0, 0), False
+    logger.info(evidence.woke(_name(worker), time.perf_counter() - start, again.source if again else None,
+                              again.rate() if again else ""))
+    if resident.held():
+        resident.announce(0, 0)
+    return {"source": again.source if again else "kept"}
 
 
 def _pin_saved_buffers(worker: Any) -> None:
