@@ -38,7 +38,9 @@ rate the medians of the runs with their spread (min, max). Modes, each a front o
   the K most popular) on the GPU, the rest in host memory;
 - ``preempt``, ``one_preempt``, ``mixed_preempt``: ``park``, ``one`` and ``mixed`` with ``preempt = true`` (a busy
   engine whose turn is over pauses its streams at once; each continues on its next wake: ``switch/preempt.py``);
-  a ``_deadline`` suffix (``mixed_preempt_deadline``) runs it with ``schedule = "deadline"`` (issue 69);
+  a ``_nokv`` suffix (``one_preempt_nokv``) with ``keep_kv = false`` (a paused stream continues by a new request:
+  its prompt computed again, as before issue 69), a ``_deadline`` suffix (``mixed_preempt_deadline``) with
+  ``schedule = "deadline"`` (issue 69; after ``_nokv`` where both);
 - ``vllm_sleep`` (vLLM only): engines read the checkpoint themselves and park with vLLM's own sleep;
 - ``restart``: ``--no-parking`` (stop one engine, start the next: llama-swap's way);
 - ``static``: every model awake at once (``max_awake = N``): static partitioning, what a user does without a
@@ -364,7 +366,7 @@ def roll_call(url: str, names: list[str], args: argparse.Namespace) -> dict:
 def host_tier(mode: str, names: list[str], args: argparse.Namespace) -> frozenset[str]:
     """The models whose parked weights ``mode`` keeps in host memory (mixed: all but the ``--gpu-tier`` most
     popular, by default half)."""
-    mode = {"preempt": "park"}.get(mode, mode.removesuffix("_deadline").removesuffix("_preempt"))
+    mode = {"preempt": "park"}.get(mode, mode.removesuffix("_deadline").removesuffix("_nokv").removesuffix("_preempt"))
     on_gpu = args.gpu_tier if args.gpu_tier is not None else (len(names) + 1) // 2  # mixed: the most popular first
     return frozenset(names if mode == "park_host" else names[on_gpu:] if mode == "mixed" else [])
 
@@ -374,6 +376,8 @@ def mode_config(mode: str, models: dict[str, Path], args: argparse.Namespace) ->
     engine_args = shlex.split(args.engine_args) + (["--load-format", "auto"] if mode == "vllm_sleep" else [])
     deadline = mode.endswith("_deadline")  # issue 69: schedule = "deadline" (with preempt: its turns)
     mode = mode.removesuffix("_deadline")
+    recompute = mode.endswith("_nokv")  # keep_kv = false: a paused stream continues by a new request
+    mode = mode.removesuffix("_nokv")
     preempt = mode.endswith("preempt")
     mode = {"preempt": "park"}.get(mode, mode.removesuffix("_preempt"))
     names = list(models)
@@ -382,6 +386,7 @@ def mode_config(mode: str, models: dict[str, Path], args: argparse.Namespace) ->
     text = "[switch]\n" + (f"max_awake = {awake}\n" if awake else "")
     text += f"schedule = \"{'deadline' if deadline else 'fifo' if mode == 'park_fifo' else 'fair'}\"\n"
     text += f"request_timeout_s = {args.request_timeout_s}\n" + ("preempt = true\n" if preempt else "")
+    text += "keep_kv = false\n" if recompute else ""
     text += f"turn_s = {args.turn_s}\n" if args.turn_s is not None else ""
     text += "compile_ahead = true\n" if args.compile_ahead else ""
     text += "read_ahead = false\n" if args.no_read_ahead else ""
