@@ -140,12 +140,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import dataclasses
 
     from .argv import strip
+    from .observe import client_host
     from .paths import daemon_paths
     from .parked import front
     from .parked import records as parked
 
     start = dataclasses.asdict(config) | {"model": os.path.realpath(config.model)}
-    host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
+    host = client_host(config.host)
     argv = strip(sys.argv[1:], parked.PARK_ON_EXIT, parked.PARK_IDLE_S)
     return front.run_front(daemon_paths(config.attach.socket_dir).directory, "hotweights",
                             parked.start_fingerprint("hotweights", start, ("hotweights", "torch", "transformers")),

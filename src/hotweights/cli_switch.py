@@ -67,25 +67,25 @@ def _front(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     else the defaults; the key also from ``$VLLM_API_KEY``, as the front reads it."""
     from .switch import config as switch_config
 
+    from .observe import client_host
+
     host, port, key = args.host, args.port, args.api_key
     path = args.config or (DEFAULT_CONFIG if not (host or port) and Path(DEFAULT_CONFIG).is_file() else None)
+    url = ""
     if path:
         try:
             config = switch_config.load(path)
         except switch_config.ConfigError as exc:
             raise ValueError(str(exc)) from None
-        host = host or ("127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host)
-        port, key = port or config.port, key or config.api_key
+        host, port, key = host or client_host(config.host), port or config.port, key or config.api_key
     elif not (host or port):
         from .paths import daemon_paths
         from .switch.upstream.leftovers import running_fronts
 
         fronts = running_fronts(daemon_paths(None).directory)
-        if len(fronts) == 1:
-            key = key or os.environ.get("VLLM_API_KEY", "")
-            return fronts[0], {"authorization": f"Bearer {key}"} if key else {}
+        url = fronts[0] if len(fronts) == 1 else ""
     key = key or os.environ.get("VLLM_API_KEY", "")
-    return f"http://{host or '127.0.0.1'}:{port or 8000}", {"authorization": f"Bearer {key}"} if key else {}
+    return url or f"http://{host or '127.0.0.1'}:{port or 8000}", {"authorization": f"Bearer {key}"} if key else {}
 
 
 def _post(args: argparse.Namespace, path: str) -> dict[str, Any] | None:

@@ -30,11 +30,16 @@ from .unix import signal_group, stop_group
 DEFAULT_HEALTH_URL = "http://127.0.0.1:8000/health"
 
 
+def client_host(host: str) -> str:
+    """The address a client on this machine reaches a server bound to ``host`` at: loopback for a wildcard bind."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
 def health_url_for(command: list[str]) -> str:
     """Where a server started by ``command`` answers ``/health``: its ``--port`` (and ``--host`` unless it
     binds every address), else port 8000 on 127.0.0.1, the default of ``vllm serve`` and ``hotweights serve``."""
     port, host = Option(("--port",)).value(command) or "8000", Option(("--host",)).value(command) or "127.0.0.1"
-    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}/health"
+    return f"http://{client_host(host)}:{port}/health"
 
 
 def complete(base_url: str, prompt: str, *, max_tokens: int = 16, model: str | None = None,

@@ -27,6 +27,7 @@ import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 
+from ...observe import client_host
 from ...openai_errors import http_error, server_error
 from ...parked.records import take_port
 from ...paths import daemon_paths
@@ -216,7 +217,7 @@ def run(config: SwitchConfig, log_dir: Path | None = None, source: ConfigSource 
                     "parking is off" if not config.parking else "no sleep mode")
     daemon_dir = daemon_paths(config.socket_dir or None).directory
     retire_left(daemon_dir)  # what a dead front left running, before this one starts its own
-    url = f"http://{'127.0.0.1' if config.host in ('0.0.0.0', '::', '') else config.host}:{config.port}"
+    url = f"http://{client_host(config.host)}:{config.port}"
     app = create_app(config, log_dir, note=Note(daemon_dir, url), source=source)
     names = ", ".join(m.name + (" (default)" if m is config.default else "") for m in config.models)
     logger.info("switch: http://%s:%d for %s; logs in %s", config.host, config.port, names, log_dir)
