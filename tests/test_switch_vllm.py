@@ -170,6 +170,7 @@ def test_vllm_args_its_parser_refuses_and_heads_its_cpu_build_cannot_serve_are_r
     from hotweights.demo_model import write_demo_model
 
     small, tiny = write_demo_model(tmp_path / "small", "small"), write_demo_model(tmp_path / "tiny", "tiny")
+    cache = tmp_path / "cache"
 
     def refused(checkpoint: Path, *args: str) -> str:
         config = tmp_path / "switch.toml"
@@ -178,7 +179,7 @@ def test_vllm_args_its_parser_refuses_and_heads_its_cpu_build_cannot_serve_are_r
         sock = tempfile.mkdtemp(prefix="hwva-", dir="/tmp")
         done = subprocess.run([VLLM_PYTHON, "-m", "hotweights", "switch", "--config", str(config), "--port",
                                str(free_port())], capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "HOTWEIGHTS_SOCKET_DIR": sock})
+                              env={**os.environ, "HOTWEIGHTS_SOCKET_DIR": sock, "HOTWEIGHTS_CACHE_DIR": str(cache)})
         lines = done.stderr.strip().splitlines()
         assert done.returncode in (1, 2) and len(lines) == 1, done.stderr[-3000:]
         assert not Path(sock, "daemon.sock").exists()  # nothing preloaded: no keeper started
@@ -191,3 +192,16 @@ def test_vllm_args_its_parser_refuses_and_heads_its_cpu_build_cannot_serve_are_r
     said = refused(tiny, "--max-model-len", "512")
     assert "model v: its attention head size 16 is not one vLLM's CPU build serves" in said, said
     assert "--size small" in said
+    # each verdict is kept: the same question again asks nothing of vLLM (22 s of import on an H100 box)
+    asked_again = subprocess.run([VLLM_PYTHON, "-c", f"""
+import json, subprocess
+from hotweights.engines.vllm.argcheck import checked
+def no_vllm(*a, **k):
+    raise AssertionError("vLLM was asked again")
+subprocess.run = no_vllm
+print(json.dumps(checked([{{"name": "v", "args": ["--max-modl-len", "512"], "checkpoint": "{small}"}},
+                          {{"name": "w", "args": ["--max-model-len", "512"], "checkpoint": "{tiny}"}}], 60)))
+"""], capture_output=True, text=True, timeout=120, env={**os.environ, "HOTWEIGHTS_CACHE_DIR": str(cache)})
+    assert asked_again.returncode == 0, asked_again.stderr[-2000:]
+    again = json.loads(asked_again.stdout.strip().splitlines()[-1])
+    assert again["v"].startswith("--max-modl-len is not an argument of vLLM") and "head size 16" in again["w"], again

@@ -97,12 +97,16 @@ def ensure_socket_dir(directory: Path) -> None:
     check_socket_dir(directory)
 
 
+def cache_dir() -> Path:
+    """Per-user directory of hotweights' caches: ``$HOTWEIGHTS_CACHE_DIR``, else ``$XDG_CACHE_HOME/hotweights``, else
+    ``~/.cache/hotweights``."""
+    if env := os.environ.get("HOTWEIGHTS_CACHE_DIR"):
+        return Path(env)
+    if xdg := os.environ.get("XDG_CACHE_HOME"):
+        return Path(xdg) / "hotweights"
+    return Path.home() / ".cache" / "hotweights"
+
+
 def digest_cache_path() -> Path:
     """Per-user file that caches checkpoint digests by file identity."""
-    if env := os.environ.get("HOTWEIGHTS_CACHE_DIR"):
-        base = Path(env)
-    elif xdg := os.environ.get("XDG_CACHE_HOME"):
-        base = Path(xdg) / "hotweights"
-    else:
-        base = Path.home() / ".cache" / "hotweights"
-    return base / "digests.json"
+    return cache_dir() / "digests.json"

@@ -13,10 +13,8 @@ lines, what makes two of its starts profile alike). Torch-free.
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .. import argv
+from ..engines.vllm.argcheck import checked
 from ..engines.vllm.compile_key import config_digest
 from ..engines.vllm.kvpin import KV_BYTES, kv_given, kv_pin, kv_profiled
 from ..errors import CheckpointError
@@ -247,18 +246,13 @@ class VllmKind:
 
     def refused(self, models: Sequence[Spec]) -> dict[str, str]:
         """vLLM's own parser over each model's ``args``, and on its CPU build whether its attention backend serves
-        the model's head size, in one process for all (``engines.vllm.argcheck``: vLLM imported, no CUDA, ~5 s).
-        Where that process cannot say (no vLLM here: the start says so), nothing is refused."""
+        the model's head size, in one process for all (``engines.vllm.argcheck``: vLLM imported, no CUDA; each
+        verdict kept, so a front started again on the same config asks nothing of vLLM). Where that process cannot
+        say (no vLLM here: the start says so), nothing is refused."""
         if not models:
             return {}
-        table = [{"name": m.name, "args": list(m.args), "checkpoint": str(m.checkpoint)} for m in models]
-        try:
-            done = subprocess.run([sys.executable, "-m", "hotweights.engines.vllm.argcheck"], input=json.dumps(table),
-                                  capture_output=True, text=True, timeout=ARGCHECK_S)
-            said: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {}
-        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-            return {}
-        return said
+        return checked([{"name": m.name, "args": list(m.args), "checkpoint": str(m.checkpoint)} for m in models],
+                       ARGCHECK_S)
 
     def _serve(self, m: Spec, args: Sequence[str], port: int, parks: bool) -> Command:
         cmd = [sys.executable, "-m", "hotweights", "vllm", "serve", *_common(m, port), *args]
