@@ -41,9 +41,9 @@ class SlowPreload(FakeEngine):
     beside_fails = False  # its preload fails while another runs
     park_s = 0.0  # a park that takes its time
 
-    def park(self, level: int) -> None:
+    def park(self, level: int, keep: bool = False) -> None:
         time.sleep(self.park_s)
-        super().park(level)
+        super().park(level, keep)
 
     def start(self) -> float:
         began = time.monotonic()

@@ -36,6 +36,7 @@ class FakeEngine:
         self.copy_s = 0.0
         self.file_state = (("model.safetensors", 1, 1),)
         self.need = GpuNeed(())  # none: memory never bounds it (a test gives it one)
+        self.keeps_kv = False  # its park keeps no KV cache (a test says it does)
 
     @property
     def pid(self) -> int:
@@ -90,9 +91,9 @@ class FakeEngine:
         self.running = True
         return self.delay_s
 
-    def park(self, level: int) -> None:
+    def park(self, level: int, keep: bool = False) -> None:
         time.sleep(self.delay_s)
-        self.log.append(f"park {self.name}")
+        self.log.append(f"park {self.name}" + (" keeping its KV cache" if keep else ""))
 
     def wake(self) -> str:
         if self.refuse_wakes:
@@ -479,9 +480,9 @@ def test_the_engines_a_wake_parks_for_it_park_at_once():
         def timed(e: FakeEngine):
             park = e.park
 
-            def parked(level: int) -> None:
+            def parked(level: int, keep: bool = False) -> None:
                 began = time.monotonic()
-                park(level)
+                park(level, keep)
                 spans[e.name] = (began, time.monotonic())
             return parked
 
@@ -629,6 +630,41 @@ def test_the_deadline_schedule_serves_the_first_due_and_ends_a_turn_by_it_never_
     s = Snapshot((view("a", "awake", 1), view("b", "awake", 2), late, view("d")), {0: 112 * GIB}, now, "a")
     assert room_for(s["c"], s, config).leave == ("a",)
     assert due(view("d"), config) == math.inf  # nothing waits: never due
+
+
+def test_a_busy_engine_leaves_holding_its_streams_where_what_it_keeps_fits_else_they_continue_from_tokens():
+    """Issue 69, part 1, as a table over views: a busy engine whose turn is over leaves holding its streams with their
+    KV caches (``Room.keep``, ``Leave.keep``) where the wake fits beside all it then keeps parked (its own memory,
+    its weights gone to host memory); where only a park that lets the KV cache go makes room, its streams are
+    continued from their tokens; and a parked engine that holds them counts its KV cache."""
+    from hotweights.switch.memory import Holder, held_mib
+    from hotweights.switch.schedule import Leave, plan, room_for
+    from hotweights.switch.snapshot import Snapshot, View
+
+    config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n, parked_weights="host") for n in "abcd"),
+                          max_awake="auto", turn_s=1.0)
+    need = GpuNeed((0,), 0.0, 15 * GIB, 20 * GIB, parked_mib=1950)  # awake 37 GiB with its weights, parked 1.9
+    now = 1000.0
+
+    def snap(total_gib, can_hold=True):
+        views = (View(config.models[0], ModelState.AWAKE, need, inflight=1, last_used=1.0, can_hold=can_hold),
+                 View(config.models[1], ModelState.AWAKE, need, inflight=1, last_used=2.0),
+                 View(config.models[2], ModelState.PARKED, need, waiting=1, arrivals=(now - 20,)),  # starving
+                 View(config.models[3], ModelState.PARKED, need))
+        return Snapshot(views, {0: total_gib * GIB}, now, "a")
+
+    s = snap(112)
+    r = room_for(s["c"], s, config)
+    assert r.leave == ("a",) and r.keep == ("a",), r  # a held keeps 22 GiB: c fits beside it
+    assert plan(s, config).leave == (Leave("a", "c", 1, True),)
+    s = snap(97)
+    r = room_for(s["c"], s, config)
+    assert r.leave == ("a",) and r.keep == (), r  # held, c would not fit: a's KV cache goes, its streams continue
+    assert plan(s, config).leave == (Leave("a", "c", 1, False),)
+    s = snap(112, can_hold=False)
+    assert room_for(s["c"], s, config).keep == ()  # nothing it could hold (no stream, or its park keeps none)
+    parked, held = Holder(need, ModelState.PARKED, False), Holder(need, ModelState.PARKED, False, True)
+    assert held_mib(parked, 112 * GIB) == 1950 and held_mib(held, 112 * GIB) == 20 * GIB + 1950
 
 
 def test_the_plan_is_a_function_of_a_snapshot_as_a_table():

@@ -18,6 +18,7 @@ from .running import Reload
 from .upstream.engines import EngineError, EngineLike, WakeRefused
 from .metrics import SwitchMetrics
 from .model import Changes, Model, Switched
+from .preempt import pause_all
 from .admit import start_to_reserve_for
 from .schedule import Room, room_for, startup_order, victim
 from .snapshot import Snapshot
@@ -108,6 +109,8 @@ class Lifecycle:
                                     + (" (a failed model needs its failure)" if to is S.FAILED and failure is None
                                        else " (only a failed model has a failure)" if failure is not None else ""))
         m.state, m.failure = to, failure
+        if to not in (S.LEAVING, S.PARKED, S.DEEP):  # awake, or no engine: nothing held
+            m.kv_held = False
         self.metrics.state(m.name, to)
         self.changes.changed()
 
@@ -286,15 +289,18 @@ class Lifecycle:
         self.switched.append(Switched(time.time(), m.name, seconds, source, waited, tuple(n for n, *_ in parked)))
         logger.info(evidence.switch_awake(m.name, seconds, source, parked, time.monotonic() - woke_began, waited))
 
-    def leave(self, victim: Model, why: str, waiting: str = "") -> None:
+    def leave(self, victim: Model, why: str, waiting: str = "", keep: bool = False) -> None:
         """``victim`` takes no new request and parks once its requests in flight end (``why``: ``for B``, where B
         wakes after it, or as an operator asked); with ``preempt``, its streams that may be paused pause now, each
-        continued on its next wake (``preempt.py``)."""
+        continued on its next wake (``preempt.py``), or with ``keep`` (where its park keeps them) held on its engine
+        with their KV caches, going on at its next wake with nothing computed again."""
         self.move(victim, S.LEAVING)
-        paused = self.pause_streams(victim)
+        keep = keep and victim.engine.keeps_kv
+        paused = self.pause_streams(victim, keep)
+        victim.kv_held = keep and paused > 0
+        how = "held with their KV caches, going on" if victim.kv_held else "paused, continued"
         logger.info("switch: %s leaves %s: %d request(s) in flight end first%s%s", victim.name, why,
-                    victim.inflight - paused, f" ({paused} paused, continued on its next wake)" if paused else "",
-                    waiting)
+                    victim.inflight - paused, f" ({paused} {how} at its next wake)" if paused else "", waiting)
 
         async def park_once_idle() -> None:
             if victim.inflight:
@@ -334,15 +340,9 @@ class Lifecycle:
             self.exited(m)
         return True
 
-    def pause_streams(self, m: Model) -> int:
-        """With ``preempt``, ask ``m``'s streams that may be paused to pause (each ends its relay at an event's end,
-        frees its place, and waits for ``m`` again); how many."""
-        if not self.config.preempt:
-            return 0
-        asked = [r for r in m.streams if r.can_pause and not r.pause.is_set()]
-        for r in asked:
-            r.pause.set()
-        return len(asked)
+    def pause_streams(self, m: Model, keep: bool = False) -> int:
+        """With ``preempt``, ``m``'s streams that may be paused pause (``preempt.pause_all``); how many."""
+        return pause_all(m.streams, keep) if self.config.preempt else 0
 
     async def _park_one(self, keep: Model) -> bool:
         """Park one more awake engine beside ``keep`` (not kept awake), once its requests in flight are done: the
@@ -377,7 +377,7 @@ class Lifecycle:
         """Park ``m`` at its configured level (or ``level``; EngineError when it would not); with ``parked_weights
         = "host"`` its weights then leave the GPU: ', N GiB to host memory' (or why they stay)."""
         level = level or m.config.level
-        await asyncio.to_thread(m.engine.park, level)
+        await asyncio.to_thread(m.engine.park, level, m.kv_held)
         moved = ""
         if m.config.parked_weights == "host" and m.engine.parks:
             try:

@@ -10,8 +10,9 @@ Per GPU a model holds:
 - its engine's own memory: resident, its share of the GPU less the weights it maps (vLLM's
   ``--gpu-memory-utilization``: ``engines/vllm/budget.engine_share``, the rule the engine's own start applies) or,
   where its arguments pin its KV cache (``--kv-cache-memory-bytes``), that KV cache and the activations beside it;
-  plus what a parked engine keeps (its CUDA context and graphs, read on an H200); parked, only that; stopped,
-  nothing.
+  plus what a parked engine keeps (its CUDA context and graphs, read on an H200); parked, only that, unless its park
+  kept its KV cache for the streams it holds (``kv_kept``: issue 69), then all of its own memory but the weights;
+  stopped, nothing.
 
 An estimate from the configuration, not a reading: it is what lets the switch decide without awaiting a read
 between looking at its models and acting (an engine's own wake still refuses when the GPU has too little: the
@@ -99,6 +100,7 @@ class Holder:
     need: GpuNeed
     state: ModelState
     weights_kept: bool  # parked_weights = "gpu" (or parking off): the keeper keeps its entry on the GPU
+    kv_kept: bool = False  # parked keeping its KV cache (and activations, graphs) for the streams it holds
 
 
 def held_mib(h: Holder, total_mib: int) -> int:
@@ -112,7 +114,7 @@ def held_mib(h: Holder, total_mib: int) -> int:
     if resident:
         return weights + n.awake_mib(total_mib)
     if h.state in (ModelState.PARKED, ModelState.DEEP):
-        return weights + n.parked_mib
+        return weights + (n.awake_mib(total_mib) if h.kv_kept else n.parked_mib)
     return weights  # stopped or failed: no engine, its weights wherever the keeper keeps them
 
 

@@ -175,6 +175,7 @@ class Model:
     failure: Failure | None = None  # why it is FAILED (set and cleared by ``Lifecycle.move`` only)
     last_error: str = ""  # why its last wake failed, where it stayed where it was; cleared once it is awake
     streams: set[Resumable] = field(default_factory=set)  # its streams in flight that may be paused (preempt.py)
+    kv_held: bool = False  # it parks (or is parked) holding streams with their KV caches (``Lifecycle.leave``)
     answered: deque[tuple[float, float | None]] = field(default_factory=lambda: deque(maxlen=1024))
     # (time.time(), its first byte's seconds from arrival or None) of each request relayed: the rate and TTFT shown
 
@@ -262,7 +263,13 @@ class Model:
                     files_changed=failed_start and f is not None and self.engine.files() != f.files,
                     preload=self.preload, awaited=self.awaited,
                     dues=tuple(self.ledger.due.get(a) for a in self.arrivals), awake_at=self.awake_at,
-                    wake_s=self.wake_s)
+                    wake_s=self.wake_s, kv_held=self.kv_held, can_hold=self.can_hold)
+
+    @property
+    def can_hold(self) -> bool:
+        """Whether a park now would hold streams with their KV caches: its engine's park keeps them, and it serves a
+        stream that may be paused."""
+        return self.engine.keeps_kv and any(r.can_pause for r in self.streams)
 
     def row(self, gpu: dict[int, int]) -> ModelRow:
         """Its status row: the pids of an engine that runs (0 for one that died or stopped), its last request

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,7 @@ class Resumable:
     first_id: str = ""  # the answer's id (and ``created``), kept by its continuations
     created: int = 0
     paused: int = 0  # how many times it was paused
+    keep: bool = False  # its pause holds it on its engine with its KV cache (``Lifecycle.pause_streams``)
     before: int = 0  # tokens relayed before the continuation now streaming began
     pending: int = 0  # tokens relayed since the last text: their text is held back by the engine's detokenizer
     pause: asyncio.Event = field(default_factory=asyncio.Event)
@@ -231,3 +233,14 @@ class Events:
         self._rest += chunk.replace(b"\r\n", b"\n")
         *whole, self._rest = self._rest.split(b"\n\n")
         return [e + b"\n\n" for e in whole]
+
+
+def pause_all(streams: Iterable[Resumable], keep: bool = False) -> int:
+    """Ask each of ``streams`` that may be paused to pause: each frees its place and waits for its model again,
+    ``keep``: held on its connection while the engine parks keeping its KV cache, else its relay ended at an event's
+    end, to be continued from its tokens. How many."""
+    asked = [r for r in streams if r.can_pause and not r.pause.is_set()]
+    for r in asked:
+        r.keep = keep  # before the pause: the relay reads it once paused
+        r.pause.set()
+    return len(asked)

@@ -17,7 +17,9 @@ requests waiting for the model have waited, in sum, ``turn_s`` per request it ha
 it at once): it leaves (takes no new request, parks once its requests end) and the model wakes after it. With the
 ``deadline`` schedule the turn ends instead once the model's first due time, less what its wake takes (``wake_cost``),
 has come, and never before the busy engine has been awake for as long as its own wake took (Aegaeon's scale-down: a
-turn shorter than its switch is all switch). Nothing is parked or left for a wake that must wait anyway.
+turn shorter than its switch is all switch). Nothing is parked or left for a wake that must wait anyway. A busy engine
+that leaves holds its streams with their KV caches (its engine's park keeps them: ``View.can_hold``) where the wake
+fits beside what it then keeps (``memory.Holder.kv_kept``), else its streams are continued from their tokens.
 
 Start-up's starts (``startup_batch``): one at a time where a start profiles the GPU's memory (``GpuNeed.profiles``);
 where none does (vLLM with ``--kv-cache-memory-bytes``), up to ``start_jobs`` models whose preloads are done start
@@ -44,11 +46,13 @@ S = ModelState
 @dataclass(frozen=True)
 class Room:
     """What a switch to a model does first: park ``park`` (idle), take ``leave`` (busy, their turn over) out of
-    service (both by name); ``wait``: the model wakes only once the leaving engines have parked (or, with nothing to
-    leave, a busy engine's turn ends in ``look_in_s``)."""
+    service (both by name; those of ``leave`` in ``keep`` park holding their streams with their KV caches);
+    ``wait``: the model wakes only once the leaving engines have parked (or, with nothing to leave, a busy engine's
+    turn ends in ``look_in_s``)."""
 
     park: tuple[str, ...] = ()
     leave: tuple[str, ...] = ()
+    keep: tuple[str, ...] = ()
     wait: bool = False
     look_in_s: float | None = None
 
@@ -61,11 +65,12 @@ class Room:
 @dataclass(frozen=True)
 class Leave:
     """``name`` takes no new request and parks once its requests end: its turn is over, for ``For`` (``waiting`` of
-    whose requests wait)."""
+    whose requests wait); ``keep``: its streams are held with their KV caches, else continued from their tokens."""
 
     name: str
     for_: str
     waiting: int
+    keep: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,8 +118,8 @@ def plan(s: Snapshot, config: SwitchConfig) -> Plan:
             continue
         room = room_for(v, s, config)
         if i == 0 and room.leave:
-            leave = tuple(Leave(x, v.name, v.waiting) for x in room.leave)
-            s = s.moved(room.leave, S.LEAVING)
+            leave = tuple(Leave(x, v.name, v.waiting, x in room.keep) for x in room.leave)
+            s = s.moved(room.leave, S.LEAVING, room.keep)
         if not room.wait and (i == 0 or room.now):
             return Plan(Wake(v.name, room), leave)
         if room.look_in_s is not None:
@@ -227,14 +232,14 @@ def victim(s: Snapshot, keep: str, config: SwitchConfig) -> str | None:
     return pick_victim(candidates, config.schedule).name if candidates else None
 
 
-def fits(v: View, s: Snapshot, config: SwitchConfig, gone: Sequence[str] = ()) -> bool:
-    """Whether ``v`` awake fits beside the others, those named in ``gone`` parked: ``max_awake`` (where set) and each
-    of its GPUs' memory."""
+def fits(v: View, s: Snapshot, config: SwitchConfig, gone: Sequence[str] = (), kept: Sequence[str] = ()) -> bool:
+    """Whether ``v`` awake fits beside the others, those named in ``gone`` parked (those in ``kept`` keeping their KV
+    caches, a leaving one as it leaves): ``max_awake`` (where set) and each of its GPUs' memory."""
     beside = [x for x in s.models if x.name != v.name and x.config.shares_a_gpu(v.config)]
     if config.awake_cap and sum(x.state in (S.AWAKE, S.LEAVING) and x.name not in gone
                                 for x in beside) >= config.awake_cap:
         return False
-    holders = [v.holder(S.AWAKE), *(x.holder(S.PARKED if x.name in gone else None)
+    holders = [v.holder(S.AWAKE), *(x.holder(S.PARKED if x.name in gone else None, True if x.name in kept else None)
                                     for x in s.models if x.name != v.name)]
     return all(over_mib(g, s.totals[g], holders) <= 0 for g in v.need.gpus if g in s.totals)
 
@@ -285,6 +290,9 @@ def room_for(v: View, s: Snapshot, config: SwitchConfig) -> Room:
     busy = sorted((x for x in movable if x.inflight), key=lambda x: (turn_left_s(x, v, config, now), x.last_used))
     over = [x.name for x in busy if turn_left_s(x, v, config, now) <= 0]
     for i in range(1, len(over) + 1):
+        held = [x for x in over[:i] if s[x].can_hold]
+        if held and fits(v, s, config, [*gone, *over[:i]], held):  # its streams held, their KV caches kept
+            return Room(leave=tuple(over[:i]), keep=tuple(held), wait=True)
         if fits(v, s, config, [*gone, *over[:i]]):
             return Room(leave=tuple(over[:i]), wait=True)
     if busy and fits(v, s, config, [*gone, *(x.name for x in busy)]):  # once more turns end

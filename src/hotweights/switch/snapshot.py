@@ -38,6 +38,8 @@ class View:
     dues: tuple[float | None, ...] = ()  # per waiting request (as ``arrivals``): its next token's due time, or None
     awake_at: float = 0.0  # time.monotonic() it last became awake
     wake_s: float | None = None  # what its wakes took lately (None: none yet)
+    kv_held: bool = False  # parked (or leaving to park) keeping its KV cache for the streams it holds
+    can_hold: bool = False  # a park now would hold streams with their KV caches (its engine's park keeps them)
 
     @property
     def name(self) -> str:
@@ -72,11 +74,11 @@ class View:
         """How long its longest-waiting request has waited at ``now``."""
         return now - min(self.arrivals) if self.arrivals else 0.0
 
-    def holder(self, state: ModelState | None = None) -> Holder:
+    def holder(self, state: ModelState | None = None, kept: bool | None = None) -> Holder:
         """It as the memory model sees it (in ``state``, else its own; a model start-up has not reached holds no
-        engine)."""
+        engine), its KV cache kept parked where ``kept`` says (else as it is now)."""
         state = state or (self.state if self.started else ModelState.STOPPED)
-        return Holder(self.need, state, self.weights_kept)
+        return Holder(self.need, state, self.weights_kept, self.kv_held if kept is None else kept)
 
 
 @dataclass(frozen=True)
@@ -105,8 +107,10 @@ class Snapshot:
         return {g: sum(n.preload_mib(total) for n in self.running.values() if g in n.gpus)
                 for g, total in self.totals.items()}
 
-    def moved(self, names: Iterable[str], to: ModelState) -> Snapshot:
-        """The same moment with ``names`` in state ``to``: what a plan sees after its own first steps."""
-        gone = set(names)
-        views = tuple(dataclasses.replace(v, state=to) if v.name in gone else v for v in self.models)
+    def moved(self, names: Iterable[str], to: ModelState, held: Iterable[str] = ()) -> Snapshot:
+        """The same moment with ``names`` in state ``to`` (those of them in ``held`` to park keeping their KV
+        caches): what a plan sees after its own first steps."""
+        gone, kept = set(names), set(held)
+        views = tuple(dataclasses.replace(v, state=to, kv_held=v.name in kept) if v.name in gone else v
+                      for v in self.models)
         return dataclasses.replace(self, models=views)

@@ -166,7 +166,7 @@ class Switcher:
     def _act(self, p: Plan) -> Start | Wake | Wait:
         """The plan's first steps done (busy engines whose turn is over leave); what it does then."""
         for x in p.leave:
-            self.life.leave(self.models[x.name], f"for {x.for_}", f", {x.waiting} wait for {x.for_}")
+            self.life.leave(self.models[x.name], f"for {x.for_}", f", {x.waiting} wait for {x.for_}", x.keep)
         return p.then
 
     async def _go(self, m: Model, room: Room | None) -> None:
@@ -222,7 +222,7 @@ class Switcher:
                 elif self.life.busy.locked():
                     continue
                 elif (m.state is S.PARKED and m.config.deep_park_after_s and m.kind.deepens_when_idle
-                      and time.monotonic() - m.parked_at > m.config.deep_park_after_s):
+                      and not m.kv_held and time.monotonic() - m.parked_at > m.config.deep_park_after_s):
                     async with self.life.busy:
                         try:
                             await self.life.park(m, 2)

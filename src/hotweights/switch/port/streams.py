@@ -101,7 +101,7 @@ async def relay_resumable(requests: SwitchPort, client: httpx.AsyncClient, stopp
             if relay.ended:
                 return
             if relay.r.pause.is_set() and relay.r.can_pause:
-                if m.engine.keeps_kv:  # held: its engine pauses it where it is, and it goes on at the next wake
+                if relay.r.keep:  # held: its engine pauses it where it is, and it goes on at the next wake
                     failed = await relay.hold()
                 elif not relay.r.clean:
                     continue  # its text held back: it pauses once that is relayed (``Resumable.clean``)
@@ -139,13 +139,13 @@ class _Resumed:
         if self.step is None:
             self.step = asyncio.ensure_future(anext(self.chunks))
         step = self.step
-        held = self.m.engine.keeps_kv  # a held stream needs no clean cut (nothing is continued), and reads on
-        pausing = asyncio.ensure_future(self.r.pause.wait() if self.r.clean or held else asyncio.Event().wait())
+        # a held stream needs no clean cut (nothing is continued), and reads on; a pause says which it is
+        pausing = asyncio.ensure_future(self.r.pause.wait() if self.r.clean or self.r.keep else asyncio.Event().wait())
         racing: set[asyncio.Future[Any]] = {step, pausing, stopping.halted()}
         await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
         pausing.cancel()
         if not step.done():
-            if held and not stopping.halted().done():
+            if self.r.keep and not stopping.halted().done():  # read after the pause: it set ``keep`` first
                 return []  # the read goes on: the next call awaits it
             self.step = None
             step.cancel()
