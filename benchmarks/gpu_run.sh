@@ -33,6 +33,9 @@
 #   ten_vllm    ten 8B (util 0.17), six on the GPU tier, the trace at 1 req/s (ten)
 #   ten_policy  ten 8B, KV caches pinned to 2 GiB, per-model Poisson 0.1 and 0.5 req/s (ten_policy)
 #   ten_embedded  ten 8B with the embedded engine, six on the GPU tier (load)
+#   kvswitch    issue 69: tests/test_switch_vllm_gpu.py (a vLLM stream held across its engine's park, its KV kept)
+#   fill10kv    issue 69: ten 8B as fill10, FILL10KV_MODES (default mixed_preempt_nokv, mixed_preempt,
+#               mixed_preempt_deadline) at FILL10_RATES (0.1,0.5), FILL10_S (60) s a rate, one front a mode
 #   hostwake, one3, fill10, fill3off, fill3ahead, fill3, fill3kept, seven, eight: issue 55's fill and issue 52's
 #               many-model traces, each from an empty keeper and empty compile caches (fill; see `fill_runs` below)
 #   tp2         two GPUs: a 32B at TP=2 parked and woken, taken over, a standby start, the switch (tp2)
@@ -109,7 +112,7 @@ bench() {  # bench NAME SCRIPT ARGS...: one benchmark script's JSON in $OUT/NAME
   echo "$name rc=$?" >> "$OUT/$name.err"
 }
 need=0
-for run in fill10 ten_vllm ten_policy ten_embedded; do runs $run && need=10; done
+for run in fill10 fill10kv ten_vllm ten_policy ten_embedded; do runs $run && need=10; done
 [ $need = 0 ] && runs eight && need=8
 [ $need = 0 ] && runs seven && need=7
 for run in one3 fill3 fill3off fill3ahead fill3kept sweep drills mix; do [ $need = 0 ] && runs $run && need=3; done
@@ -125,6 +128,16 @@ fi
 if [ $need -gt 0 ]; then
   step models
   models_written $need || { step "models failed"; cp "$W/models.log" "$OUT/" 2>/dev/null; }
+fi
+if runs kvswitch; then
+  step "kvswitch test"
+  python3 -c "import pytest, pytest_timeout" 2>/dev/null || \
+    python3 -m pip install -q --no-index --no-deps --target /tmp/gpu-vllm/site .gpu-vllm/extra/*.whl
+  python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_switch_vllm_gpu.py -o log_cli=false \
+    --basetemp /tmp/hw-kvswitch > "$OUT/tests_kvswitch.txt" 2>&1
+  echo "pytest rc=$?" >> "$OUT/tests_kvswitch.txt"
+  cp /tmp/hw-kvswitch/*/front-*.log "$OUT/" 2>/dev/null
+  tar czf "$OUT/kvswitch_logs.tgz" --exclude="*.safetensors" -C /tmp/hw-kvswitch . 2>/dev/null
 fi
 runs standby06 && bench standby_06b vllm_standby.py --model "$(demo 0.6b)" --repeat 2 --modes stock,cache,launcher \
   --eager --gpu-memory-utilization 0.5 --out "$OUT/logs_standby06"
@@ -206,6 +219,12 @@ fill_runs() {  # issue 55's fill and issue 52's many-model traces, in this order
     trace fill10 --models 10 "${TRACE[@]}" --engine-args "$TEN" --modes mixed,mixed_preempt --gpu-tier 6 \
       --per-model-rate "${FILL10_RATES:-0.1,0.5}" --duration-s "${FILL10_S:-60}" --socket-dir "$SOCK"
     unset HOTWEIGHTS_PROFILE_WAKE HOTWEIGHTS_PROFILE_START
+  fi
+  if runs fill10kv; then  # issue 69: today's preempt (continued from tokens) against streams held with their KV
+    cold
+    trace fill10kv --models 10 "${TRACE[@]}" --engine-args "$TEN" --gpu-tier 6 \
+      --modes "${FILL10KV_MODES:-mixed_preempt_nokv,mixed_preempt,mixed_preempt_deadline}" \
+      --per-model-rate "${FILL10_RATES:-0.1,0.5}" --duration-s "${FILL10_S:-60}" --socket-dir "$SOCK"
   fi
   local run flag
   for run in fill3off fill3ahead fill3 fill3kept; do  # three 8B, the front's defaults: start-up, then 30 s at 2 req/s

@@ -223,12 +223,14 @@ def observe(label: str, command: list[str], *, out_dir: Path, health_url: str = 
         obs.stop(grace_s=grace_s)
 
 
-def post(url: str, timeout_s: float = 120) -> bytes:
-    """An empty POST (``/sleep``, ``/wake_up``); its body. OSError naming the status and the body when refused."""
+def post(url: str, timeout_s: float = 120, body: dict[str, Any] | None = None) -> bytes:
+    """A POST (``/sleep``, ``/wake_up``; empty, or ``body`` as JSON); its answer's body. OSError naming the status and
+    the body when refused."""
     import urllib.error
 
+    data, headers = (json.dumps(body).encode(), {"content-type": "application/json"}) if body is not None else (b"", {})
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, method="POST", data=b""), timeout=timeout_s) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, data, headers, method="POST"), timeout=timeout_s) as r:
             return bytes(r.read())
     except urllib.error.HTTPError as exc:
         raise OSError(f"{url} answered {exc.code}: {exc.read()[:300]!r}") from None

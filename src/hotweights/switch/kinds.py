@@ -230,7 +230,7 @@ class VllmKind:
     deepens_when_idle: bool = False
     engine_layout: bool = True
     keeps_standbys: bool = True
-    keeps_kv: bool = False  # vLLM's sleep drops the KV cache: a paused stream continues from its token ids
+    keeps_kv: bool = True  # /pause?mode=keep + hotweights_hold (engines/vllm/park.py; vLLM's own sleep drops it)
 
     def ranks_of(self, args: Sequence[str]) -> int:
         return VllmStart.parse(list(args)).tensor_parallel_size

@@ -26,6 +26,7 @@ from ..gpus import gpu_mib_by_pid
 from .keeper import KeeperView
 from ..kinds import KINDS
 from ..memory import GpuNeed
+from .parking import park_asks, wake_asks
 from .process import EngineError, EngineProcess, WakeRefused, one_line
 from ..states import PreloadOutcome, WakeSource
 
@@ -68,7 +69,7 @@ class EngineLike(Protocol):
     def compiled(self) -> bool: ...
     def profiled(self) -> bool: ...
     def start(self) -> float: ...
-    def park(self, level: int) -> None: ...
+    def park(self, level: int, keep: bool = False) -> None: ...
     def wake(self) -> WakeSource: ...
     def weights_to_host(self) -> str: ...
     def host_copy_ahead(self) -> int: ...
@@ -85,6 +86,7 @@ class Engine:
         self.model, self.kind = model, KINDS[model.engine]
         self.parks = self.kind.parks(parking)
         self._keep_kv = keep_kv
+        self.held = False  # parked keeping its KV cache and requests in flight: its wake lets them go on
         self.log_path = log_dir / f"{model.name.replace('/', '_')}.log"
         self.process = EngineProcess(model.name, self.log_path)
         self._ahead = EngineProcess(model.name, self.log_path)  # its compile ahead (``compile_ahead``), if one runs
@@ -294,6 +296,7 @@ class Engine:
         copy is made again first, within those seconds (``device_copy_back``); a start again finds the keeper first
         (``cached_again``)."""
         began = time.monotonic()
+        self.held = False
         again = self.cached_again() if self.started_before else ""
         if again:
             logger.warning("switch: %s: %s", self.model.name, again)
@@ -309,13 +312,16 @@ class Engine:
                 self.device_copy_off()
             raise
 
-    def park(self, level: int) -> None:
-        """Park at ``level``; where the engine cannot park, stop it."""
+    def park(self, level: int, keep: bool = False) -> None:
+        """Park at ``level``, its KV cache and requests in flight kept where ``keep`` (``parking.py``); where the engine
+        cannot park, stop it."""
         if not self.parks:
             self.stop()
             return
+        self.held = keep and self.keeps_kv
         try:
-            self.process.ask(f"/sleep?level={level}" + ("&mode=keep" if self.keeps_kv else ""), timeout_s=120)
+            for path, body in park_asks(self.kind.name, level, self.held):
+                self.process.ask(path, timeout_s=120, body=body)
         except OSError as exc:
             raise EngineError(f"{self.model.name}: would not park: {one_line(str(exc))}") from None
 
@@ -327,12 +333,14 @@ class Engine:
             return WakeSource.START
         since = self.process.log_size()
         try:
-            self.process.ask("/wake_up", timeout_s=WAKE_TIMEOUT_S)
+            for path, body in wake_asks(self.kind.name, self.held):  # each may be asked again (a wake tried again)
+                self.process.ask(path, timeout_s=WAKE_TIMEOUT_S, body=body)
         except OSError as exc:
             refusal = evidence.wake_refusal(self.process.output(since))
             reason = one_line(refusal.reason if refusal else str(exc))
             kind = WakeRefused if refusal and refusal.for_memory else EngineError
             raise kind(f"{self.model.name}: would not wake: {reason}") from None
+        self.held = False
         return WakeSource(evidence.woke_source(self.process.output(since)) or WakeSource.KEPT)
 
     def weights_to_host(self) -> str:

@@ -10,6 +10,7 @@ import re
 import subprocess
 import time
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 from ... import evidence
@@ -130,9 +131,9 @@ class EngineProcess:
         except OSError:
             return 0
 
-    def ask(self, path: str, timeout_s: float) -> None:
-        """POST ``path`` (``/sleep?level=N``, ``/wake_up``); OSError with the answer when refused."""
-        post(f"{self.url}{path}", timeout_s=timeout_s)
+    def ask(self, path: str, timeout_s: float, body: dict[str, Any] | None = None) -> None:
+        """POST ``path`` (``/sleep?level=N``, ``/wake_up``; ``body`` as JSON); OSError with the answer when refused."""
+        post(f"{self.url}{path}", timeout_s=timeout_s, body=body)
 
     def stop(self, grace_s: float = 30.0) -> None:
         """SIGTERM to its process group, SIGKILL after ``grace_s``."""

@@ -1,0 +1,35 @@
+"""The calls that park and wake an engine of each kind, its streams held or not (issue 69). Torch-free.
+
+A park that holds streams keeps the engine's KV cache and its requests in flight, paused, and gives back only the
+weights' GPU memory; its wake maps the weights again and lets the requests go on from their next token:
+
+- the embedded engine (``serve/park.py``): ``/sleep?level=N&mode=keep``, then ``/wake_up``;
+- vLLM 0.26 (``engines/vllm/park.py``'s ``hold`` and ``release``, which ``patches.install_park`` adds to its
+  workers): ``/pause?mode=keep`` (its scheduler paused, its requests kept), then ``hotweights_hold`` over
+  ``/collective_rpc`` (the zero-copy weights unmapped at level 2, none of vLLM's sleep called); the wake is
+  ``hotweights_release`` (refused before anything is mapped where the weights cannot fit), then ``/resume``.
+
+A park that holds nothing is each engine's own sleep (``/sleep?level=N``) and its wake ``/wake_up``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Ask = tuple[str, dict[str, Any] | None]  # a POST: its path, and its JSON body (None: empty)
+
+
+def park_asks(kind: str, level: int, keep: bool) -> list[Ask]:
+    """What parks an engine of ``kind`` at ``level``, keeping its KV cache and requests where ``keep``."""
+    if not keep:
+        return [(f"/sleep?level={level}", None)]
+    if kind == "vllm":
+        return [("/pause?mode=keep", None), ("/collective_rpc", {"method": "hotweights_hold", "args": [str(level)]})]
+    return [(f"/sleep?level={level}&mode=keep", None)]
+
+
+def wake_asks(kind: str, held: bool) -> list[Ask]:
+    """What wakes an engine of ``kind`` (``held``: parked keeping its KV cache and requests)."""
+    if held and kind == "vllm":
+        return [("/collective_rpc", {"method": "hotweights_release"}), ("/resume", None)]
+    return [("/wake_up", None)]
