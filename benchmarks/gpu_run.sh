@@ -35,7 +35,8 @@
 #   ten_embedded  ten 8B with the embedded engine, six on the GPU tier (load)
 #   kvswitch    issue 69: tests/test_switch_vllm_gpu.py (a vLLM stream held across its engine's park, its KV kept)
 #   fill10kv    issue 69: ten 8B as fill10, FILL10KV_MODES (default mixed_preempt_nokv, mixed_preempt,
-#               mixed_preempt_deadline) at FILL10_RATES (0.1,0.5), FILL10_S (60) s a rate, one front a mode
+#               mixed_preempt_deadline) at FILL10_RATES (0.1,0.5), FILL10_S (60) s a rate, one front a mode;
+#               on an H100: FILL_MODELS=5 FILL_TIER=3 FILL_ARGS="$TEN" with --gpu-memory-utilization 0.3
 #   hostwake, one3, fill10, fill3off, fill3ahead, fill3, fill3kept, seven, eight: issue 55's fill and issue 52's
 #               many-model traces, each from an empty keeper and empty compile caches (fill; see `fill_runs` below)
 #   tp2         two GPUs: a 32B at TP=2 parked and woken, taken over, a standby start, the switch (tp2)
@@ -112,7 +113,7 @@ bench() {  # bench NAME SCRIPT ARGS...: one benchmark script's JSON in $OUT/NAME
   echo "$name rc=$?" >> "$OUT/$name.err"
 }
 need=0
-for run in fill10 fill10kv ten_vllm ten_policy ten_embedded; do runs $run && need=10; done
+for run in fill10 fill10kv ten_vllm ten_policy ten_embedded; do runs $run && need=${FILL_MODELS:-10}; done
 [ $need = 0 ] && runs eight && need=8
 [ $need = 0 ] && runs seven && need=7
 for run in one3 fill3 fill3off fill3ahead fill3kept sweep drills mix; do [ $need = 0 ] && runs $run && need=3; done
@@ -222,7 +223,8 @@ fill_runs() {  # issue 55's fill and issue 52's many-model traces, in this order
   fi
   if runs fill10kv; then  # issue 69: today's preempt (continued from tokens) against streams held with their KV
     cold
-    trace fill10kv --models 10 "${TRACE[@]}" --engine-args "$TEN" --gpu-tier 6 \
+    trace fill10kv --models "${FILL_MODELS:-10}" "${TRACE[@]}" --engine-args "${FILL_ARGS:-$TEN}" \
+      --gpu-tier "${FILL_TIER:-6}" \
       --modes "${FILL10KV_MODES:-mixed_preempt_nokv,mixed_preempt,mixed_preempt_deadline}" \
       --per-model-rate "${FILL10_RATES:-0.1,0.5}" --duration-s "${FILL10_S:-60}" --socket-dir "$SOCK"
   fi
