@@ -252,6 +252,11 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--no-keep-kv", dest="keep_kv", action="store_const", const=False, default=None,
                    help="with --preempt, a paused request continues by a new request from its token ids (its prompt "
                         "computed again) even where its engine's park could keep its KV cache (the embedded engine)")
+    p.add_argument("--tiers", choices=["fixed", "traffic"], default=None,
+                   help="traffic: as many models as parked_weights = \"gpu\" names hold the GPU tier, the busiest "
+                        "over the last --tier-window-s; the others park in host memory (default fixed: as configured)")
+    p.add_argument("--tier-window-s", type=float, default=None,
+                   help="tiers from traffic: the window demand is counted over, and a move's gain (default 300)")
     p.add_argument("--preload-jobs", type=int, default=None,
                    help="start-up's preloads at once, where GPU memory allows (default 0: 4 with GPUs, else 1)")
     p.add_argument("--start-jobs", type=int, default=None,

@@ -19,9 +19,11 @@
                              # have waited turn_s seconds in sum per request in flight on it
     preempt = false          # true: a busy engine that leaves pauses its streamed requests at once, and each
                              # continues on its next wake, seamless in the client's stream (preempt.py)
-    keep_kv = true           # with preempt, an engine whose park can keep them (the embedded engine) keeps the
-                             # paused requests' KV caches: they go on at its wake, nothing computed again; false,
-                             # or vLLM: each continues by a new request from its token ids (its prompt again)
+    keep_kv = true           # with preempt, a park that can keep them (where the wake fits beside) holds the
+                             # paused requests with their KV caches: they go on at its wake, nothing computed
+                             # again; false: each continues by a new request from its token ids (its prompt again)
+    tiers = "fixed"          # "traffic": as many models as parked_weights = "gpu" names hold the GPU tier, the
+    tier_window_s = 300      # busiest over the last tier_window_s (tiers.py), moved where the gain beats a copy
     log_dir = ""             # each engine's log goes here ("": a new temporary directory per run, the oldest
                              # of those removed past the ten newest, once a week has passed over them)
     preload_jobs = 0         # start-up's preloads at once, ahead of the starts, where GPU memory allows (a vLLM
@@ -225,6 +227,8 @@ class SwitchConfig:
     turn_s: Annotated[float, Field(ge=0, description="0 or more")] = 1.0
     preempt: bool = False  # a leaving engine pauses its streamed requests; each continues on its next wake
     keep_kv: bool = True  # with preempt: held in the engine with their KV caches where its park can (serve/park.py)
+    tiers: Literal["fixed", "traffic"] = "fixed"  # traffic: the busiest models hold the GPU tier (tiers.py)
+    tier_window_s: Annotated[float, Field(gt=0, description="positive (seconds)")] = 300.0
     # start-up's preloads at once (startup.py); 0: auto (with_auto_jobs())
     preload_jobs: Annotated[int, Field(ge=0, description="0 (auto) or more")] = 0
     # start-up's starts at once where none profiles the GPU's memory (schedule.startup_batch); 0: auto

@@ -82,7 +82,7 @@ class Lifecycle:
         for name in change.changed:
             m = self.models[name]
             self.startup.forget(m)
-            m.engine, m.crashes, m.keep_alive_s = self.engines(tables[name]), 0, None
+            m.engine, m.crashes, m.keep_alive_s, m.tier = self.engines(tables[name]), 0, None, None
         self.config = new
         models = {}
         for c in new.models:  # in the new order; each keeps its Model (its requests), with the new table
@@ -181,7 +181,7 @@ class Lifecycle:
         if awake:
             self._awake(m)
             note = "awake" + (f", for {m.waiting} waiting request(s)" if m.waiting else "")
-            if m.config.parked_weights == "host" and m.engine.parks:
+            if m.placed.parked_weights == "host" and m.engine.parks:
                 if m.config is self.config.default:
                     self.ready.set()  # it serves while its host copy is made (seconds for an 8B)
                 await self._host_copy_ahead(m)
@@ -376,10 +376,10 @@ class Lifecycle:
     async def park(self, m: Model, level: int = 0) -> str:
         """Park ``m`` at its configured level (or ``level``; EngineError when it would not); with ``parked_weights
         = "host"`` its weights then leave the GPU: ', N GiB to host memory' (or why they stay)."""
-        level = level or m.config.level
+        level = level or m.placed.level
         await asyncio.to_thread(m.engine.park, level, m.kv_held)
         moved = ""
-        if m.config.parked_weights == "host" and m.engine.parks:
+        if m.placed.parked_weights == "host" and m.engine.parks:
             try:
                 moved = ", " + await asyncio.to_thread(m.engine.weights_to_host)
             except (EngineError, OSError, HotweightsError) as exc:

@@ -4,6 +4,7 @@ status`` show it (``ModelRow``, frozen). Torch-free."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import contextlib
 import statistics
 import time
@@ -11,7 +12,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
-from .config import ModelConfig
+from .config import ModelConfig, ParkedWeights
 from .upstream.engines import EngineLike
 from .gpus import host_mib
 from .kinds import KINDS, EngineKind
@@ -72,6 +73,7 @@ class Ledger:
     arrivals: list[float] = field(default_factory=list)
     refused: dict[float, str] = field(default_factory=dict)  # waiting requests a failed switch answers, by arrival
     due: dict[float, float] = field(default_factory=dict)  # by arrival: when a held stream's next token is due
+    came: deque[float] = field(default_factory=lambda: deque(maxlen=1 << 16))  # every arrival lately (its demand)
     reserved: int = 0
     inflight: int = 0
     last_used: float = 0.0  # time.time() of the last request let in or done
@@ -86,9 +88,16 @@ class Ledger:
         its first token's, which the schedule counts from its arrival)."""
         at = time.monotonic()
         self.arrivals.append(at)
+        self.came.append(at)
         if due is not None:
             self.due[at] = due
         return at
+
+    def demand(self, now: float, window_s: float) -> float:
+        """Its requests a second over the last ``window_s`` seconds (tiers from traffic: ``tiers.py``)."""
+        while self.came and self.came[0] < now - window_s:
+            self.came.popleft()
+        return len(self.came) / window_s
 
     def let_in(self) -> int:
         """A switch woke the model: every request waiting that no switch let in yet is counted in flight now. The
@@ -176,6 +185,8 @@ class Model:
     last_error: str = ""  # why its last wake failed, where it stayed where it was; cleared once it is awake
     streams: set[Resumable] = field(default_factory=set)  # its streams in flight that may be paused (preempt.py)
     kv_held: bool = False  # it parks (or is parked) holding streams with their KV caches (``Lifecycle.leave``)
+    tier: ParkedWeights | None = None  # its parked weights' place as traffic moved them (``tiers.py``)
+    _placed: tuple[ModelConfig, ModelConfig] | None = field(default=None, repr=False)
     answered: deque[tuple[float, float | None]] = field(default_factory=lambda: deque(maxlen=1024))
     # (time.time(), its first byte's seconds from arrival or None) of each request relayed: the rate and TTFT shown
 
@@ -258,12 +269,22 @@ class Model:
         where its start failed (they decide when it is tried again)."""
         f = self.failure
         failed_start = self.state is ModelState.FAILED and f is not None and f.kind is FailureKind.START
-        return View(self.config, self.state, self.engine.gpu_need(), self.start_phase, self.engine.parks,
+        return View(self.placed, self.state, self.engine.gpu_need(), self.start_phase, self.engine.parks,
                     self.waiting, self.reserved, self.inflight, self.last_used, tuple(self.arrivals), f,
                     files_changed=failed_start and f is not None and self.engine.files() != f.files,
                     preload=self.preload, awaited=self.awaited,
                     dues=tuple(self.ledger.due.get(a) for a in self.arrivals), awake_at=self.awake_at,
-                    wake_s=self.wake_s, kv_held=self.kv_held, can_hold=self.can_hold)
+                    wake_s=self.wake_s, kv_held=self.kv_held, can_hold=self.can_hold,
+                    deepens=self.kind.deepens_when_idle)
+
+    @property
+    def placed(self) -> ModelConfig:
+        """Its config with its parked weights where traffic put them (``tier``), as the scheduler sees it."""
+        if self.tier is None or self.tier == self.config.parked_weights:
+            return self.config
+        if self._placed is None or self._placed[0] is not self.config:
+            self._placed = (self.config, dataclasses.replace(self.config, parked_weights=self.tier))
+        return self._placed[1]
 
     @property
     def can_hold(self) -> bool:
@@ -283,7 +304,7 @@ class Model:
                         else 0, held, list(self.config.gpus) or None, self.engine.port, self.inflight, self.waiting,
                         self.answered[-1][0] if self.answered else None, self.wakes, self.engine.parks,
                         self.error or None,
-                        str(self.engine.log_path), host_mib(pids) if pids else None, self.config.parked_weights,
+                        str(self.engine.log_path), host_mib(pids) if pids else None, self.placed.parked_weights,
                         self.config.start, list(self.config.aliases), requests, first, self.cached or None,
                         self.preloaded is not None and self.preloaded[0].failed)
 

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import tiers
+from ..errors import HotweightsError
 from .actions import ACTIONS, Refused, act, idle_timeouts
 from .admission import Admission
 from .config import ConfigError, ModelConfig, SwitchConfig
@@ -210,12 +212,28 @@ class Switcher:
             for task in (*tasks, changed):
                 task.cancel()
 
+    async def retier(self) -> None:
+        """Tiers from traffic: the next move of the GPU tier, if any, made (``tiers.py``)."""
+        now, models = time.monotonic(), list(self.models.values())
+        demand = {m.name: m.ledger.demand(now, self.config.tier_window_s) for m in models}
+        slots = sum(m.config.parked_weights == "gpu" and m.engine.parks for m in models)
+        async with self.life.busy:
+            move = tiers.step(self.life.snapshot(), demand, self.config, slots)
+            if move is None:
+                return
+            try:
+                await tiers.apply(self.life, move)
+            except (EngineError, OSError, HotweightsError) as exc:
+                logger.warning("switch: %s: its move to the %s tier failed: %s", move.name, move.to, exc)
+
     async def watch(self, interval_s: float = 0.5) -> None:
         """Engines that died are marked failed (their next request starts them again); parked embedded engines
         idle past ``deep_park_after_s`` deepen to level 2; a model's idle timeouts park or stop it
         (``actions.idle_timeouts``)."""
         while True:
             await asyncio.sleep(interval_s)
+            if self.config.tiers == "traffic" and not self.life.busy.locked():
+                await self.retier()
             for m in list(self.models.values()):  # a reload may change the models meanwhile
                 if m.state in SERVING and not m.engine.alive():
                     self.life.changes.engine_gone(m.name)  # the scheduler moves it
