@@ -667,6 +667,27 @@ def test_a_busy_engine_leaves_holding_its_streams_where_what_it_keeps_fits_else_
     assert held_mib(parked, 112 * GIB) == 1950 and held_mib(held, 112 * GIB) == 20 * GIB + 1950
 
 
+def test_a_gpu_tier_engine_that_would_free_nothing_held_does_not_leave_for_a_host_tier_wake():
+    """Issue 69 on an H100 (five 8B, the deadline schedule): for one host-tier wake, two GPU-tier engines left holding
+    their streams beside the host-tier one whose leaving made the room; held, a GPU-tier engine keeps its weights and
+    its KV cache, so it frees nothing. The one that frees the room leaves alone."""
+    from hotweights.switch.schedule import room_for
+    from hotweights.switch.snapshot import Snapshot, View
+
+    tiers = {"a": "gpu", "b": "gpu", "c": "host", "d": "host"}
+    config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n, parked_weights=t) for n, t in tiers.items()),
+                          max_awake="auto", turn_s=1.0)
+    need = GpuNeed((0,), 0.0, 15 * GIB, 2 * GIB, parked_mib=1950)  # awake 19 GiB with its weights
+    now = 1000.0
+    views = (View(config.models[0], ModelState.AWAKE, need, inflight=1, last_used=1.0, can_hold=True),
+             View(config.models[1], ModelState.AWAKE, need, inflight=1, last_used=2.0, can_hold=True),
+             View(config.models[2], ModelState.AWAKE, need, inflight=1, last_used=3.0, can_hold=True),
+             View(config.models[3], ModelState.DEEP, need, waiting=1, arrivals=(now - 20,)))  # starving
+    s = Snapshot(views, {0: 72 * GIB}, now, "a")  # a, b: 17 GiB parked or 19 awake; c, d 19 awake or 2 parked
+    r = room_for(s["d"], s, config)
+    assert r.leave == ("c",) and r.keep == ("c",), r  # before: ("a", "b", "c"), all three held
+
+
 def test_the_plan_is_a_function_of_a_snapshot_as_a_table():
     """Review f, move 1: ``schedule.plan`` says what the scheduler does next from a snapshot alone: start a model
     requests wait for that start-up has not reached, wake one that fits, make busy engines whose turn is over leave

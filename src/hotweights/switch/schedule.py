@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .config import SwitchConfig
-from .memory import over_mib
+from .memory import held_mib, over_mib
 from .snapshot import Snapshot, View
 from .states import SERVING, FailureKind, ModelState
 
@@ -289,15 +289,41 @@ def room_for(v: View, s: Snapshot, config: SwitchConfig) -> Room:
         return Room(wait=True)  # the leaving engines will do; the idle ones park then if still needed
     busy = sorted((x for x in movable if x.inflight), key=lambda x: (turn_left_s(x, v, config, now), x.last_used))
     over = [x.name for x in busy if turn_left_s(x, v, config, now) <= 0]
-    for i in range(1, len(over) + 1):
-        held = [x for x in over[:i] if s[x].can_hold]
-        if held and fits(v, s, config, [*gone, *over[:i]], held):  # its streams held, their KV caches kept
-            return Room(leave=tuple(over[:i]), keep=tuple(held), wait=True)
-        if fits(v, s, config, [*gone, *over[:i]]):
-            return Room(leave=tuple(over[:i]), wait=True)
+    leaving = leavers(v, s, config, gone, over)
+    if leaving is not None:
+        return leaving
     if busy and fits(v, s, config, [*gone, *(x.name for x in busy)]):  # once more turns end
         return Room(wait=True, look_in_s=min(turn_left_s(x, v, config, now) for x in busy if x.name not in over))
     return Room(park=tuple(idle))  # it does not fit even alone, by the estimate: its own wake says whether it does
+
+
+def leavers(v: View, s: Snapshot, config: SwitchConfig, gone: Sequence[str], over: Sequence[str]) -> Room | None:
+    """Few of ``over`` (busy engines whose turn is over, in turn order) whose leaving makes room for ``v``, two ways:
+    those that can hold their streams with their KV caches first, holding them, then the others; or all letting
+    their KV caches go (their streams continued from their tokens); each way those that free the most of ``v``'s
+    GPUs first. The way with fewer leaving, else the one that holds more. One that frees
+    nothing leaves only where ``max_awake`` counts it: a GPU-tier engine holding its streams keeps its weights and its
+    KV cache, and three such left for one host-tier wake on an H100 (five 8B), none of them needed. None where all of
+    them leaving does not make room."""
+    rooms = []
+    for hold in (True, False):
+        holds = {x for x in over if hold and s[x].can_hold}
+        freed = {x: _freed_mib(s[x], v, s, x in holds) for x in over}
+        chosen: list[str] = []
+        for x in sorted(over, key=lambda x: (x not in holds, -freed[x])):  # stable: of equals, turn order
+            if freed[x] <= 0 and not config.awake_cap:
+                continue
+            chosen.append(x)
+            if fits(v, s, config, [*gone, *chosen], [y for y in chosen if y in holds]):
+                rooms.append(Room(leave=tuple(chosen), keep=tuple(y for y in chosen if y in holds), wait=True))
+                break
+    return min(rooms, key=lambda r: (len(r.leave), -len(r.keep)), default=None)
+
+
+def _freed_mib(x: View, v: View, s: Snapshot, held: bool) -> int:
+    """What ``x`` parking (its KV cache kept where ``held``) frees on ``v``'s GPUs, MiB."""
+    return sum(held_mib(x.holder(), s.totals[g]) - held_mib(x.holder(S.PARKED, held), s.totals[g])
+               for g in v.need.gpus if g in s.totals and g in x.need.gpus)
 
 
 def refusal(v: View, now: float) -> str:
