@@ -40,7 +40,9 @@ rate the medians of the runs with their spread (min, max). Modes, each a front o
   engine whose turn is over pauses its streams at once; each continues on its next wake: ``switch/preempt.py``);
   a ``_nokv`` suffix (``one_preempt_nokv``) with ``keep_kv = false`` (a paused stream continues by a new request:
   its prompt computed again, as before issue 69), a ``_deadline`` suffix (``mixed_preempt_deadline``) with
-  ``schedule = "deadline"`` (issue 69; after ``_nokv`` where both);
+  ``schedule = "deadline"`` (issue 69; after ``_nokv`` where both), a ``_traffic`` suffix (last) with ``tiers =
+  "traffic"`` (issue 69, part 3: ``--tier-window-s``) and the GPU tier given to the *least* popular models at the
+  start, so that traffic has them to move;
 - ``vllm_sleep`` (vLLM only): engines read the checkpoint themselves and park with vLLM's own sleep;
 - ``restart``: ``--no-parking`` (stop one engine, start the next: llama-swap's way);
 - ``static``: every model awake at once (``max_awake = N``): static partitioning, what a user does without a
@@ -366,14 +368,20 @@ def roll_call(url: str, names: list[str], args: argparse.Namespace) -> dict:
 def host_tier(mode: str, names: list[str], args: argparse.Namespace) -> frozenset[str]:
     """The models whose parked weights ``mode`` keeps in host memory (mixed: all but the ``--gpu-tier`` most
     popular, by default half)."""
-    mode = {"preempt": "park"}.get(mode, mode.removesuffix("_deadline").removesuffix("_nokv").removesuffix("_preempt"))
+    wrong = mode.endswith("_traffic")  # tiers from traffic: the least popular start on the GPU tier
+    mode = mode.removesuffix("_traffic").removesuffix("_deadline").removesuffix("_nokv").removesuffix("_preempt")
+    mode = {"preempt": "park"}.get(mode, mode)
     on_gpu = args.gpu_tier if args.gpu_tier is not None else (len(names) + 1) // 2  # mixed: the most popular first
-    return frozenset(names if mode == "park_host" else names[on_gpu:] if mode == "mixed" else [])
+    ranked = names[::-1] if wrong else names
+    return frozenset(names if mode == "park_host" else ranked[on_gpu:] if mode == "mixed" else [])
 
 
 def mode_config(mode: str, models: dict[str, Path], args: argparse.Namespace) -> tuple[str, list[str]]:
     """The front's config file and flags for ``mode``."""
     engine_args = shlex.split(args.engine_args) + (["--load-format", "auto"] if mode == "vllm_sleep" else [])
+    host = host_tier(mode, list(models), args)
+    traffic = mode.endswith("_traffic")  # issue 69, part 3: tiers = "traffic"
+    mode = mode.removesuffix("_traffic")
     deadline = mode.endswith("_deadline")  # issue 69: schedule = "deadline" (with preempt: its turns)
     mode = mode.removesuffix("_deadline")
     recompute = mode.endswith("_nokv")  # keep_kv = false: a paused stream continues by a new request
@@ -381,12 +389,12 @@ def mode_config(mode: str, models: dict[str, Path], args: argparse.Namespace) ->
     preempt = mode.endswith("preempt")
     mode = {"preempt": "park"}.get(mode, mode.removesuffix("_preempt"))
     names = list(models)
-    host = host_tier(mode, names, args)
     awake = {"one": 1, "park_x2": 2, "static": len(names)}.get(mode)  # else auto ("before": its own default, 1)
     text = "[switch]\n" + (f"max_awake = {awake}\n" if awake else "")
     text += f"schedule = \"{'deadline' if deadline else 'fifo' if mode == 'park_fifo' else 'fair'}\"\n"
     text += f"request_timeout_s = {args.request_timeout_s}\n" + ("preempt = true\n" if preempt else "")
     text += "keep_kv = false\n" if recompute else ""
+    text += f'tiers = "traffic"\ntier_window_s = {args.tier_window_s}\n' if traffic else ""
     text += f"turn_s = {args.turn_s}\n" if args.turn_s is not None else ""
     text += "compile_ahead = true\n" if args.compile_ahead else ""
     text += "read_ahead = false\n" if args.no_read_ahead else ""
@@ -475,9 +483,14 @@ def spread(runs: list[dict]) -> dict:
     return out
 
 
+def known(mode: str) -> bool:
+    """Whether ``mode`` is one of ``MODES``, with its suffixes (``_nokv``, ``_deadline``, ``_traffic``)."""
+    return mode.removesuffix("_traffic").removesuffix("_deadline").removesuffix("_nokv") in MODES
+
+
 def ratios(result: dict, rates: list[float]) -> dict:
     """Per mode and rate, its median goodput and SLO attainment over static partitioning's (where static ran)."""
-    ran = {m: r for m, r in result.items() if m in MODES and isinstance(r, dict) and "rates" in r}
+    ran = {m: r for m, r in result.items() if known(m) and isinstance(r, dict) and "rates" in r}
     if "static" not in ran:
         return {}
     out: dict = {}
@@ -531,12 +544,18 @@ def main() -> int:  # noqa: PLR0915
     parser.add_argument("--models-dir", type=Path, default=None, help="where the demo models are (written if not)")
     parser.add_argument("--link-shards", action="store_true", help="models after m0 link m0's shards but their last "
                                                                    "(ten 8B models in 53 GB of disk)")
+    parser.add_argument("--tier-window-s", type=float, default=60.0,
+                        help="modes ending _traffic: tier_window_s, the window demand is counted over (default 60)")
     parser.add_argument("--gpu-tier", type=int, default=None, help="mixed: how many of the most popular models park "
                                                                    "on the GPU (default half); the rest in host memory")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--partial-json", type=Path, default=None, help="the results so far, after each mode")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    unknown = [m for m in args.modes.split(",") if not known(m)]
+    if unknown and not args.url:
+        parser.error(f"unknown mode(s) {', '.join(unknown)}: one of {', '.join(MODES)}, each with _nokv, _deadline "
+                     "and _traffic where they apply")
     args.prompt_range = tuple(int(x) for x in args.prompt_tokens.split(","))
     args.max_tokens_range = tuple(int(x) for x in args.max_tokens.split(","))
     args.gpu = args.gen_device == "cuda" or args.engine == "vllm"
@@ -574,7 +593,7 @@ def main() -> int:  # noqa: PLR0915
         finally:
             if not args.socket_dir:
                 subprocess.run([sys.executable, "-m", "hotweights", "stop", "--socket-dir", sock], capture_output=True)
-    ran = {m: r for m, r in result.items() if m in (*MODES, "given") and isinstance(r, dict) and "rates" in r}
+    ran = {m: r for m, r in result.items() if (known(m) or m == "given") and isinstance(r, dict) and "rates" in r}
     result["over_static"] = ratios(result, args.rate_list)
     result["crossed"] = sum(run["crossed"] for r in ran.values() for at in r["rates"].values() for run in at["runs"])
     result["command"] = "benchmarks/switch_trace.py " + " ".join(sys.argv[1:])
