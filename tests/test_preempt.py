@@ -160,7 +160,7 @@ def test_a_stream_paused_for_another_models_turn_arrives_whole_and_the_same(tmp_
     models = {"a": write_demo_model(tmp_path / "a", "tiny"), "b": write_demo_model(tmp_path / "b", "tiny", seed=1)}
     with private_keeper("hwpre-") as sock:
         # streams of ~1.5 s here: with 480 tokens (0.3 s) under CI's load b's request came after the chat's end
-        # --no-keep-kv: continued by a new request from its token ids, as with vLLM (the embedded engine's park
+        # --no-keep-kv: continued by a new request from its token ids, as before issue 69 (the embedded engine's park
         # would keep it: the test after this one)
         f = wait_started(Front(tmp_path, models, "--max-awake", "1", "--preempt", "--no-keep-kv", "--turn-s", "0.1",
                                socket_dir=sock, engine_args=("--max-model-len", "2048")))

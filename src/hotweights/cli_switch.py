@@ -251,7 +251,8 @@ def register(sub: Subparsers) -> None:
                         "its next wake, seamless in the client's stream) rather than finishing them first")
     p.add_argument("--no-keep-kv", dest="keep_kv", action="store_const", const=False, default=None,
                    help="with --preempt, a paused request continues by a new request from its token ids (its prompt "
-                        "computed again) even where its engine's park could keep its KV cache (the embedded engine)")
+                        "computed again) even where its engine's park could keep its KV cache (the embedded "
+                        "engine; vLLM on a GPU)")
     p.add_argument("--tiers", choices=["fixed", "traffic"], default=None,
                    help="traffic: as many models as parked_weights = \"gpu\" names hold the GPU tier, the busiest "
                         "over the last --tier-window-s; the others park in host memory (default fixed: as configured)")
