@@ -33,6 +33,18 @@ def quick_start() -> list[str]:
     return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
 
 
+def until_healthy(proc: subprocess.Popen, port: int, log: Path, timeout_s: float) -> None:
+    """Until the server ``proc`` started answers ``/health`` on ``port``; its log when it exits or times out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+
+
 def test_the_first_lines_give_the_two_set_up_commands():
     first = README.split("```", 2)[1]
     assert [line.split()[:2] for line in first.strip().splitlines()] == [["make", "demo"], ["make", "test"]]
@@ -59,14 +71,7 @@ def test_the_quick_start_runs_as_written(tmp_path):
         log = tmp_path / "serve.log"
         server = subprocess.Popen(run_line(serve), stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
         try:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                        break
-                except OSError:
-                    assert server.poll() is None and time.monotonic() < deadline, log.read_text()
-                    time.sleep(0.2)
+            until_healthy(server, port, log, 120)
             assert re.search(r"Mapped \d+ tensors .* from weight cache daemon", log.read_text()), log.read_text()
             args = run_line(curl)  # sent as curl would (a fresh machine may lack curl): its URL, header and body
             url = next(a for a in args if a.startswith(("http", "localhost")))
@@ -116,14 +121,7 @@ def test_the_switch_quick_start_runs_as_written_and_status_finds_the_front_witho
     front = subprocess.Popen(hotweights(start), cwd=tmp_path, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                              env=env)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError:
-                assert front.poll() is None and time.monotonic() < deadline, log.read_text()
-                time.sleep(0.3)
+        until_healthy(front, port, log, 180)
         args = shlex.split(curl.replace("8000", str(port)))
         url = next(a for a in args if a.startswith(("http", "localhost")))
         header = args[args.index("-H") + 1].split(": ", 1)
