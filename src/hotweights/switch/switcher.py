@@ -217,8 +217,10 @@ class Switcher:
         now, models = time.monotonic(), list(self.models.values())
         demand = {m.name: m.ledger.demand(now, self.config.tier_window_s) for m in models}
         slots = sum(m.config.parked_weights == "gpu" and m.engine.parks for m in models)
+        if tiers.step(self.life.snapshot(), demand, self.config, slots) is None:
+            return  # the common case: nothing moves, and the switches' lock is not taken
         async with self.life.busy:
-            move = tiers.step(self.life.snapshot(), demand, self.config, slots)
+            move = tiers.step(self.life.snapshot(), demand, self.config, slots)  # a switch may have gone meanwhile
             if move is None:
                 return
             try:
