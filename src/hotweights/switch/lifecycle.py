@@ -295,8 +295,7 @@ class Lifecycle:
         continued on its next wake (``preempt.py``), or with ``keep`` (where its park keeps them) held on its engine
         with their KV caches, going on at its next wake with nothing computed again."""
         self.move(victim, S.LEAVING)
-        keep = keep and victim.engine.keeps_kv
-        paused = self.pause_streams(victim, keep)
+        paused = self.pause_streams(victim, keep)  # keep: the plan's, only where its engine's park can (can_hold)
         victim.kv_held = keep and paused > 0
         how = "held with their KV caches, going on" if victim.kv_held else "paused, continued"
         logger.info("switch: %s leaves %s: %d request(s) in flight end first%s%s", victim.name, why,

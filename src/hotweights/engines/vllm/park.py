@@ -119,7 +119,6 @@ def hold(worker: Any, level: str | int = 2) -> dict[str, Any]:
     torch.cuda.synchronize()
     freed = max(0, torch.cuda.mem_get_info()[0] - free_before)
     worker._hotweights_parked = (int(level), 0, unmapped)
-    worker._hotweights_held = True
     logger.info(evidence.parked(_name(worker), int(level), freed, time.perf_counter() - start,
                                 weights_mapped=not unmapped) + " (KV cache and requests kept)")
     if resident.held():
@@ -137,7 +136,7 @@ def release(worker: Any) -> dict[str, Any]:
     _level, _own, unmapped = getattr(worker, "_hotweights_parked", (0, 0, 0))
     _check_fits(worker, 0, unmapped)
     again = resident.map_again() if any(not h.mapped for h in resident.held()) else None
-    worker._hotweights_parked, worker._hotweights_held = (0, 0, 0), False
+    worker._hotweights_parked = (0, 0, 0)
     logger.info(evidence.woke(_name(worker), time.perf_counter() - start, again.source if again else None,
                               again.rate() if again else ""))
     if resident.held():
