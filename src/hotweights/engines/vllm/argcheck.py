@@ -73,11 +73,9 @@ def checked(models: list[dict[str, Any]], timeout_s: float) -> dict[str, str]:
     if ask:
         try:
             done = subprocess.run([sys.executable, "-m", __name__], input=json.dumps(ask), capture_output=True,
-                                  text=True, timeout=timeout_s)
-            said: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {}
-        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-            return {}
-        if done.returncode != 0:
+                                  text=True, timeout=timeout_s, check=True)
+            said: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):  # it failed or timed out: ask nothing
             return {}
         kept.update({keys[m["name"]]: said.get(m["name"], "") for m in ask})
         with contextlib.suppress(OSError):
