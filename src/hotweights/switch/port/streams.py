@@ -1,7 +1,7 @@
 """The front's bookkeeping of the answers it relays: each request's line in the log (``Said``), the stop of every
 open stream when the front is asked to stop (``Stopping``), and the relay of a stream that may be paused and
-continued (``relay_resumable``, ``preempt.py``): held on its connection where its engine's park keeps it with its
-KV cache (the embedded engine), else continued from its token ids by a new request. Torch-free."""
+continued (``relay_resumable``, ``preempt.py``): held on its connection where the plan has its engine park keeping
+its KV cache (``upstream/parking.py``), else continued from its token ids by a new request. Torch-free."""
 
 from __future__ import annotations
 
@@ -171,7 +171,7 @@ class _Resumed:
 
     async def hold(self) -> bytes:
         """Pause here with the connection to the engine kept open: its place in flight given back (the engine then
-        parks, keeping this generation paused with its KV cache: ``serve/park.py``'s ``mode=keep``), the model
+        parks, keeping this generation paused with its KV cache: ``upstream/parking.py``), the model
         waited for again as by a new request, and the answer read on from the same connection once it woke: nothing
         is computed again. b"" once it may read on, else the error event that ends the stream."""
         return await self._wait_again("held", "its KV cache kept; it goes on", "go on")
