@@ -9,7 +9,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import httpx
@@ -85,7 +85,7 @@ class Stopping:
 
 
 async def relay_resumable(requests: SwitchPort, client: httpx.AsyncClient, stopping: Stopping, m: Model,
-                          upstream: httpx.Response, said: Said, r: Resumable) -> AsyncIterator[bytes]:
+                          upstream: httpx.Response, said: Said, r: Resumable) -> AsyncGenerator[bytes, None]:
     """A stream relayed an event at a time, paused where ``r.pause`` is set (its engine leaves for another model's
     turn): the connection to the engine closed (vLLM aborts the request), its place in flight given back, the model
     waited for again as by a new request, and the answer continued from its text so far (``r.continuation``). Its
@@ -227,8 +227,8 @@ class _Resumed:
             self.requests.release(self.m)
 
     async def close(self) -> None:
+        self._let_go()  # first: a close cancelled at an await below still gives its place back
         if self.step is not None:
             self.step.cancel()
             await asyncio.gather(self.step, return_exceptions=True)
         await self.upstream.aclose()
-        self._let_go()
