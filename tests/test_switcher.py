@@ -603,7 +603,8 @@ def test_the_deadline_schedule_serves_the_first_due_and_ends_a_turn_by_it_never_
     """Issue 69, part 2, as a table over views: with ``schedule = "deadline"`` the model whose request is due first
     goes next (a first token ``slo_ttft_s`` after its request; a held stream's next token when its due says), and a
     busy engine's turn ends once that due time less the model's wake has come, not before the busy engine has been
-    awake as long as its own wake took."""
+    awake as long as its own wake and the model's take (its own alone, a GPU tier's 15 ms, let every host-tier due
+    end a GPU-tier turn)."""
     from hotweights.switch.schedule import due, room_for, turn_left_s, wanted
     from hotweights.switch.snapshot import Snapshot, View
 
@@ -625,7 +626,9 @@ def test_the_deadline_schedule_serves_the_first_due_and_ends_a_turn_by_it_never_
     assert abs(turn_left_s(s["a"], held, config, now) - 0.1) < 1e-9  # due in 0.3 s, its wake 0.2 s
     assert abs(turn_left_s(s["a"], fresh, config, now) - 0.8) < 1e-9
     just_woke = view("a", "awake", 1, awake_for=0.05, wake_s=0.4)  # awake 0.05 s of a wake that took 0.4 s
-    assert abs(turn_left_s(just_woke, held, config, now) - 0.35) < 1e-9  # never shorter than its own wake
+    assert abs(turn_left_s(just_woke, held, config, now) - 0.55) < 1e-9  # never shorter than its wake and c's
+    gpu_tier = view("a", "awake", 1, awake_for=0.5, wake_s=0.015)  # a GPU-tier engine, for a host-tier wake of 1 s
+    assert abs(turn_left_s(gpu_tier, view("d", waited=(1.9,), wake_s=1.0), config, now) - 0.515) < 1e-9
     late = view("c", waited=(0.1,), dues=(now - 0.5,))  # overdue: the busy engine's turn is over now
     s = Snapshot((view("a", "awake", 1), view("b", "awake", 2), late, view("d")), {0: 112 * GIB}, now, "a")
     assert room_for(s["c"], s, config).leave == ("a",)
