@@ -635,6 +635,31 @@ def test_the_deadline_schedule_serves_the_first_due_and_ends_a_turn_by_it_never_
     assert due(view("d"), config) == math.inf  # nothing waits: never due
 
 
+@pytest.mark.parametrize("schedule", ["fair", "deadline"])
+def test_a_model_whose_engine_left_for_another_comes_after_it_while_that_one_waits(schedule):
+    """Issue 69, from an H100 run of five 8B: m4 left for m3, its held streams waited for m4 again, and m4 woke
+    again before m3, twice (each 0.35 s), m3 still waiting. A leaving engine's paused streams are more than the other
+    model's requests (fair) and due sooner (deadline); the model it left for goes first all the same, until it is
+    awake."""
+    from hotweights.switch.schedule import wanted
+    from hotweights.switch.snapshot import Snapshot, View
+
+    config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in "abc"), max_awake="auto", schedule=schedule,
+                          slo_ttft_s=2.0, slo_token_s=0.1)
+    need, now = GpuNeed((0,), 0.0, 15 * GIB, 20 * GIB, parked_mib=1950), 1000.0
+    paused = View(config.models[0], ModelState.PARKED, need, waiting=3, arrivals=(now - 0.05,) * 3,
+                  dues=(now + 0.2,) * 3, left_for="b")  # three held streams, their next tokens due in 0.2 s
+    b = View(config.models[1], ModelState.PARKED, need, waiting=1, arrivals=(now - 0.3,), dues=(None,))
+    c = View(config.models[2], ModelState.AWAKE, need, inflight=1)
+
+    def order(*views: View) -> list[str]:
+        return [v.name for v in wanted(Snapshot(views, {0: 80 * GIB}, now, "a"), config)]
+
+    assert order(paused, b, c) == ["b", "a"]
+    assert order(dataclasses.replace(paused, left_for=""), b, c) == ["a", "b"]  # what the schedule says alone
+    assert order(paused, dataclasses.replace(b, state=ModelState.AWAKE), c) == ["a"]  # b awake: a's turn again
+
+
 def test_a_busy_engine_leaves_holding_its_streams_where_what_it_keeps_fits_else_they_continue_from_tokens():
     """Issue 69, part 1, as a table over views: a busy engine whose turn is over leaves holding its streams with their
     KV caches (``Room.keep``, ``Leave.keep``) where the wake fits beside all it then keeps parked (its own memory,

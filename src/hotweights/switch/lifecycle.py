@@ -111,6 +111,9 @@ class Lifecycle:
         m.state, m.failure = to, failure
         if to not in (S.LEAVING, S.PARKED, S.DEEP):  # awake, or no engine: nothing held
             m.kv_held = False
+        if to is S.AWAKE:  # those that left for it have given it its turn
+            for other in self.models.values():
+                other.left_for = "" if other.left_for == m.name else other.left_for
         self.metrics.state(m.name, to)
         self.changes.changed()
 
@@ -289,12 +292,13 @@ class Lifecycle:
         self.switched.append(Switched(time.time(), m.name, seconds, source, waited, tuple(n for n, *_ in parked)))
         logger.info(evidence.switch_awake(m.name, seconds, source, parked, time.monotonic() - woke_began, waited))
 
-    def leave(self, victim: Model, why: str, waiting: str = "", keep: bool = False) -> None:
+    def leave(self, victim: Model, why: str, waiting: str = "", keep: bool = False, to: str = "") -> None:
         """``victim`` takes no new request and parks once its requests in flight end (``why``: ``for B``, where B
-        wakes after it, or as an operator asked); with ``preempt``, its streams that may be paused pause now, each
-        continued on its next wake (``preempt.py``), or with ``keep`` (where its park keeps them) held on its engine
-        with their KV caches, going on at its next wake with nothing computed again."""
+        (``to``) wakes after it, or as an operator asked); with ``preempt``, its streams that may be paused pause now,
+        each continued on its next wake (``preempt.py``), or with ``keep`` (where its park keeps them) held on its
+        engine with their KV caches, going on at its next wake with nothing computed again."""
         self.move(victim, S.LEAVING)
+        victim.left_for = to
         paused = self.pause_streams(victim, keep)  # keep: the plan's, only where its engine's park can (can_hold)
         victim.kv_held = keep and paused > 0
         how = "held with their KV caches, going on" if victim.kv_held else "paused, continued"

@@ -185,6 +185,7 @@ class Model:
     last_error: str = ""  # why its last wake failed, where it stayed where it was; cleared once it is awake
     streams: set[Resumable] = field(default_factory=set)  # its streams in flight that may be paused (preempt.py)
     kv_held: bool = False  # it parks (or is parked) holding streams with their KV caches (``Lifecycle.leave``)
+    left_for: str = ""  # the model it last left for, until that one is awake (``schedule.wanted``)
     tier: ParkedWeights | None = None  # its parked weights' place as traffic moved them (``tiers.py``)
     _placed: tuple[ModelConfig, ModelConfig] | None = field(default=None, repr=False)
     answered: deque[tuple[float, float | None]] = field(default_factory=lambda: deque(maxlen=1024))
@@ -275,7 +276,7 @@ class Model:
                     preload=self.preload, awaited=self.awaited,
                     dues=tuple(self.ledger.due.get(a) for a in self.arrivals), awake_at=self.awake_at,
                     wake_s=self.wake_s, kv_held=self.kv_held, can_hold=self.can_hold,
-                    deepens=self.kind.deepens_when_idle)
+                    deepens=self.kind.deepens_when_idle, left_for=self.left_for)
 
     @property
     def placed(self) -> ModelConfig:

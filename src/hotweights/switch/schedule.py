@@ -160,17 +160,22 @@ def retry_in_s(s: Snapshot) -> float | None:
 
 
 def wanted(s: Snapshot, config: SwitchConfig) -> list[View]:
-    """Models requests wait for that a switch may serve, the next first (by the schedule)."""
+    """Models requests wait for that a switch may serve, the next first (by the schedule); a model whose engine left
+    for another (``View.left_for``) comes after it while it waits: its paused streams, waiting again, would otherwise
+    take back the place its turn's end gave (more of them than the other's requests, or due sooner)."""
     now = s.now
     found = [v for v in s.models
              if v.waiting > v.reserved and v.state not in (S.AWAKE, S.LEAVING) and not refusal(v, now)]
     if config.schedule == "fifo":
-        return sorted(found, key=lambda v: -v.waited_s(now))
-    if config.schedule == "deadline":
-        return sorted(found, key=lambda v: (due(v, config), -v.waited_s(now)))
-    return sorted(found, key=lambda v: (v.waited_s(now) <= config.starve_after_s,
-                                        -(v.waited_s(now) if v.waited_s(now) > config.starve_after_s else 0),
-                                        -(v.waiting - v.reserved), -v.waited_s(now)))
+        found.sort(key=lambda v: -v.waited_s(now))
+    elif config.schedule == "deadline":
+        found.sort(key=lambda v: (due(v, config), -v.waited_s(now)))
+    else:
+        found.sort(key=lambda v: (v.waited_s(now) <= config.starve_after_s,
+                                  -(v.waited_s(now) if v.waited_s(now) > config.starve_after_s else 0),
+                                  -(v.waiting - v.reserved), -v.waited_s(now)))
+    names = {v.name for v in found}
+    return sorted(found, key=lambda v: v.left_for in names)
 
 
 def next_model(s: Snapshot, config: SwitchConfig) -> View | None:

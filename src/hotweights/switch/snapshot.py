@@ -41,6 +41,7 @@ class View:
     kv_held: bool = False  # parked (or leaving to park) keeping its KV cache for the streams it holds
     can_hold: bool = False  # a park now would hold streams with their KV caches (its engine's park keeps them)
     deepens: bool = False  # its engine can deepen a park (level 1 to 2: the embedded engine's, not vLLM's)
+    left_for: str = ""  # the model its engine last left for, until that one is awake (``schedule.wanted``)
 
     @property
     def name(self) -> str:

@@ -168,7 +168,7 @@ class Switcher:
     def _act(self, p: Plan) -> Start | Wake | Wait:
         """The plan's first steps done (busy engines whose turn is over leave); what it does then."""
         for x in p.leave:
-            self.life.leave(self.models[x.name], f"for {x.for_}", f", {x.waiting} wait for {x.for_}", x.keep)
+            self.life.leave(self.models[x.name], f"for {x.for_}", f", {x.waiting} wait for {x.for_}", x.keep, x.for_)
         return p.then
 
     async def _go(self, m: Model, room: Room | None) -> None:
