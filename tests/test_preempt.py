@@ -14,6 +14,7 @@ import json
 import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from switch_front import Front, private_keeper, wait_started
@@ -86,6 +87,43 @@ def test_a_completion_continues_from_its_prompts_token_ids_and_those_it_generate
     assert asked.relayed(raw) == raw  # asked for: relayed byte for byte
 
 
+def test_a_stream_asked_before_its_first_event_pauses_on_it_and_one_joining_a_leaving_engine_at_once():
+    """Issue 69, from an H100 run: a leaving engine waited 6-7 s for streams that had no first event when it left
+    (their prompt in prefill, or queued behind others), whose whole answers came first. Such a stream is asked too:
+    held at once (nothing is sent again), continued once its prompt's token ids came. And one whose place was given
+    just before its engine's leave was planned pauses as it joins, as the plan said (held or continued)."""
+    from hotweights.switch.config import ModelConfig
+    from hotweights.switch.model import Model
+    from hotweights.switch.preempt import pause_all
+    from hotweights.switch.states import ModelState
+
+    early = resumable(COMPLETIONS, body(prompt="x", max_tokens=50))
+    assert early.may_pause and not early.can_pause  # no prompt token ids yet: nothing to continue from
+    assert pause_all([early]) == 1 and early.pause.is_set()
+    early.relayed(completion("y", [5], prompt_token_ids=[9]))
+    assert early.can_pause  # its first event: it pauses on it
+    held = resumable(COMPLETIONS, body(prompt="x", max_tokens=50))
+    assert pause_all([held], keep=True) == 1 and held.can_pause  # held: it pauses where it is
+    done = resumable(COMPLETIONS, body(prompt="x", max_tokens=50))
+    done.relayed(completion("y", [5], "length", prompt_token_ids=[9]))
+    assert pause_all([done]) == 0 and not done.may_pause
+
+    leaving = Model(ModelConfig("a", Path("/m/a")), None, state=ModelState.LEAVING)  # type: ignore[arg-type]
+    leaving.keeps = True  # the plan held its streams
+    late = resumable(COMPLETIONS, body(prompt="x"))
+    leaving.joined(late, preempt=True)
+    assert late in leaving.streams and late.pause.is_set() and late.keep and leaving.kv_held
+    leaving.keeps = leaving.kv_held = False  # the plan continues them from their tokens
+    cont = resumable(COMPLETIONS, body(prompt="x"))
+    leaving.joined(cont, preempt=True)
+    assert cont.pause.is_set() and not cont.keep and not leaving.kv_held
+    for m, preempt in ((Model(ModelConfig("b", Path("/m/b")), None, state=ModelState.AWAKE), True),  # type: ignore
+                       (leaving, False)):
+        r = resumable(COMPLETIONS, body(prompt="x"))
+        m.joined(r, preempt)
+        assert r in m.streams and not r.pause.is_set()  # awake, or without preempt: it streams on
+
+
 def test_a_stream_pauses_only_where_every_token_relayed_has_its_text():
     """A detokenizer holds a token's text back (a character's bytes not whole yet, a stop string's start); the
     continuation's, primed with those tokens as its prompt, never gives it (vLLM 0.26's gave the prompt's whole text
@@ -130,22 +168,30 @@ def test_a_chat_answer_continues_as_a_completion_relayed_as_chat_chunks():
     assert not thinking.can_pause  # reasoning streamed: it finishes in flight
 
 
-def interleaved(client, ask: dict, other_after_s: float, chat: bool) -> tuple[list, float, float]:
+def interleaved(client, ask: dict, other_after_s: float, chat: bool, queued: dict | None = None
+                ) -> tuple[list, float, float]:
     """``ask`` streamed on ``a`` while ``b`` is asked ``other_after_s`` later: the chunks, when the stream ended and
-    when ``b`` was answered."""
+    when ``b`` was answered. With ``queued`` (a dict), ``ask`` streamed twice at once: the embedded engine runs one
+    at a time, so one waits on it, without a first event, when ``a`` leaves for ``b``; its chunks and end there."""
     got: dict[str, float] = {}
+    create = client.chat.completions.create if chat else client.completions.create
 
     def other() -> None:
         time.sleep(other_after_s)
         client.completions.create(model="b", prompt="x", max_tokens=2, temperature=0)
         got["b"] = time.monotonic()
 
-    thread = threading.Thread(target=other)
-    thread.start()
-    create = client.chat.completions.create if chat else client.completions.create
+    def twice() -> None:
+        queued["chunks"] = list(create(**ask, stream=True, stream_options={"include_usage": True}))
+        queued["ended"] = time.monotonic()
+
+    threads = [threading.Thread(target=other), *([threading.Thread(target=twice)] if queued is not None else [])]
+    for thread in threads:
+        thread.start()
     chunks = list(create(**ask, stream=True, stream_options={"include_usage": True}))
     ended = time.monotonic()
-    thread.join()
+    for thread in threads:
+        thread.join()
     return chunks, ended, got["b"]
 
 
@@ -154,7 +200,8 @@ def test_a_stream_paused_for_another_models_turn_arrives_whole_and_the_same(tmp_
     """One engine at a time (``--max-awake 1``) and ``--preempt``: a stream on ``a`` is paused when ``b``'s
     request has waited its turn, ``b`` is answered, and ``a``'s stream continues on ``a``'s next wake. Its client
     reads one stream: the same greedy text as unpaused (a completion, then a chat answer), one id, and the usage of
-    the whole answer."""
+    the whole answer. A second stream on ``a``, queued behind the first on the engine (no first event when ``a``
+    leaves), pauses on its first event, not at its answer's end, and arrives the same too."""
     from hotweights.demo_model import write_demo_model
 
     models = {"a": write_demo_model(tmp_path / "a", "tiny"), "b": write_demo_model(tmp_path / "b", "tiny", seed=1)}
@@ -171,7 +218,8 @@ def test_a_stream_paused_for_another_models_turn_arrives_whole_and_the_same(tmp_
             unpaused = client.completions.create(**ask)
             plain, plain_tokens = unpaused.choices[0].text, unpaused.usage.completion_tokens
             alone_s = time.monotonic() - began
-            chunks, ended, b_done = interleaved(client, ask, min(1.0, alone_s / 5), chat=False)
+            queued: dict = {}
+            chunks, ended, b_done = interleaved(client, ask, min(1.0, alone_s / 5), chat=False, queued=queued)
             talk = {"model": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1700,
                     "temperature": 0}
             answered = client.chat.completions.create(**talk)
@@ -185,6 +233,9 @@ def test_a_stream_paused_for_another_models_turn_arrives_whole_and_the_same(tmp_
     assert {c.id for c in chunks} == {chunks[0].id} and chunks[-1].usage.completion_tokens == plain_tokens
     assert chunks[-1].usage.prompt_tokens == len("The weight cache")  # byte-level: a token a byte
     assert b_done < ended and chat_b_done < chat_ended, (alone_s, log[-3000:])  # b answered during the pauses
+    # the stream queued behind it, with no first event when a left: paused on that event, not finished first
+    assert "".join(c.choices[0].text for c in queued["chunks"] if c.choices) == plain
+    assert b_done < queued["ended"], (alone_s, log[-3000:])
     assert "".join(c.choices[0].delta.content or "" for c in chat if c.choices) == said
     assert {c.id for c in chat} == {chat[0].id} and chat[-1].usage.completion_tokens == said_tokens
     assert sum(1 for c in chat if c.choices and c.choices[0].delta.role) == 1  # one opening chunk
@@ -209,7 +260,8 @@ def test_a_host_tier_stream_held_across_its_engines_park_goes_on_with_nothing_co
     is answered, ``a`` wakes (its weights mapped back) and the stream goes on from where it stopped. The client reads
     the same greedy text as unpaused, and ``a``'s engine computed its prompt once (its counter), not again. The same
     with the deadline schedule (issue 69, part 2: ``b``'s first token due 0.3 s after its request ends ``a``'s turn;
-    ``a``'s held stream, due by its token deadline, goes first once ``b`` is served)."""
+    ``a``'s held stream, due by its token deadline, goes first once ``b`` is served). A second stream queued behind
+    the first on ``a``'s engine is held too, before its first event, and goes on the same."""
     from hotweights.demo_model import write_demo_model
 
     models = {"a": write_demo_model(tmp_path / "a", "tiny"), "b": write_demo_model(tmp_path / "b", "tiny", seed=1)}
@@ -224,7 +276,8 @@ def test_a_host_tier_stream_held_across_its_engines_park_goes_on_with_nothing_co
             plain, alone_s = unpaused.choices[0].text, time.monotonic() - began
             port = f.state("a")["port"]
             counted = prompt_tokens(port)
-            chunks, ended, b_done = interleaved(client, ask, min(1.0, alone_s / 5), chat=False)
+            queued: dict = {}
+            chunks, ended, b_done = interleaved(client, ask, min(1.0, alone_s / 5), chat=False, queued=queued)
             after = prompt_tokens(f.state("a")["port"])
             same_engine = f.state("a")["port"] == port
         finally:
@@ -232,10 +285,11 @@ def test_a_host_tier_stream_held_across_its_engines_park_goes_on_with_nothing_co
     log = f.log.read_text()
     assert "a: a stream held after" in log and "leaves for b" in log and "paused after" not in log, log[-3000:]
     assert re.search(r"switch: a (deep-parked|parked) for b once its requests ended, .*to host memory", log), log
-    assert b_done < ended, (alone_s, log[-3000:])  # b answered while a's stream was held
-    assert "".join(c.choices[0].text for c in chunks if c.choices) == plain  # greedy: token for token
-    assert {c.id for c in chunks} == {chunks[0].id} and chunks[-1].usage.completion_tokens == 1800
-    assert same_engine and after - counted == len("The weight cache")  # its prompt once: nothing computed again
+    assert b_done < ended and b_done < queued["ended"], (alone_s, log[-3000:])  # b answered while a's were held
+    for got in (chunks, queued["chunks"]):  # the one queued behind it, not begun when a left, held as it was
+        assert "".join(c.choices[0].text for c in got if c.choices) == plain  # greedy: token for token
+        assert {c.id for c in got} == {got[0].id} and got[-1].usage.completion_tokens == 1800
+    assert same_engine and after - counted == 2 * len("The weight cache")  # each prompt once: none computed again
 
 
 @pytest.mark.slow

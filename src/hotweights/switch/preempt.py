@@ -19,7 +19,9 @@ With ``temperature = 0`` the answer is the one an unpaused request gets (up to t
 is a sample of the same distribution (a ``seed`` is not resumed mid-stream).
 
 A stream pauses only where every token relayed has had its text relayed (``Resumable.clean``): not in the middle
-of a character's bytes, nor of a stop string the engine holds back.
+of a character's bytes, nor of a stop string the engine holds back. One asked before its first event (its prompt in
+prefill, or queued on the engine behind others) pauses on that event, where its prompt's token ids come; a held one
+at once. Else a leaving engine waited for its whole answer: on an H100, 6-7 s of a host-tier turn's end.
 
 Paused only: streamed, one choice (``n`` and ``best_of`` at most 1), without ``echo``, ``suffix``, logprobs, tools or
 structured output (their state is not resumable); a chat answer that streams anything but content (reasoning, tool
@@ -73,8 +75,16 @@ class Resumable:
         return self.body.get("return_token_ids") is True
 
     @property
+    def may_pause(self) -> bool:
+        """Whether it may pause, now or once its first event came: one asked before it (its prompt in prefill, or
+        queued on the engine) pauses on it, not at its answer's end."""
+        return not self.finished and not self.other
+
+    @property
     def can_pause(self) -> bool:
-        return not self.finished and not self.other and self.prompt_ids is not None
+        """Whether it may pause now: held anywhere (nothing is sent again), continued once its prompt's token ids
+        came (its first event)."""
+        return self.may_pause and (self.keep or self.prompt_ids is not None)
 
     @property
     def clean(self) -> bool:
@@ -239,7 +249,7 @@ def pause_all(streams: Iterable[Resumable], keep: bool = False) -> int:
     """Ask each of ``streams`` that may be paused to pause: each frees its place and waits for its model again,
     ``keep``: held on its connection while the engine parks keeping its KV cache, else its relay ended at an event's
     end, to be continued from its tokens. How many."""
-    asked = [r for r in streams if r.can_pause and not r.pause.is_set()]
+    asked = [r for r in streams if r.may_pause and not r.pause.is_set()]
     for r in asked:
         r.keep = keep  # before the pause: the relay reads it once paused
         r.pause.set()

@@ -100,17 +100,10 @@ async def relay_resumable(requests: SwitchPort, client: httpx.AsyncClient, stopp
                 yield event
             if relay.ended:
                 return
-            if relay.r.pause.is_set() and relay.r.can_pause:
-                if relay.r.keep:  # held: its engine pauses it where it is, and it goes on at the next wake
-                    failed = await relay.hold()
-                elif not relay.r.clean:
-                    continue  # its text held back: it pauses once that is relayed (``Resumable.clean``)
-                else:
-                    failed = await relay.resume()
-                if failed:
-                    yield failed
-                    return
-            relay.r.pause.clear()
+            failed = await relay.paused()
+            if failed:
+                yield failed
+                return
     except httpx.TransportError as exc:
         logger.warning("switch: %s: its engine's answer broke off (%s); the stream ends with an error event",
                        m.name, str(exc) or type(exc).__name__)
@@ -131,7 +124,7 @@ class _Resumed:
         self.ended = False  # the front stopped: the stream's error event is the last
         self.step: asyncio.Future[bytes] | None = None  # the read in progress: a held stream keeps it (a read
         # cancelled midway would lose what it had)
-        m.streams.add(r)
+        m.joined(r, requests.config.preempt)
 
     async def next(self, stopping: Stopping) -> list[bytes] | None:
         """The events to relay next ([] where a pause came first); None at the answer's end. The front stopping
@@ -139,11 +132,15 @@ class _Resumed:
         if self.step is None:
             self.step = asyncio.ensure_future(anext(self.chunks))
         step = self.step
-        # a held stream needs no clean cut (nothing is continued), and reads on; a pause says which it is
-        pausing = asyncio.ensure_future(self.r.pause.wait() if self.r.clean or self.r.keep else asyncio.Event().wait())
+        pausing = asyncio.ensure_future(self.r.pause.wait())
         racing: set[asyncio.Future[Any]] = {step, pausing, stopping.halted()}
         await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
         pausing.cancel()
+        # a held stream needs no clean cut (nothing is continued), and reads on; a pause says which it is (it sets
+        # ``keep`` first); one continued pauses at a clean cut once its prompt's token ids came: until then it reads on
+        r = self.r
+        if not step.done() and not (r.pause.is_set() and r.can_pause and (r.clean or r.keep)):
+            await asyncio.wait(racing - {pausing}, return_when=asyncio.FIRST_COMPLETED)
         if not step.done():
             if self.r.keep and not stopping.halted().done():  # read after the pause: it set ``keep`` first
                 return []  # the read goes on: the next call awaits it
@@ -169,6 +166,22 @@ class _Resumed:
                 out.append(relayed)
         return out
 
+    async def paused(self) -> bytes:
+        """A pause, where one is asked: held (its engine pauses it where it is, and it goes on at the next wake), or
+        continued once its text is whole (``Resumable.clean``) and its prompt's token ids came (one asked before its
+        first event pauses on it); one finished, or streaming what cannot be continued, ends in flight. b"" unless an
+        error event ends the stream."""
+        r = self.r
+        if not r.pause.is_set():
+            return b""
+        if r.can_pause:
+            if r.keep:
+                return await self.hold()
+            return await self.resume() if r.clean else b""
+        if not r.may_pause:
+            r.pause.clear()
+        return b""
+
     async def hold(self) -> bytes:
         """Pause here with the connection to the engine kept open: its place in flight given back (the engine then
         parks, keeping this generation paused with its KV cache: ``upstream/parking.py``), the model
@@ -182,6 +195,8 @@ class _Resumed:
         m, r = self.m, self.r
         await self.upstream.aclose()
         failed = await self._wait_again("paused", "it continues", "continue")
+        while not failed and r.pause.is_set():  # its engine left again as it got its place: nothing sent yet
+            failed = await self._wait_again("paused", "it continues", "continue")
         if failed:
             return failed
         try:
@@ -212,13 +227,17 @@ class _Resumed:
         except Unavailable as exc:
             return stream_error(f"this answer was paused for another model and could not {could_not}: {exc}", 503)
         self.holding = True
-        m.streams.add(r)
+        m.joined(r, self.requests.config.preempt)
         return b""
 
     def next_due(self) -> float:
         """When its next token is due (``time.monotonic()``), by Aegaeon's deadline: its first token's time and
-        ``slo_token_s`` a token since (the deadline schedule's; the others ignore it)."""
-        return (self.said.first or time.monotonic()) + self.requests.config.slo_token_s * len(self.r.ids)
+        ``slo_token_s`` a token since, or where none came yet (held in its prefill) ``slo_ttft_s`` after it came (the
+        deadline schedule's; the others ignore it)."""
+        config = self.requests.config
+        if not self.said.first:
+            return self.said.arrived + config.slo_ttft_s
+        return self.said.first + config.slo_token_s * len(self.r.ids)
 
     def _let_go(self) -> None:
         self.m.streams.discard(self.r)
