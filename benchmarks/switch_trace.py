@@ -39,10 +39,11 @@ rate the medians of the runs with their spread (min, max). Modes, each a front o
 - ``preempt``, ``one_preempt``, ``mixed_preempt``: ``park``, ``one`` and ``mixed`` with ``preempt = true`` (a busy
   engine whose turn is over pauses its streams at once; each continues on its next wake: ``switch/preempt.py``);
   a ``_nokv`` suffix (``one_preempt_nokv``) with ``keep_kv = false`` (a paused stream continues by a new request:
-  its prompt computed again, as before issue 69), a ``_deadline`` suffix (``mixed_preempt_deadline``) with
-  ``schedule = "deadline"`` (issue 69; after ``_nokv`` where both), a ``_traffic`` suffix (last) with ``tiers =
-  "traffic"`` (issue 69, part 3: ``--tier-window-s``) and the GPU tier given to the *least* popular models at the
-  start, so that traffic has them to move;
+  its prompt computed again, as before issue 69), a ``_kvhost`` suffix with ``held_kv = "host"`` (a held vLLM
+  park moves the KV cache to pinned host memory), a ``_deadline`` suffix (``mixed_preempt_deadline``) with
+  ``schedule = "deadline"`` (issue 69; after ``_nokv`` and ``_kvhost`` where both), a ``_traffic`` suffix (last)
+  with ``tiers = "traffic"`` (issue 69, part 3: ``--tier-window-s``) and the GPU tier given to the *least* popular
+  models at the start, so that traffic has them to move;
 - ``vllm_sleep`` (vLLM only): engines read the checkpoint themselves and park with vLLM's own sleep;
 - ``restart``: ``--no-parking`` (stop one engine, start the next: llama-swap's way);
 - ``static``: every model awake at once (``max_awake = N``): static partitioning, what a user does without a
@@ -93,6 +94,7 @@ from hotweights.unix import descendants
 from hotweights.verify.memory import proc_status
 
 PROBE_TOLERANCE = 0.05  # of a first token's logprob
+SUFFIXES = ("_traffic", "_deadline", "_kvhost", "_nokv")  # written in the reverse order: mixed_preempt_kvhost_deadline
 MODES = ("park", "one", "before", "park_fifo", "park_x2", "park_host", "mixed", "vllm_sleep", "restart", "static",
          "preempt", "one_preempt", "mixed_preempt")
 
@@ -368,8 +370,9 @@ def roll_call(url: str, names: list[str], args: argparse.Namespace) -> dict:
 def host_tier(mode: str, names: list[str], args: argparse.Namespace) -> frozenset[str]:
     """The models whose parked weights ``mode`` keeps in host memory (mixed: all but the ``--gpu-tier`` most
     popular, by default half)."""
-    wrong = mode.endswith("_traffic")  # tiers from traffic: the least popular start on the GPU tier
-    mode = mode.removesuffix("_traffic").removesuffix("_deadline").removesuffix("_nokv").removesuffix("_preempt")
+    mode, suffixes = split_mode(mode)
+    wrong = "_traffic" in suffixes  # tiers from traffic: the least popular start on the GPU tier
+    mode = mode.removesuffix("_preempt")
     mode = {"preempt": "park"}.get(mode, mode)
     on_gpu = args.gpu_tier if args.gpu_tier is not None else (len(names) + 1) // 2  # mixed: the most popular first
     ranked = names[::-1] if wrong else names
@@ -380,12 +383,10 @@ def mode_config(mode: str, models: dict[str, Path], args: argparse.Namespace) ->
     """The front's config file and flags for ``mode``."""
     engine_args = shlex.split(args.engine_args) + (["--load-format", "auto"] if mode == "vllm_sleep" else [])
     host = host_tier(mode, list(models), args)
-    traffic = mode.endswith("_traffic")  # issue 69, part 3: tiers = "traffic"
-    mode = mode.removesuffix("_traffic")
-    deadline = mode.endswith("_deadline")  # issue 69: schedule = "deadline" (with preempt: its turns)
-    mode = mode.removesuffix("_deadline")
-    recompute = mode.endswith("_nokv")  # keep_kv = false: a paused stream continues by a new request
-    mode = mode.removesuffix("_nokv")
+    mode, suffixes = split_mode(mode)
+    traffic = "_traffic" in suffixes  # issue 69, part 3: tiers = "traffic"
+    deadline = "_deadline" in suffixes  # issue 69: schedule = "deadline" (with preempt: its turns)
+    recompute = "_nokv" in suffixes  # keep_kv = false: a paused stream continues by a new request
     preempt = mode.endswith("preempt")
     mode = {"preempt": "park"}.get(mode, mode.removesuffix("_preempt"))
     names = list(models)
@@ -394,6 +395,7 @@ def mode_config(mode: str, models: dict[str, Path], args: argparse.Namespace) ->
     text += f"schedule = \"{'deadline' if deadline else 'fifo' if mode == 'park_fifo' else 'fair'}\"\n"
     text += f"request_timeout_s = {args.request_timeout_s}\n" + ("preempt = true\n" if preempt else "")
     text += "keep_kv = false\n" if recompute else ""
+    text += 'held_kv = "host"\n' if "_kvhost" in suffixes else ""
     text += f'tiers = "traffic"\ntier_window_s = {args.tier_window_s}\n' if traffic else ""
     text += f"turn_s = {args.turn_s}\n" if args.turn_s is not None else ""
     text += "compile_ahead = true\n" if args.compile_ahead else ""
@@ -483,9 +485,19 @@ def spread(runs: list[dict]) -> dict:
     return out
 
 
+def split_mode(mode: str) -> tuple[str, frozenset[str]]:
+    """``mode`` without its suffixes (``SUFFIXES``, in the order they are written), and those it had."""
+    had = []
+    for suffix in SUFFIXES:  # the last written first
+        if mode.endswith(suffix):
+            had.append(suffix)
+            mode = mode.removesuffix(suffix)
+    return mode, frozenset(had)
+
+
 def known(mode: str) -> bool:
-    """Whether ``mode`` is one of ``MODES``, with its suffixes (``_nokv``, ``_deadline``, ``_traffic``)."""
-    return mode.removesuffix("_traffic").removesuffix("_deadline").removesuffix("_nokv") in MODES
+    """Whether ``mode`` is one of ``MODES``, with its suffixes (``SUFFIXES``)."""
+    return split_mode(mode)[0] in MODES
 
 
 def ratios(result: dict, rates: list[float]) -> dict:
@@ -554,8 +566,8 @@ def main() -> int:  # noqa: PLR0915
     args = parser.parse_args()
     unknown = [m for m in args.modes.split(",") if not known(m)]
     if unknown and not args.url:
-        parser.error(f"unknown mode(s) {', '.join(unknown)}: one of {', '.join(MODES)}, each with _nokv, _deadline "
-                     "and _traffic where they apply")
+        parser.error(f"unknown mode(s) {', '.join(unknown)}: one of {', '.join(MODES)}, each with "
+                     f"{', '.join(reversed(SUFFIXES))} where they apply")
     args.prompt_range = tuple(int(x) for x in args.prompt_tokens.split(","))
     args.max_tokens_range = tuple(int(x) for x in args.max_tokens.split(","))
     args.gpu = args.gen_device == "cuda" or args.engine == "vllm"

@@ -37,12 +37,14 @@ def until_serving(f: Front, timeout_s: float = 600) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_a_vllm_stream_held_across_its_engines_park_goes_on_with_its_prompt_computed_once(tmp_path):
+@pytest.mark.parametrize("held_kv", ["gpu", "host"])
+def test_a_vllm_stream_held_across_its_engines_park_goes_on_with_its_prompt_computed_once(tmp_path, held_kv):
     """Two 0.6B vLLM models, one awake at a time, both on the host tier, ``--preempt``: a long stream on ``a`` is held
     when ``b``'s request has waited its turn. ``a`` parks with vLLM's scheduler paused and its KV cache kept (``/pause
     ?mode=keep``, ``hotweights_hold``: its weights unmapped, then let go to host memory), ``b`` wakes and answers,
     ``a`` wakes (``hotweights_release``, ``/resume``) and the stream goes on from its next token: the same greedy
-    text as unpaused, and ``a``'s engine counted the prompt once more, not twice."""
+    text as unpaused, and ``a``'s engine counted the prompt once more, not twice. The same with ``--held-kv host``:
+    the KV cache goes to pinned host memory while ``a`` is parked, and comes back at its wake."""
     models = {}
     for name, seed in (("a", 0), ("b", 1)):
         made = subprocess.run([sys.executable, "-m", "hotweights", "demo-model", str(tmp_path / name), "--size",
@@ -51,7 +53,7 @@ def test_a_vllm_stream_held_across_its_engines_park_goes_on_with_its_prompt_comp
         models[name] = tmp_path / name
     with private_keeper("hwkvg-") as sock:
         f = Front(tmp_path, models, "--engine", "vllm", "--max-awake", "1", "--preempt", "--turn-s", "0.1",
-                  "--parked-weights", "host", socket_dir=sock, wait=False,
+                  "--parked-weights", "host", "--held-kv", held_kv, socket_dir=sock, wait=False,
                   engine_args=("--max-model-len", "4096", "--gpu-memory-utilization", "0.3", "--enforce-eager"))
         try:
             until_serving(f)
@@ -86,3 +88,5 @@ def test_a_vllm_stream_held_across_its_engines_park_goes_on_with_its_prompt_comp
     assert {c.id for c in chunks} == {chunks[0].id} and chunks[-1].usage.completion_tokens == 3000
     assert "".join(c.choices[0].text for c in chunks if c.choices) == plain  # greedy: token for token
     assert same_engine and after - counted == chunks[-1].usage.prompt_tokens  # its prompt once: nothing again
+    engine_log = "".join(p.read_text() for p in tmp_path.glob("logs-*/a.log"))
+    assert ("their KV cache in host memory" in engine_log) == (held_kv == "host"), engine_log[-4000:]

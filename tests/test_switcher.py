@@ -37,6 +37,7 @@ class FakeEngine:
         self.file_state = (("model.safetensors", 1, 1),)
         self.need = GpuNeed(())  # none: memory never bounds it (a test gives it one)
         self.keeps_kv = False  # its park keeps no KV cache (a test says it does)
+        self.kv_to_host = False  # nor moves one to host memory
 
     @property
     def pid(self) -> int:
@@ -714,6 +715,43 @@ def test_a_gpu_tier_engine_that_would_free_nothing_held_does_not_leave_for_a_hos
     s = Snapshot(views, {0: 72 * GIB}, now, "a")  # a, b: 17 GiB parked or 19 awake; c, d 19 awake or 2 parked
     r = room_for(s["d"], s, config)
     assert r.leave == ("c",) and r.keep == ("c",), r  # before: ("a", "b", "c"), all three held
+
+
+def test_a_park_that_moves_its_kv_cache_to_host_memory_holds_its_streams_where_one_on_the_gpu_could_not():
+    """Issue 69, part 1b (``held_kv = "host"``, vLLM's): an engine that holds its streams with their KV cache in
+    pinned host memory keeps on the GPU only what a park without them keeps, so the memory model counts it so: a
+    wake that would not fit beside a held KV cache on the GPU fits beside one in host memory (the streams held, not
+    continued from their tokens), and a parked engine holding them takes no more than a plain park."""
+    from hotweights.switch.memory import held_mib
+    from hotweights.switch.schedule import room_for
+    from hotweights.switch.snapshot import Snapshot, View
+
+    config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n, parked_weights="host") for n in "abc"),
+                          max_awake="auto", turn_s=1.0)
+    need = GpuNeed((0,), 0.0, 15 * GIB, 20 * GIB, parked_mib=1950)  # awake 37 GiB with its weights, parked 1.9
+    now = 1000.0
+    for kv_host, keep in ((False, ()), (True, ("a",))):
+        views = (View(config.models[0], ModelState.AWAKE, need, inflight=1, last_used=1.0, can_hold=True,
+                      kv_host=kv_host),
+                 View(config.models[1], ModelState.AWAKE, need, inflight=1, last_used=2.0),
+                 View(config.models[2], ModelState.PARKED, need, waiting=1, arrivals=(now - 20,)))  # starving
+        s = Snapshot(views, {0: 95 * GIB}, now, "a")
+        r = room_for(s["c"], s, config)
+        assert r.leave == ("a",) and r.keep == keep, (kv_host, r)  # on the GPU its 22 GiB leave c no room
+    held = View(config.models[0], ModelState.PARKED, need, kv_held=True, kv_host=True)
+    assert held_mib(held.holder(), 112 * GIB) == 1950 == held_mib(dataclasses.replace(held, kv_held=False).holder(),
+                                                                     112 * GIB)
+    from hotweights.switch.upstream.engines import Engine
+    from hotweights.switch.upstream.parking import park_asks
+
+    vllm, embedded = ModelConfig("v", Path("/m/v"), engine="vllm"), ModelConfig("e", Path("/m/e"))
+    engines = [Engine(vllm, Path("/tmp"), held_kv="host"), Engine(vllm, Path("/tmp"))]
+    for e in engines:
+        e.parks = True  # as on a GPU (vLLM's CPU build cannot park)
+    assert [e.kv_to_host for e in engines] == [True, False]  # vLLM's held park moves it where asked
+    assert not Engine(embedded, Path("/tmp"), held_kv="host").kv_to_host  # the embedded engine's does not
+    assert park_asks("vllm", 2, True, kv_to_host=True) == [
+        ("/pause?mode=keep", None), ("/collective_rpc", {"method": "hotweights_hold", "args": ["2", "host"]})]
 
 
 def test_the_plan_is_a_function_of_a_snapshot_as_a_table():

@@ -253,6 +253,9 @@ def register(sub: Subparsers) -> None:
                    help="with --preempt, a paused request continues by a new request from its token ids (its prompt "
                         "computed again) even where its engine's park could keep its KV cache (the embedded "
                         "engine; vLLM on a GPU)")
+    p.add_argument("--held-kv", choices=["gpu", "host"], default=None,
+                   help="host: with --preempt, a vLLM engine's park that holds streams moves their KV cache to pinned "
+                        "host memory, keeping on the GPU only what a park without them does (default gpu)")
     p.add_argument("--tiers", choices=["fixed", "traffic"], default=None,
                    help="traffic: as many models as parked_weights = \"gpu\" names hold the GPU tier, the busiest "
                         "over the last --tier-window-s; the others park in host memory (default fixed: as configured)")

@@ -22,6 +22,8 @@
     keep_kv = true           # with preempt, a park that can keep them (where the wake fits beside) holds the
                              # paused requests with their KV caches: they go on at its wake, nothing computed
                              # again; false: each continues by a new request from its token ids (its prompt again)
+    held_kv = "gpu"          # "host": a held park moves its KV cache to pinned host memory (vLLM), so it keeps
+                             # on the GPU only what a park without streams does; its wake copies it back
     tiers = "fixed"          # "traffic": as many models as parked_weights = "gpu" names hold the GPU tier, the
     tier_window_s = 300      # busiest over the last tier_window_s (tiers.py), moved where the gain beats a copy
     log_dir = ""             # each engine's log goes here ("": a new temporary directory per run, the oldest
@@ -227,6 +229,7 @@ class SwitchConfig:
     turn_s: Annotated[float, Field(ge=0, description="0 or more")] = 1.0
     preempt: bool = False  # a leaving engine pauses its streamed requests; each continues on its next wake
     keep_kv: bool = True  # with preempt: held in the engine with their KV caches where its park can (serve/park.py)
+    held_kv: Literal["gpu", "host"] = "gpu"  # host: a held vLLM park moves its KV cache to pinned host memory
     tiers: Literal["fixed", "traffic"] = "fixed"  # traffic: the busiest models hold the GPU tier (tiers.py)
     tier_window_s: Annotated[float, Field(gt=0, description="positive (seconds)")] = 300.0
     # start-up's preloads at once (startup.py); 0: auto (with_auto_jobs())

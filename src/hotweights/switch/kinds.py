@@ -91,6 +91,8 @@ class EngineKind(Protocol):
     def keeps_standbys(self) -> bool: ...  # its starts go through warm standbys (``standby/handoff.py``)
     @property
     def keeps_kv(self) -> bool: ...  # its park keeps the generations in flight, paused with their KV caches
+    @property
+    def moves_kv_to_host(self) -> bool: ...  # and can move their KV caches to pinned host memory meanwhile
     def ranks_of(self, args: Sequence[str]) -> int: ...
     def reads_checkpoint_itself(self, args: Sequence[str]) -> bool: ...
     def parks(self, parking: bool) -> bool: ...
@@ -122,6 +124,7 @@ class HotweightsKind:
     engine_layout: bool = False
     keeps_standbys: bool = False
     keeps_kv: bool = True  # /sleep?mode=keep (serve/park.py)
+    moves_kv_to_host: bool = False  # its KV cache stays where the generation left it
 
     def ranks_of(self, args: Sequence[str]) -> int:
         """The tensor parallelism its ``args`` ask for (ValueError where they are malformed)."""
@@ -231,6 +234,7 @@ class VllmKind:
     engine_layout: bool = True
     keeps_standbys: bool = True
     keeps_kv: bool = True  # /pause?mode=keep + hotweights_hold (engines/vllm/park.py; vLLM's own sleep drops it)
+    moves_kv_to_host: bool = True  # hotweights_hold's kv="host": its sleep-mode allocator offloads the KV cache
 
     def ranks_of(self, args: Sequence[str]) -> int:
         return VllmStart.parse(list(args)).tensor_parallel_size

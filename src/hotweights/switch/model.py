@@ -277,7 +277,7 @@ class Model:
                     preload=self.preload, awaited=self.awaited,
                     dues=tuple(self.ledger.due.get(a) for a in self.arrivals), awake_at=self.awake_at,
                     wake_s=self.wake_s, kv_held=self.kv_held, can_hold=self.can_hold,
-                    deepens=self.kind.deepens_when_idle, left_for=self.left_for)
+                    deepens=self.kind.deepens_when_idle, left_for=self.left_for, kv_host=self.engine.kv_to_host)
 
     @property
     def placed(self) -> ModelConfig:

@@ -15,7 +15,8 @@ from .kinds import KINDS
 
 
 # not while it runs: where it listens, its keeper, its logs, how its engines were made
-FIXED_KEYS = ("host", "port", "socket_dir", "log_dir", "parking", "preload_jobs", "start_jobs", "keep_kv")
+FIXED_KEYS = ("host", "port", "socket_dir", "log_dir", "parking", "preload_jobs", "start_jobs", "keep_kv",
+              "held_kv")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,6 +39,7 @@ class View:
     awake_at: float = 0.0  # time.monotonic() it last became awake
     wake_s: float | None = None  # what its wakes took lately (None: none yet)
     kv_held: bool = False  # parked (or leaving to park) keeping its KV cache for the streams it holds
+    kv_host: bool = False  # a park that holds streams moves their KV cache to host memory (``held_kv = "host"``)
     can_hold: bool = False  # a park now would hold streams with their KV caches (its engine's park keeps them)
     deepens: bool = False  # its engine can deepen a park (level 1 to 2: the embedded engine's, not vLLM's)
     left_for: str = ""  # the model its engine last left for, until that one is awake (``schedule.wanted``)
@@ -80,7 +81,8 @@ class View:
         """It as the memory model sees it (in ``state``, else its own; a model start-up has not reached holds no
         engine), its KV cache kept parked where ``kept`` says (else as it is now)."""
         state = state or (self.state if self.started else ModelState.STOPPED)
-        return Holder(self.need, state, self.weights_kept, self.kv_held if kept is None else kept)
+        kept = self.kv_held if kept is None else kept
+        return Holder(self.need, state, self.weights_kept, kept and not self.kv_host)
 
 
 @dataclass(frozen=True)

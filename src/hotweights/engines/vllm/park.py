@@ -24,7 +24,9 @@ A park that keeps the KV cache (issue 69; ``hold``/``release``, which ``install_
 requests kept (``POST /pause?mode=keep``), ``hold`` unmaps only the zero-copy weights (level 2) and calls none of
 vLLM's sleep, so the KV cache, the CUDA graphs and the requests in flight stay where they are; ``release`` maps the
 weights again at their addresses, and ``POST /resume`` lets the requests go on from their next token: no prefill
-again. Only the weights' memory is given back (an 8B's 15.3 GiB, its 2 GiB of KV cache kept).
+again. Only the weights' memory is given back (an 8B's 15.3 GiB, its 2 GiB of KV cache kept), unless ``hold`` is
+asked to move the KV cache to pinned host memory (``kv = "host"``: vLLM's allocator offloads it and releases its
+blocks; ``release`` maps them back at their addresses and copies it in before ``/resume``). Not yet run on a GPU.
 
 A wake that cannot fit is refused before anything is mapped or allocated: the GPU must have free what
 the park freed (minus the weights, unless they must come from the host copy into new memory). The keeper
@@ -109,18 +111,22 @@ def wake_up(worker: Any, original: Any, tags: list[str] | None = None) -> Any:
     return result
 
 
-def hold(worker: Any, level: str | int = 2) -> dict[str, Any]:
+def hold(worker: Any, level: str | int = 2, kv: str = "gpu") -> dict[str, Any]:
     """Park keeping the KV cache, the scheduler paused beforehand with its requests kept: at level 2 the zero-copy
-    weights are unmapped at their addresses, and nothing else changes (see the module's docstring). What it freed."""
+    weights are unmapped at their addresses; with ``kv = "host"`` the KV cache goes to pinned host memory, the GPU
+    memory under it given back (``_kv_to_host``); nothing else changes (see the module's docstring). What it freed."""
     start = time.perf_counter()
     torch.cuda.synchronize()  # the last step's kernels have read the weights
     free_before = torch.cuda.mem_get_info()[0]
     unmapped = resident.unmap_all() if int(level) == 2 and resident.held() else 0
+    moved = _kv_to_host() if kv == "host" else 0
     torch.cuda.synchronize()
     freed = max(0, torch.cuda.mem_get_info()[0] - free_before)
-    worker._hotweights_parked = (int(level), 0, unmapped)
+    worker._hotweights_parked = (int(level), moved, unmapped)
+    kept = f"requests kept, their KV cache in host memory ({moved / 2**30:.2f} GiB)" if moved else \
+        "KV cache and requests kept"
     logger.info(evidence.parked(_name(worker), int(level), freed, time.perf_counter() - start,
-                                weights_mapped=not unmapped) + " (KV cache and requests kept)")
+                                weights_mapped=not unmapped) + f" ({kept})")
     if resident.held():
         from ...pools.devices import process_gpu_bytes
 
@@ -133,15 +139,33 @@ def release(worker: Any) -> dict[str, Any]:
     copy), refused before anything is mapped where they cannot fit; ``POST /resume`` then lets the kept requests go
     on. Where the weights came from."""
     start = time.perf_counter()
-    _level, _own, unmapped = getattr(worker, "_hotweights_parked", (0, 0, 0))
-    _check_fits(worker, 0, unmapped)
+    _level, moved, unmapped = getattr(worker, "_hotweights_parked", (0, 0, 0))
+    _check_fits(worker, moved, unmapped)
     again = resident.map_again() if any(not h.mapped for h in resident.held()) else None
+    if moved:  # the KV cache back at its addresses (the CUDA graphs replay over it as before)
+        from vllm.device_allocator import get_mem_allocator_instance
+
+        get_mem_allocator_instance().wake_up(None)
     worker._hotweights_parked = (0, 0, 0)
     logger.info(evidence.woke(_name(worker), time.perf_counter() - start, again.source if again else None,
                               again.rate() if again else ""))
     if resident.held():
         resident.announce(0, 0)
     return {"source": again.source if again else "kept"}
+
+
+def _kv_to_host() -> int:
+    """The KV cache (vLLM's sleep-mode allocator's ``kv_cache`` tag, and its ``weights`` tag: the few buffers the
+    model allocated beside the zero-copy weights) copied to pinned host memory and its GPU memory released, each
+    block to be mapped again at the same address by ``wake_up``: vLLM's level-1 sleep with the KV cache offloaded
+    too, rather than dropped. Bytes moved; 0 where the allocator holds nothing (vLLM started without sleep mode)."""
+    from vllm.device_allocator import get_mem_allocator_instance
+
+    allocator = get_mem_allocator_instance()
+    held = sum(d.handle[1] for d in allocator.pointer_to_data.values() if not getattr(d, "is_asleep", False))
+    if held:
+        allocator.sleep(offload_tags=("weights", "kv_cache"))
+    return held
 
 
 def _pin_saved_buffers(worker: Any) -> None:

@@ -195,7 +195,7 @@ def install_park(worker: ModuleType) -> bool:
     parked._hotweights = True  # type: ignore[attr-defined]
     worker.Worker.sleep, worker.Worker.wake_up = parked, woken
     # a park that keeps the KV cache, through POST /collective_rpc once /pause?mode=keep has paused the scheduler
-    worker.Worker.hotweights_hold = lambda self, level=2: park.hold(self, level)
+    worker.Worker.hotweights_hold = lambda self, level=2, kv="gpu": park.hold(self, level, kv)
     worker.Worker.hotweights_release = lambda self: park.release(self)
     _applied("Worker.sleep/wake_up park zero-copy weights (level 2 unmaps them at their addresses); "
              "hotweights_hold/release park keeping the KV cache")

@@ -57,7 +57,7 @@ def create_app(config: SwitchConfig, log_dir: Path | None = None,
     metrics = SwitchMetrics()
     starts = min(config.start_jobs, len(config.models))  # so many standbys where starts go together
     switcher = Switcher(config, metrics, engines or (lambda m: Engine(m, log_dir, config.socket_dir, config.parking,
-                                                                      starts, config.keep_kv)),
+                                                                      starts, config.keep_kv, config.held_kv)),
                         {gpu: mem.total_mib for gpu, mem in gpu_memory().items()})
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
     stopping = Stopping()

@@ -59,6 +59,8 @@ class EngineLike(Protocol):
     def alive(self) -> bool: ...
     @property
     def keeps_kv(self) -> bool: ...
+    @property
+    def kv_to_host(self) -> bool: ...
     def preload(self) -> PreloadOutcome: ...
     def host_copy_after(self) -> str: ...
     def cached_already(self) -> PreloadOutcome | None: ...
@@ -83,10 +85,10 @@ class Engine:
     """The real one: a server process per model, on a loopback port of its own."""
 
     def __init__(self, model: ModelConfig, log_dir: Path, socket_dir: str = "", parking: bool = True,
-                 start_jobs: int = 1, keep_kv: bool = True) -> None:
+                 start_jobs: int = 1, keep_kv: bool = True, held_kv: str = "gpu") -> None:
         self.model, self.kind = model, KINDS[model.engine]
         self.parks = self.kind.parks(parking)
-        self._keep_kv = keep_kv
+        self._keep_kv, self._held_kv = keep_kv, held_kv
         self.held = False  # parked keeping its KV cache and requests in flight: its wake lets them go on
         self.log_path = log_dir / f"{model.name.replace('/', '_')}.log"
         self.process = EngineProcess(model.name, self.log_path)
@@ -107,6 +109,12 @@ class Engine:
         """Whether its park keeps the generations in flight, paused with their KV caches (a stream held across it
         goes on at the wake: nothing computed again), rather than waiting for them or having them cut."""
         return self.kind.keeps_kv and self.parks and self._keep_kv
+
+    @property
+    def kv_to_host(self) -> bool:
+        """Whether a park that keeps the generations moves their KV cache to pinned host memory (``held_kv =
+        "host"``, vLLM's): it then keeps on the GPU only what a park without them does."""
+        return self.keeps_kv and self._held_kv == "host" and self.kind.moves_kv_to_host
 
     def pids(self) -> list[int]:
         return self.process.pids()
@@ -321,7 +329,7 @@ class Engine:
             return
         self.held = keep and self.keeps_kv
         try:
-            for path, body in park_asks(self.kind.name, level, self.held):
+            for path, body in park_asks(self.kind.name, level, self.held, self.kv_to_host):
                 self.process.ask(path, timeout_s=120, body=body)
         except OSError as exc:
             raise EngineError(f"{self.model.name}: would not park: {one_line(str(exc))}") from None

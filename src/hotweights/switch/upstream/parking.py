@@ -6,8 +6,9 @@ weights' GPU memory; its wake maps the weights again and lets the requests go on
 - the embedded engine (``serve/park.py``): ``/sleep?level=N&mode=keep``, then ``/wake_up``;
 - vLLM 0.26 (``engines/vllm/park.py``'s ``hold`` and ``release``, which ``patches.install_park`` adds to its
   workers): ``/pause?mode=keep`` (its scheduler paused, its requests kept), then ``hotweights_hold`` over
-  ``/collective_rpc`` (the zero-copy weights unmapped at level 2, none of vLLM's sleep called); the wake is
-  ``hotweights_release`` (refused before anything is mapped where the weights cannot fit), then ``/resume``.
+  ``/collective_rpc`` (the zero-copy weights unmapped at level 2, none of vLLM's sleep called; with ``held_kv =
+  "host"`` the KV cache moved to pinned host memory); the wake is ``hotweights_release`` (refused before anything is
+  mapped where the weights, and a KV cache in host memory, cannot fit), then ``/resume``.
 
 A park that holds nothing is each engine's own sleep (``/sleep?level=N``) and its wake ``/wake_up``.
 """
@@ -19,12 +20,14 @@ from typing import Any
 Ask = tuple[str, dict[str, Any] | None]  # a POST: its path, and its JSON body (None: empty)
 
 
-def park_asks(kind: str, level: int, keep: bool) -> list[Ask]:
-    """What parks an engine of ``kind`` at ``level``, keeping its KV cache and requests where ``keep``."""
+def park_asks(kind: str, level: int, keep: bool, kv_to_host: bool = False) -> list[Ask]:
+    """What parks an engine of ``kind`` at ``level``, keeping its KV cache and requests where ``keep`` (vLLM: the
+    KV cache moved to pinned host memory where ``kv_to_host``)."""
     if not keep:
         return [(f"/sleep?level={level}", None)]
     if kind == "vllm":
-        return [("/pause?mode=keep", None), ("/collective_rpc", {"method": "hotweights_hold", "args": [str(level)]})]
+        hold = {"method": "hotweights_hold", "args": [str(level), "host" if kv_to_host else "gpu"]}
+        return [("/pause?mode=keep", None), ("/collective_rpc", hold)]
     return [(f"/sleep?level={level}&mode=keep", None)]
 
 
