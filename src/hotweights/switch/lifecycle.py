@@ -110,7 +110,7 @@ class Lifecycle:
                                        else " (only a failed model has a failure)" if failure is not None else ""))
         m.state, m.failure = to, failure
         if to not in (S.LEAVING, S.PARKED, S.DEEP):  # awake, or no engine: nothing held
-            m.kv_held = m.keeps = False
+            m.kv_held = False
         if to is S.AWAKE:  # those that left for it have given it its turn
             for other in self.models.values():
                 other.left_for = "" if other.left_for == m.name else other.left_for
@@ -298,7 +298,7 @@ class Lifecycle:
         each continued on its next wake (``preempt.py``), or with ``keep`` (where its park keeps them) held on its
         engine with their KV caches, going on at its next wake with nothing computed again."""
         self.move(victim, S.LEAVING)
-        victim.keeps, victim.left_for = keep, to
+        victim.left_for = to
         paused = self.pause_streams(victim, keep)  # keep: the plan's, only where its engine's park can (can_hold)
         victim.kv_held = keep and paused > 0
         how = "held with their KV caches, going on" if victim.kv_held else "paused, continued"

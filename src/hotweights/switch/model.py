@@ -16,7 +16,7 @@ from .config import ModelConfig, ParkedWeights
 from .upstream.engines import EngineLike
 from .gpus import host_mib
 from .kinds import KINDS, EngineKind
-from .preempt import Resumable, pause_all
+from .preempt import Resumable
 from .snapshot import View
 from .states import Failure, FailureKind, ModelState, PreloadOutcome, PreloadState, StartState
 
@@ -185,7 +185,6 @@ class Model:
     last_error: str = ""  # why its last wake failed, where it stayed where it was; cleared once it is awake
     streams: set[Resumable] = field(default_factory=set)  # its streams in flight that may be paused (preempt.py)
     kv_held: bool = False  # it parks (or is parked) holding streams with their KV caches (``Lifecycle.leave``)
-    keeps: bool = False  # leaving, its streams are held (the plan's ``keep``), else continued from their tokens
     left_for: str = ""  # the model it last left for, until that one is awake (``schedule.wanted``)
     tier: ParkedWeights | None = None  # its parked weights' place as traffic moved them (``tiers.py``)
     _placed: tuple[ModelConfig, ModelConfig] | None = field(default=None, repr=False)
@@ -287,14 +286,6 @@ class Model:
         if self._placed is None or self._placed[0] is not self.config:
             self._placed = (self.config, dataclasses.replace(self.config, parked_weights=self.tier))
         return self._placed[1]
-
-    def joined(self, r: Resumable, preempt: bool) -> None:
-        """``r`` streams on its engine now (its place given). One that joins an engine already leaving (its place
-        given just before the leave was planned, its relay not yet among ``streams``) pauses at once, as the leave
-        paused the others: else its whole answer came first."""
-        self.streams.add(r)
-        if preempt and self.state is ModelState.LEAVING and pause_all((r,), self.keeps):
-            self.kv_held |= self.keeps
 
     @property
     def can_hold(self) -> bool:

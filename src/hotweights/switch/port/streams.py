@@ -124,7 +124,7 @@ class _Resumed:
         self.ended = False  # the front stopped: the stream's error event is the last
         self.step: asyncio.Future[bytes] | None = None  # the read in progress: a held stream keeps it (a read
         # cancelled midway would lose what it had)
-        m.joined(r, requests.config.preempt)
+        m.streams.add(r)
 
     async def next(self, stopping: Stopping) -> list[bytes] | None:
         """The events to relay next ([] where a pause came first); None at the answer's end. The front stopping
@@ -195,8 +195,6 @@ class _Resumed:
         m, r = self.m, self.r
         await self.upstream.aclose()
         failed = await self._wait_again("paused", "it continues", "continue")
-        while not failed and r.pause.is_set():  # its engine left again as it got its place: nothing sent yet
-            failed = await self._wait_again("paused", "it continues", "continue")
         if failed:
             return failed
         try:
@@ -227,7 +225,7 @@ class _Resumed:
         except Unavailable as exc:
             return stream_error(f"this answer was paused for another model and could not {could_not}: {exc}", 503)
         self.holding = True
-        m.joined(r, self.requests.config.preempt)
+        m.streams.add(r)
         return b""
 
     def next_due(self) -> float:
