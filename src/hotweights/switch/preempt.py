@@ -19,9 +19,12 @@ With ``temperature = 0`` the answer is the one an unpaused request gets (up to t
 is a sample of the same distribution (a ``seed`` is not resumed mid-stream).
 
 A stream pauses only where every token relayed has had its text relayed (``Resumable.clean``): not in the middle
-of a character's bytes, nor of a stop string the engine holds back. One asked before its first event (its prompt in
-prefill, or queued on the engine behind others) pauses on that event, where its prompt's token ids come; a held one
-at once. Else a leaving engine waited for its whole answer: on an H100, 6-7 s of a host-tier turn's end.
+of a character's bytes, nor of a stop string the engine holds back. And only once an event came since it last got
+its place (``Resumable.moved``): one asked before that (its prompt in prefill, queued on the engine behind others,
+or just woken) pauses on that event, held or continued, so that each turn moves each of its streams by one event at
+least. Else a leaving engine waited for its whole answer (on an H100, 6-7 s of a host-tier turn's end); paused at
+once, a stream whose turns ended as they began was paused again and again with nothing sent (a CPU trace: two
+requests with no token in 120 s, 561 switches).
 
 Paused only: streamed, one choice (``n`` and ``best_of`` at most 1), without ``echo``, ``suffix``, logprobs, tools or
 structured output (their state is not resumable); a chat answer that streams anything but content (reasoning, tool
@@ -64,6 +67,7 @@ class Resumable:
     keep: bool = False  # its pause holds it on its engine with its KV cache (``Lifecycle.pause_streams``)
     before: int = 0  # tokens relayed before the continuation now streaming began
     pending: int = 0  # tokens relayed since the last text: their text is held back by the engine's detokenizer
+    moved: bool = False  # an event came since it last got its place in flight (``can_pause``)
     pause: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -76,15 +80,15 @@ class Resumable:
 
     @property
     def may_pause(self) -> bool:
-        """Whether it may pause, now or once its first event came: one asked before it (its prompt in prefill, or
-        queued on the engine) pauses on it, not at its answer's end."""
+        """Whether it may pause, now or on its next event: one asked before an event came since it got its place
+        (its prompt in prefill, or queued on the engine) pauses on it, not at its answer's end."""
         return not self.finished and not self.other
 
     @property
     def can_pause(self) -> bool:
-        """Whether it may pause now: held anywhere (nothing is sent again), continued once its prompt's token ids
-        came (its first event)."""
-        return self.may_pause and (self.keep or self.prompt_ids is not None)
+        """Whether it may pause now: once an event came since it got its place (each turn moves it), held anywhere
+        (nothing is sent again), continued once its prompt's token ids came (its first event)."""
+        return self.may_pause and self.moved and (self.keep or self.prompt_ids is not None)
 
     @property
     def clean(self) -> bool:
@@ -104,6 +108,7 @@ class Resumable:
         data = _data(event)
         if data is None:
             return event
+        self.moved = True
         self.first_id, self.created = self.first_id or str(data.get("id", "")), self.created or data.get("created", 0)
         if self.prompt_ids is None:  # chat: on the answer; completions: on its choice
             given = data.get("prompt_token_ids") or next((c.get("prompt_token_ids") for c in data.get("choices") or ()

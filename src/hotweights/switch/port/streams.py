@@ -224,7 +224,7 @@ class _Resumed:
             await self.requests.acquire(m.name, self.next_due())
         except Unavailable as exc:
             return stream_error(f"this answer was paused for another model and could not {could_not}: {exc}", 503)
-        self.holding = True
+        self.holding, r.moved = True, False
         m.streams.add(r)
         return b""
 
