@@ -43,7 +43,10 @@ rate the medians of the runs with their spread (min, max). Modes, each a front o
   park moves the KV cache to pinned host memory), a ``_deadline`` suffix (``mixed_preempt_deadline``) with
   ``schedule = "deadline"`` (issue 69; after ``_nokv`` and ``_kvhost`` where both), a ``_traffic`` suffix (last)
   with ``tiers = "traffic"`` (issue 69, part 3: ``--tier-window-s``) and the GPU tier given to the *least* popular
-  models at the start, so that traffic has them to move;
+  models at the start, so that traffic has them to move; an ``_awake1`` or ``_awake2`` suffix (after all others)
+  with ``max_awake`` 1 or 2, whatever memory allows: the GPU's time taken in turns too (an H100 run of five 8B
+  showed the GPU-tier engines awake beside a host-tier one taking most of the GPU's time: Aegaeon runs one model
+  at a time per GPU);
 - ``vllm_sleep`` (vLLM only): engines read the checkpoint themselves and park with vLLM's own sleep;
 - ``restart``: ``--no-parking`` (stop one engine, start the next: llama-swap's way);
 - ``static``: every model awake at once (``max_awake = N``): static partitioning, what a user does without a
@@ -94,7 +97,8 @@ from hotweights.unix import descendants
 from hotweights.verify.memory import proc_status
 
 PROBE_TOLERANCE = 0.05  # of a first token's logprob
-SUFFIXES = ("_traffic", "_deadline", "_kvhost", "_nokv")  # written in the reverse order: mixed_preempt_kvhost_deadline
+SUFFIXES = ("_awake1", "_awake2", "_traffic", "_deadline", "_kvhost", "_nokv")  # written in the reverse order:
+# mixed_preempt_kvhost_deadline_awake1
 MODES = ("park", "one", "before", "park_fifo", "park_x2", "park_host", "mixed", "vllm_sleep", "restart", "static",
          "preempt", "one_preempt", "mixed_preempt")
 
@@ -391,6 +395,7 @@ def mode_config(mode: str, models: dict[str, Path], args: argparse.Namespace) ->
     mode = {"preempt": "park"}.get(mode, mode.removesuffix("_preempt"))
     names = list(models)
     awake = {"one": 1, "park_x2": 2, "static": len(names)}.get(mode)  # else auto ("before": its own default, 1)
+    awake = 1 if "_awake1" in suffixes else 2 if "_awake2" in suffixes else awake  # GPU time in turns, not memory
     text = "[switch]\n" + (f"max_awake = {awake}\n" if awake else "")
     text += f"schedule = \"{'deadline' if deadline else 'fifo' if mode == 'park_fifo' else 'fair'}\"\n"
     text += f"request_timeout_s = {args.request_timeout_s}\n" + ("preempt = true\n" if preempt else "")
