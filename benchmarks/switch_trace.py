@@ -19,7 +19,8 @@ time after its first token over the tokens after it, the tokens from the stream'
 merge several into one event), outcome. Per run: p50/p95/p99 TTFT over every request (one that failed counts as
 never: its TTFT is infinite, shown as null), p50/p99 TPOT, goodput (requests answered with a first token within
 ``--slo-s``, per second of trace), SLO attainment (the share of requests with TTFT within ``--slo-s`` and TPOT
-within ``--tpot-slo-s``), switches (the front's counter), GPU and host memory sampled every second. Each rate runs
+within ``--tpot-slo-s``), switches (the front's counter), GPU and host memory sampled every second, and where the
+run's time went (``turns``, from the front's and vLLM engines' logs over the run: ``switch_turns.py``). Each rate runs
 ``--repeats`` times (seeds ``--seed``, +1, ...) on the same front, one after another, the lowest rate first; per
 rate the medians of the runs with their spread (min, max). Modes, each a front of its own (``hotweights switch
 --config``), one keeper for all:
@@ -71,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import json
 import math
 import os
@@ -90,6 +92,7 @@ from pathlib import Path
 
 import httpx
 from switch_mix import model_table, start_front, status, write_models
+from switch_turns import STAMP, turns
 from vllm_sleep import gpu_used_mib, host_used_mib
 
 from hotweights.observe import free_port
@@ -342,6 +345,7 @@ def run_trace(url: str, trace: list[Request], args: argparse.Namespace, host: fr
     sampler = threading.Thread(target=sample_memory, args=(samples, stop, began, args.gpu), daemon=True)
     sampler.start()
     before = switches(url)
+    since = datetime.datetime.now()  # the front's log lines of this run (switch_turns.py)
 
     async def everything() -> list[dict]:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
@@ -354,7 +358,8 @@ def run_trace(url: str, trace: list[Request], args: argparse.Namespace, host: fr
         stop.set()
         sampler.join()
     return summarize(rows, args, {"switches": switches(url) - before, "memory": samples,
-                                  "wall_s": round(time.perf_counter() - began, 1)}, host)
+                                  "wall_s": round(time.perf_counter() - began, 1),
+                                  "window": [since.strftime(STAMP), datetime.datetime.now().strftime(STAMP)]}, host)
 
 
 def roll_call(url: str, names: list[str], args: argparse.Namespace) -> dict:
@@ -443,6 +448,11 @@ def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock:
         front.send_signal(signal.SIGINT)
         front.wait(120)
     text = log.read_text()
+    engine_logs = {p.stem: p.read_text(errors="replace") for p in sorted((out / f"trace-logs-{mode}").glob("*.log"))}
+    for cell in result["rates"].values():  # where each run's time went: wakes, turns, leaves, engines' tokens/s
+        for run in cell["runs"]:
+            since, until = (datetime.datetime.strptime(x, STAMP) for x in run["window"])
+            run["turns"] = turns(text, engine_logs, since, until + datetime.timedelta(seconds=1))
     result["switch_lines"] = [x.split("switch: ", 1)[1] for x in text.splitlines()
                               if re.search(r"switch: \S+ (awake in|ready in|leaves for)", x)][:60]
     result["startup_timeline"] = startup_timeline(text)
