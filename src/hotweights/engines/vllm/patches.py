@@ -197,6 +197,7 @@ def install_park(worker: ModuleType) -> bool:
     # a park that keeps the KV cache, through POST /collective_rpc once /pause?mode=keep has paused the scheduler
     worker.Worker.hotweights_hold = lambda self, level=2, kv="gpu": park.hold(self, level, kv)
     worker.Worker.hotweights_release = lambda self: park.release(self)
+    worker.Worker.hotweights_pin_host = lambda self: park.pin_host(self)
     _applied("Worker.sleep/wake_up park zero-copy weights (level 2 unmaps them at their addresses); "
              "hotweights_hold/release park keeping the KV cache")
     return True
