@@ -88,10 +88,10 @@ def test_a_completion_continues_from_its_prompts_token_ids_and_those_it_generate
 
 def test_a_stream_asked_before_its_first_event_pauses_on_it():
     """Issue 69, from an H100 run: a leaving engine waited 6-7 s for streams that had no first event when it left
-    (their prompt in prefill, or queued behind others), whose whole answers came first. Such a stream is asked too,
-    and pauses on its first event (continued: where its prompt's token ids come). Held or continued, a stream pauses
-    only once an event came since it last got its place: paused at once, two models whose turns ended as they began
-    paused each other's streams with nothing sent (a CPU trace: no token in 120 s, 561 switches)."""
+    (their prompt in prefill, or queued behind others), whose whole answers came first. Such a stream is asked too:
+    held, it pauses at once (its engine keeps what it computed; held on its first event, one queued behind a full
+    batch kept an H100's turn waiting 6.9 s); continued, once an event came since it last got its place (its first
+    brings its prompt's token ids; a continuation's first, so that no pause throws away an unused prefill)."""
     from hotweights.switch.preempt import pause_all
 
     early = resumable(COMPLETIONS, body(prompt="x", max_tokens=50))
@@ -100,13 +100,11 @@ def test_a_stream_asked_before_its_first_event_pauses_on_it():
     early.relayed(completion("y", [5], prompt_token_ids=[9]))
     assert early.can_pause  # its first event: it pauses on it
     held = resumable(COMPLETIONS, body(prompt="x", max_tokens=50))
-    assert pause_all([held], keep=True) == 1 and not held.can_pause  # held: on its first event too
-    held.relayed(completion("y", [5], prompt_token_ids=[9]))
-    assert held.can_pause
-    held.moved = False  # it got its place again (its engine woke): it goes on to its next event first
-    assert not held.can_pause
-    held.relayed(completion("z", [6]))
-    assert held.can_pause
+    assert pause_all([held], keep=True) == 1 and held.can_pause  # held: at once
+    early.moved = False  # its continuation got its place (its engine woke): it goes on to that one's first event
+    assert not early.can_pause
+    early.relayed(completion("z", [6]))
+    assert early.can_pause
     done = resumable(COMPLETIONS, body(prompt="x", max_tokens=50))
     done.relayed(completion("y", [5], "length", prompt_token_ids=[9]))
     assert pause_all([done]) == 0 and not done.may_pause

@@ -19,12 +19,14 @@ With ``temperature = 0`` the answer is the one an unpaused request gets (up to t
 is a sample of the same distribution (a ``seed`` is not resumed mid-stream).
 
 A stream pauses only where every token relayed has had its text relayed (``Resumable.clean``): not in the middle
-of a character's bytes, nor of a stop string the engine holds back. And only once an event came since it last got
-its place (``Resumable.moved``): one asked before that (its prompt in prefill, queued on the engine behind others,
-or just woken) pauses on that event, held or continued, so that each turn moves each of its streams by one event at
-least. Else a leaving engine waited for its whole answer (on an H100, 6-7 s of a host-tier turn's end); paused at
-once, a stream whose turns ended as they began was paused again and again with nothing sent (a CPU trace: two
-requests with no token in 120 s, 561 switches).
+of a character's bytes, nor of a stop string the engine holds back. One asked before its first event (its prompt in
+prefill, or queued on the engine behind others) is asked too, else a leaving engine waited for its whole answer (on
+an H100, 6-7 s of a host-tier turn's end). Held, it pauses at once: its engine keeps what it computed, and where it
+was queued it stays queued (held on its first event instead, one queued behind a full batch kept an H100's turn
+waiting 6.9 s). Continued, it pauses once an event came since it last got its place (``Resumable.moved``): its
+prompt's token ids on its first event, and after a continuation that continuation's first, so that a pause never
+throws away a prefill it has not used (on the CPU, streams paused as they joined an engine already leaving, before
+any event, were paused again and again with nothing sent: two requests with no token in 120 s, 561 switches).
 
 Paused only: streamed, one choice (``n`` and ``best_of`` at most 1), without ``echo``, ``suffix``, logprobs, tools or
 structured output (their state is not resumable); a chat answer that streams anything but content (reasoning, tool
@@ -67,7 +69,7 @@ class Resumable:
     keep: bool = False  # its pause holds it on its engine with its KV cache (``Lifecycle.pause_streams``)
     before: int = 0  # tokens relayed before the continuation now streaming began
     pending: int = 0  # tokens relayed since the last text: their text is held back by the engine's detokenizer
-    moved: bool = False  # an event came since it last got its place in flight (``can_pause``)
+    moved: bool = False  # an event came since it last got its place in flight (``can_pause``, continued)
     pause: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -86,9 +88,9 @@ class Resumable:
 
     @property
     def can_pause(self) -> bool:
-        """Whether it may pause now: once an event came since it got its place (each turn moves it), held anywhere
-        (nothing is sent again), continued once its prompt's token ids came (its first event)."""
-        return self.may_pause and self.moved and (self.keep or self.prompt_ids is not None)
+        """Whether it may pause now: held anywhere (its engine keeps what it computed, nothing is sent again),
+        continued once an event came since it got its place (its first brings its prompt's token ids)."""
+        return self.may_pause and (self.keep or (self.moved and self.prompt_ids is not None))
 
     @property
     def clean(self) -> bool:
