@@ -574,7 +574,7 @@ def test_the_engine_that_leaves_parks_even_when_the_model_after_it_parked_first(
 def test_room_for_parks_idle_engines_first_then_waits_for_turns_as_a_table():
     """Review f, move 1: ``room_for`` is a function of a snapshot's views alone (no engine, no clock): each row is
     one situation and what makes room for c."""
-    from hotweights.switch.schedule import room_for, turn_left_s
+    from hotweights.switch.schedule import room_for
     from hotweights.switch.snapshot import Snapshot, View
 
     config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in "abcd"), max_awake="auto", turn_s=1.0)
@@ -598,12 +598,6 @@ def test_room_for_parks_idle_engines_first_then_waits_for_turns_as_a_table():
     assert room(1, 3, (0.7, 0.4)).leave == ("a",)  # b owes more: a leaves
     assert room(1, 3, (20,)).leave == ("a",)  # starving: whatever is in flight
     assert room(0, 1, (0.4,)).park == ("a",)  # an idle one parks before any turn ends
-    # but never a turn shorter than the two wakes its end costs: on the CPU two starving models each ended the
-    # other's turn as it began (65,000 wakes in two minutes, streams paused before they sent anything)
-    just_woke = View(config.models[0], ModelState.AWAKE, need, inflight=1, awake_at=now - 0.05, wake_s=0.4)
-    starving = View(config.models[2], ModelState.PARKED, need, waiting=1, arrivals=(now - 20,), wake_s=0.2)
-    assert abs(turn_left_s(just_woke, starving, config, now) - 0.55) < 1e-9
-    assert turn_left_s(dataclasses.replace(just_woke, awake_at=now - 1), starving, config, now) == 0.0
 
 
 def test_the_deadline_schedule_serves_the_first_due_and_ends_a_turn_by_it_never_shorter_than_a_wake():

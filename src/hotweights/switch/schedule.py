@@ -16,10 +16,9 @@ engines already leaving; then, where memory forces a choice between busy engines
 requests waiting for the model have waited, in sum, ``turn_s`` per request it has in flight (a starving request ends
 it at once): it leaves (takes no new request, parks once its requests end) and the model wakes after it. With the
 ``deadline`` schedule the turn ends instead once the model's first due time, less what its wake takes (``wake_cost``),
-has come. On either, never before the busy engine has been awake as long as the two wakes its turn's end costs take
-(the model's now, its own when it comes back: Aegaeon's scale-down, a turn shorter than its switches is all switch;
-with its own wake alone, 15 ms on the GPU tier, every host-tier request that came due ended a GPU-tier turn, and on
-the CPU two starving models each ended the other's turn as it began). Nothing is
+has come, and never before the busy engine has been awake as long as the two wakes its turn's end costs take (the
+model's now, its own when it comes back: Aegaeon's scale-down, a turn shorter than its switches is all switch; with
+its own wake alone, 15 ms on the GPU tier, every host-tier request that came due ended a GPU-tier turn). Nothing is
 parked or left for a wake that must wait anyway. A busy engine that leaves holds its streams with their KV caches (its
 engine's park keeps them: ``View.can_hold``) where the wake fits beside what it then keeps (``memory.Holder.kv_kept``),
 else its streams are continued from their tokens.
@@ -269,18 +268,17 @@ def due(v: View, config: SwitchConfig) -> float:
 
 def turn_left_s(busy: View, v: View, config: SwitchConfig, now: float) -> float:
     """Seconds until ``busy``'s turn ends for ``v``: once ``v``'s waiting requests have waited, in sum, ``turn_s`` per
-    request in flight on ``busy`` (at once where one of them starves); with the ``deadline`` schedule, once ``v``'s
-    first due time less its wake has come. On either, not before ``busy`` has been awake as long as the two wakes its
-    turn's end costs take (``v``'s now, its own when it comes back): a turn shorter than its switches is all switch."""
-    floor = busy.awake_at + wake_cost(busy) + wake_cost(v) - now
+    request in flight on ``busy`` (0 at once where one of them starves); with the ``deadline`` schedule, once ``v``'s
+    first due time less its wake has come, but not before ``busy`` has been awake as long as the two wakes its turn's
+    end costs take (``v``'s now, its own when it comes back)."""
     if config.schedule == "deadline":
-        return max(0.0, due(v, config) - wake_cost(v) - now, floor)
+        return max(0.0, due(v, config) - wake_cost(v) - now, busy.awake_at + wake_cost(busy) + wake_cost(v) - now)
     if not v.arrivals:
-        return max(config.turn_s, floor)
+        return config.turn_s
     if now - min(v.arrivals) > config.starve_after_s:
-        return max(0.0, floor)
+        return 0.0
     owed = config.turn_s * max(1, busy.inflight) - sum(now - a for a in v.arrivals)
-    return max(0.0, owed / len(v.arrivals), floor)
+    return max(0.0, owed / len(v.arrivals))
 
 
 def room_for(v: View, s: Snapshot, config: SwitchConfig) -> Room:
