@@ -25,8 +25,7 @@ an H100, 6-7 s of a host-tier turn's end). Held, it pauses at once: its engine k
 was queued it stays queued (held on its first event instead, one queued behind a full batch kept an H100's turn
 waiting 6.9 s). Continued, it pauses once an event came since it last got its place (``Resumable.moved``): its
 prompt's token ids on its first event, and after a continuation that continuation's first, so that a pause never
-throws away a prefill it has not used (on the CPU, streams paused as they joined an engine already leaving, before
-any event, were paused again and again with nothing sent: two requests with no token in 120 s, 561 switches).
+throws away a prefill it has not used.
 
 Paused only: streamed, one choice (``n`` and ``best_of`` at most 1), without ``echo``, ``suffix``, logprobs, tools or
 structured output (their state is not resumable); a chat answer that streams anything but content (reasoning, tool
