@@ -90,6 +90,7 @@ class Engine:
         self.parks = self.kind.parks(parking)
         self._keep_kv, self._held_kv = keep_kv, held_kv
         self.held = False  # parked keeping its KV cache and requests in flight: its wake lets them go on
+        self.pinned = False  # its pinned host buffers for a held park's KV cache made (``parking.park_asks``)
         self.log_path = log_dir / f"{model.name.replace('/', '_')}.log"
         self.process = EngineProcess(model.name, self.log_path)
         self._ahead = EngineProcess(model.name, self.log_path)  # its compile ahead (``compile_ahead``), if one runs
@@ -305,7 +306,7 @@ class Engine:
         copy is made again first, within those seconds (``device_copy_back``); a start again finds the keeper first
         (``cached_again``)."""
         began = time.monotonic()
-        self.held = False
+        self.held = self.pinned = False
         again = self.cached_again() if self.started_before else ""
         if again:
             logger.warning("switch: %s: %s", self.model.name, again)
@@ -328,9 +329,11 @@ class Engine:
             self.stop()
             return
         self.held = keep and self.keeps_kv
+        pin = self.kv_to_host and not self.held and not self.pinned  # once a process: an RPC of its own
         try:
-            for path, body in park_asks(self.kind.name, level, self.held, self.kv_to_host):
+            for path, body in park_asks(self.kind.name, level, self.held, self.kv_to_host, pin):
                 self.process.ask(path, timeout_s=120, body=body)
+            self.pinned |= pin
         except OSError as exc:
             raise EngineError(f"{self.model.name}: would not park: {one_line(str(exc))}") from None
 

@@ -11,8 +11,9 @@ weights' GPU memory; its wake maps the weights again and lets the requests go on
   mapped where the weights, and a KV cache in host memory, cannot fit), then ``/resume``.
 
 A park that holds nothing is each engine's own sleep (``/sleep?level=N``) and its wake ``/wake_up``; a vLLM engine
-whose held parks move the KV cache to host memory then has its pinned host buffers made (``hotweights_pin_host``,
-once: on an H100 the first held park that made them took 1.40 s, the next ones 0.05 s), while nothing waits on it.
+whose held parks move the KV cache to host memory has its pinned host buffers made at its first
+(``hotweights_pin_host``: on an H100 the first held park that made them took 1.40 s, the next ones 0.05 s), while
+nothing waits on it.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from typing import Any
 Ask = tuple[str, dict[str, Any] | None]  # a POST: its path, and its JSON body (None: empty)
 
 
-def park_asks(kind: str, level: int, keep: bool, kv_to_host: bool = False) -> list[Ask]:
+def park_asks(kind: str, level: int, keep: bool, kv_to_host: bool = False, pin_host: bool = False) -> list[Ask]:
     """What parks an engine of ``kind`` at ``level``, keeping its KV cache and requests where ``keep`` (vLLM: the
-    KV cache moved to pinned host memory where ``kv_to_host``, whose buffers a plain park makes ahead)."""
+    KV cache moved to pinned host memory where ``kv_to_host``, whose buffers a plain park makes where ``pin_host``:
+    the engine's first)."""
     if not keep:
-        pin = [("/collective_rpc", {"method": "hotweights_pin_host"})] if kind == "vllm" and kv_to_host else []
+        pin = [("/collective_rpc", {"method": "hotweights_pin_host"})] if kind == "vllm" and pin_host else []
         return [(f"/sleep?level={level}", None), *pin]
     if kind == "vllm":
         hold = {"method": "hotweights_hold", "args": [str(level), "host" if kv_to_host else "gpu"]}
