@@ -181,8 +181,8 @@ def test_the_processes_of_a_start_include_the_server_the_standby_forked(socket_d
     start_standby(socket_dir)
     launcher = launch(socket_dir, work, "--wait")
     try:
-        server = int(launcher.stdout.readline().split()[1])
-        assert "waiting" in launcher.stdout.readline() + launcher.stdout.readline()  # the launcher relays now
+        said = until_waiting(launcher)  # the launcher relays now (its line and its server's, in either order)
+        server = int(said.split("started ")[1].split()[0])
         assert server not in descendants(launcher.pid)
         said = evidence.standby_server("vLLM says hello\n" + evidence.standby_used(server, 3.2) + "\n")
         assert said == server and evidence.standby_server("a plain start\n") == 0
