@@ -661,6 +661,36 @@ def test_a_model_whose_engine_left_for_another_comes_after_it_while_that_one_wai
     assert order(paused, dataclasses.replace(b, state=ModelState.AWAKE), c) == ["a"]  # b awake: a's turn again
 
 
+def test_a_model_that_does_not_fit_even_alone_tries_its_wake_only_first_once_nothing_leaves_and_within_the_cap():
+    """Issue 69 on an H100 (five 8B, ``max_awake = 1``): a host-tier model the estimate says cannot fit even alone
+    (held KV caches beside it) woke as the model after the first in the order, beside an engine still leaving, and
+    its wakes were refused for memory. Its own wake still says whether it fits, but only as the model served next,
+    with the idle engines parked, once the leaving ones have parked, and within ``max_awake``."""
+    from hotweights.switch.schedule import Wait, Wake, plan, room_for
+    from hotweights.switch.snapshot import Snapshot, View
+
+    config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in "abc"), max_awake=1, turn_s=1.0)
+    need, now = GpuNeed((0,), 0.0, 15 * GIB, 20 * GIB, parked_mib=1950), 1000.0
+    huge = GpuNeed((0,), 0.0, 150 * GIB, 20 * GIB, parked_mib=1950)  # over the GPU's 112 GiB by the estimate
+
+    def snap(a_state="leaving", a_inflight=0, b_waiting=2):
+        return Snapshot((View(config.models[0], ModelState(a_state), need, inflight=a_inflight, last_used=1.0),
+                         View(config.models[1], ModelState.PARKED, need, waiting=b_waiting,
+                              arrivals=(now - 0.1,) * b_waiting),
+                         View(config.models[2], ModelState.PARKED, huge, waiting=1, arrivals=(now - 0.1,))),
+                        {0: 112 * GIB}, now, "a")
+
+    assert isinstance(plan(snap(), config).then, Wait)  # b waits for a to park; c does not wake beside a
+    r = room_for(snap()["c"], snap(), config)
+    assert r.trial and r.wait and not r.now, r
+    s = snap(b_waiting=0)  # c first: it still waits for a to park
+    assert isinstance(plan(s, config).then, Wait)
+    s = snap("awake", a_inflight=1, b_waiting=0)  # a busy, its turn not over: max_awake holds c back
+    assert isinstance(plan(s, config).then, Wait) and room_for(s["c"], s, config).look_in_s is not None
+    s = snap("awake", b_waiting=0)  # a idle: it parks, and c tries
+    assert plan(s, config).then == Wake("c", room_for(s["c"], s, config)) and room_for(s["c"], s, config).park == ("a",)
+
+
 def test_a_busy_engine_leaves_holding_its_streams_where_what_it_keeps_fits_else_they_continue_from_tokens():
     """Issue 69, part 1, as a table over views: a busy engine whose turn is over leaves holding its streams with their
     KV caches (``Room.keep``, ``Leave.keep``) where the wake fits beside all it then keeps parked (its own memory,

@@ -33,6 +33,7 @@ compiles), unless requests wait for a model that has started: the switches they 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,11 +58,12 @@ class Room:
     keep: tuple[str, ...] = ()
     wait: bool = False
     look_in_s: float | None = None
+    trial: bool = False  # it does not fit even alone by the estimate: only the model served next tries its wake
 
     @property
     def now(self) -> bool:
-        """Nothing to park, leave or wait for: the model wakes beside the others."""
-        return not (self.park or self.leave or self.wait)
+        """Nothing to park, leave or wait for, and it fits: the model wakes beside the others."""
+        return not (self.park or self.leave or self.wait or self.trial)
 
 
 @dataclass(frozen=True)
@@ -302,17 +304,25 @@ def room_for(v: View, s: Snapshot, config: SwitchConfig) -> Room:
         return leaving
     if busy and fits(v, s, config, [*gone, *(x.name for x in busy)]):  # once more turns end
         return Room(wait=True, look_in_s=min(turn_left_s(x, v, config, now) for x in busy if x.name not in over))
-    return Room(park=tuple(idle))  # it does not fit even alone, by the estimate: its own wake says whether it does
+    return trial(v, s, config, idle, leaving=len(gone) > len(idle))
+
+
+def trial(v: View, s: Snapshot, config: SwitchConfig, idle: Sequence[str], leaving: bool) -> Room:
+    """Room for ``v``, which by the estimate does not fit even alone: its own wake says (the estimate may be short),
+    every idle engine parked, once those leaving have parked, within ``max_awake``; only as the model served next
+    (``Room.trial``: after it, it woke past ``max_awake`` 1 on an H100, refused for memory 42 times a minute)."""
+    capped = room_for(v, dataclasses.replace(s, totals={}), config) if s.totals else Room()  # memory aside
+    return Room(park=tuple(idle), leave=capped.leave, keep=capped.keep, wait=capped.wait or leaving,
+                look_in_s=capped.look_in_s, trial=True)
 
 
 def leavers(v: View, s: Snapshot, config: SwitchConfig, gone: Sequence[str], over: Sequence[str]) -> Room | None:
     """Few of ``over`` (busy engines whose turn is over, in turn order) whose leaving makes room for ``v``, two ways:
     those that can hold their streams with their KV caches first, holding them, then the others; or all letting
     their KV caches go (their streams continued from their tokens); each way those that free the most of ``v``'s
-    GPUs first. The way with fewer leaving, else the one that holds more. One that frees
-    nothing leaves only where ``max_awake`` counts it: a GPU-tier engine holding its streams keeps its weights and its
-    KV cache, and three such left for one host-tier wake on an H100 (five 8B), none of them needed. None where all of
-    them leaving does not make room."""
+    GPUs first. The way with fewer leaving, else the one that holds more. One that frees nothing leaves only where
+    ``max_awake`` counts it (three GPU-tier engines holding their streams left for one host-tier wake on an H100,
+    none of them needed). None where all of them leaving does not make room."""
     rooms = []
     for hold in (True, False):
         holds = {x for x in over if hold and s[x].can_hold}
