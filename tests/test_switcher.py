@@ -724,6 +724,11 @@ def test_a_busy_engine_leaves_holding_its_streams_where_what_it_keeps_fits_else_
     assert room_for(s["c"], s, config).keep == ()  # nothing it could hold (no stream, or its park keeps none)
     parked, held = Holder(need, ModelState.PARKED, False), Holder(need, ModelState.PARKED, False, True)
     assert held_mib(parked, 112 * GIB) == 1950 and held_mib(held, 112 * GIB) == 20 * GIB + 1950
+    # a pinned KV cache (vLLM's --kv-cache-memory-bytes): held, its activations given back (vLLM's held park empties
+    # torch's cache), awake, counted
+    pinned = GpuNeed((0,), 0.3, 15 * GIB, parked_mib=976, engine_kv_mib=2048, activations_mib=3616)
+    assert held_mib(Holder(pinned, ModelState.PARKED, True, True), 80 * GIB) == 15 * GIB + 2048 + 976
+    assert held_mib(Holder(pinned, ModelState.AWAKE, True), 80 * GIB) == 15 * GIB + 2048 + 976 + 3616
 
 
 def test_a_gpu_tier_engine_that_would_free_nothing_held_does_not_leave_for_a_host_tier_wake():

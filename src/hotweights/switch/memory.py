@@ -11,8 +11,9 @@ Per GPU a model holds:
   ``--gpu-memory-utilization``: ``engines/vllm/budget.engine_share``, the rule the engine's own start applies) or,
   where its arguments pin its KV cache (``--kv-cache-memory-bytes``), that KV cache and the activations beside it;
   plus what a parked engine keeps (its CUDA context and graphs, read on an H200); parked, only that, unless its park
-  kept its KV cache for the streams it holds (``kv_kept``: issue 69), then all of its own memory but the weights;
-  stopped, nothing.
+  kept its KV cache for the streams it holds (``kv_kept``: issue 69), then that KV cache too (its activations given
+  back: vLLM's held park empties torch's cache), or all of its own memory but the weights where its KV cache is not
+  pinned; stopped, nothing.
 
 An estimate from the configuration, not a reading: it is what lets the switch decide without awaiting a read
 between looking at its models and acting (an engine's own wake still refuses when the GPU has too little: the
@@ -89,8 +90,15 @@ class GpuNeed:
     def awake_mib(self, total_mib: int) -> int:
         """Its engine's own memory while it serves (its weights aside)."""
         if self.engine_kv_mib:
-            return self.engine_kv_mib + self.activations_mib + self.extra_mib + self.parked_mib
+            return self.kept_mib(total_mib) + self.activations_mib
         return self.start_mib(total_mib) + self.parked_mib
+
+    def kept_mib(self, total_mib: int) -> int:
+        """Its engine's own memory parked keeping its KV cache (its weights aside): a pinned KV cache beside what any
+        parked engine keeps, else (a KV cache sized from its share) all of its awake memory."""
+        if self.engine_kv_mib:
+            return self.engine_kv_mib + self.extra_mib + self.parked_mib
+        return self.awake_mib(total_mib)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +108,7 @@ class Holder:
     need: GpuNeed
     state: ModelState
     weights_kept: bool  # parked_weights = "gpu" (or parking off): the keeper keeps its entry on the GPU
-    kv_kept: bool = False  # parked keeping its KV cache (and activations, graphs) for the streams it holds
+    kv_kept: bool = False  # parked keeping its KV cache for the streams it holds
 
 
 def held_mib(h: Holder, total_mib: int) -> int:
@@ -114,7 +122,7 @@ def held_mib(h: Holder, total_mib: int) -> int:
     if resident:
         return weights + n.awake_mib(total_mib)
     if h.state in (ModelState.PARKED, ModelState.DEEP):
-        return weights + (n.awake_mib(total_mib) if h.kv_kept else n.parked_mib)
+        return weights + (n.kept_mib(total_mib) if h.kv_kept else n.parked_mib)
     return weights  # stopped or failed: no engine, its weights wherever the keeper keeps them
 
 
