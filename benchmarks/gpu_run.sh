@@ -84,7 +84,7 @@ switch_drills_8b() {  # switch_drills_8b SOCK ARGS: `hotweights switch` over $W/
 RUNS=" ${RUNS:?name the runs: RUNS=\"cuda fill3\"} "
 runs() { [[ $RUNS == *" $1 "* ]]; }
 TRACE=(--engine vllm --link-shards --gen-device cuda --burst-size 0 --max-tokens 32,512)
-TEN="--max-model-len 4096 --gpu-memory-utilization 0.17 --kv-cache-memory-bytes 2G --max-num-seqs 32"
+TEN="--max-model-len 4096 --gpu-memory-utilization 0.17 --kv-cache-memory-bytes 2G --max-num-seqs 32 --max-num-batched-tokens 2048"
 THREE="--max-model-len 4096 --gpu-memory-utilization 0.25"
 cold() {  # an empty keeper (a fresh socket directory) and no compile cache; COLD_DISK=1: no page cache either;
   # `cold kept`: the compile caches kept (a reboot, where ~/.cache/vllm and the Triton cache survive)

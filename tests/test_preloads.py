@@ -776,16 +776,22 @@ def test_the_starts_that_go_together_are_decided_from_memory_as_a_table():
     assert batch(room) == "a"  # a profiles the GPU: alone
 
 
-def test_fewer_sequences_per_vllm_engine_leave_room_for_two_host_tier_models_awake():
+def test_fewer_sequences_and_tokens_per_vllm_engine_leave_room_for_two_host_tier_models_awake():
     """Ten 8B on an H200 (six on the GPU tier, KV caches of 2 GiB): vLLM's CUDA graphs for batches of up to 512
-    stay on the GPU in every parked engine (1.9 GiB each, read there), so one host-tier model fits awake; with
-    ``--max-num-seqs 32`` its graphs are for batches of up to 64 (976 MiB parked, read there), and two fit."""
+    stay on the GPU in every parked engine (1.9 GiB each, read there), and an awake engine's activations reach
+    3.1 GiB at 8,192 tokens a step (read on an H100 after a minute of prompts of up to 2,000 tokens), so one
+    host-tier model fits awake; with ``--max-num-seqs 32`` its graphs are for batches of up to 64 (976 MiB parked,
+    read there), with ``--max-num-batched-tokens 2048`` its activations a quarter, and with both two fit."""
     from hotweights.switch.fit import fits, say_fit, with_fewer_seqs
-    ACTIVATIONS_MIB = 2048  # vLLM's at its defaults (1024 and 1 MiB a sequence, 1024 sequences)
+    from hotweights.switch.kinds import VLLM_ACTIVATIONS_MIB
 
-    assert KINDS["vllm"].engine_mib([]) == (KINDS["vllm"].parked_mib, ACTIVATIONS_MIB)  # the defaults, as before
+    assert KINDS["vllm"].engine_mib([]) == (KINDS["vllm"].parked_mib, VLLM_ACTIVATIONS_MIB + 1024)  # the defaults
+    assert VLLM_ACTIVATIONS_MIB >= 3188  # above the H100's reading (fill5kv_h100_2026-12-06d.json)
     parked, activations = KINDS["vllm"].engine_mib(["--max-num-seqs", "32"])
-    assert 976 <= parked < 1400 and activations < ACTIVATIONS_MIB  # above what the H200 read, not far
+    assert 976 <= parked < 1400 and activations == VLLM_ACTIVATIONS_MIB + 32  # above what the H200 read, not far
+    assert KINDS["vllm"].engine_mib(["--max-num-seqs", "32", "--max-num-batched-tokens", "2048"])[1] == \
+        VLLM_ACTIVATIONS_MIB // 4 + 32
+    assert KINDS["vllm"].engine_mib(["--max-num-batched-tokens", "64"])[1] == 512 + 1024  # never under 512 MiB
     assert KINDS["vllm"].engine_mib(["--max-num-seqs", "32", "--enforce-eager"])[0] < parked  # no graphs at all
     assert KINDS["vllm"].engine_mib(["--max-num-seqs", "many"]) == KINDS["vllm"].engine_mib([])  # vLLM says why
 
@@ -800,17 +806,22 @@ def test_fewer_sequences_per_vllm_engine_leave_room_for_two_host_tier_models_awa
                        activations_mib=activations)
 
     h200 = {0: GpuMemory(143_771, 143_000)}
+    both = ("--max-num-seqs", "32", "--max-num-batched-tokens", "2048")
     (default,) = fits(config(), need, h200)
-    (fewer,) = fits(config("--max-num-seqs", "32"), need, h200)
-    assert default.fit_awake == 1 and fewer.fit_awake == 2, (default.line(), fewer.line())
-    # the start-up line says so, where the vLLM models' args leave vLLM's defaults
+    (seqs,) = fits(config("--max-num-seqs", "32"), need, h200)
+    (fewer,) = fits(config(*both), need, h200)
+    assert default.fit_awake == seqs.fit_awake == 1 and fewer.fit_awake == 2, (default.line(), fewer.line())
+    # the start-up line says so, with what the vLLM models' args do not set already
     (said,) = say_fit(config(), need, lambda: h200)
-    assert said.line().endswith("1 of 10 fit awake at once (2 with --max-num-seqs 32 in each vLLM model's args: "
-                                "its CUDA graphs, which stay on the GPU while it is parked, then cover batches of "
-                                "up to 64)"), said.line()
-    (set_already,) = say_fit(config("--max-num-seqs", "32"), need, lambda: h200)
+    assert said.line().endswith("1 of 10 fit awake at once (2 with --max-num-seqs 32 --max-num-batched-tokens 2048 in "
+                                "each vLLM model's args: its CUDA graphs, which stay on the GPU while it is parked, "
+                                "then cover batches of up to 64, a step's activations 2,048 tokens)"), said.line()
+    (said,) = say_fit(config("--max-num-seqs", "32"), need, lambda: h200)
+    assert said.line().endswith("1 of 10 fit awake at once (2 with --max-num-batched-tokens 2048 in each vLLM "
+                                "model's args: a step's activations 2,048 tokens)"), said.line()
+    (set_already,) = say_fit(config(*both), need, lambda: h200)
     assert set_already.line().endswith("2 of 10 fit awake at once")
-    assert with_fewer_seqs(config("--enforce-eager")) is None
+    assert with_fewer_seqs(config(*both, "--enforce-eager")) is None
 
 
 def test_the_first_start_compiles_beside_its_preload_and_starts_once_both_have_ended(caplog):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from .config import ModelConfig, SwitchConfig
 from .gpus import GpuMemory
-from .kinds import FEWER_SEQS, KINDS
+from .kinds import FEWER_SEQS, FEWER_TOKENS, KINDS
 from .memory import RESERVE_MIB, GpuNeed, Holder, held_mib
 from .states import ModelState
 
@@ -37,7 +37,8 @@ class GpuFit:
     parked: int
     models: int = 0  # on this GPU
     fit_awake: int = 0  # how many of them fit awake at once (the costliest first)
-    fewer_seqs_awake: int = 0  # as many, with FEWER_SEQS in each vLLM model's args (0: not said)
+    fewer_seqs_awake: int = 0  # as many, with ``fewer`` added to each vLLM model's args (0: not said)
+    fewer: tuple[str, ...] = FEWER_SEQS + FEWER_TOKENS
 
     @property
     def need_mib(self) -> int:
@@ -50,8 +51,12 @@ class GpuFit:
                 f"{self.awake_mib / gib:.1f} GiB, {self.parked} parked about {self.parked_mib / gib:.1f} GiB); "
                 f"{self.fit_awake} of {self.models} fit awake at once")
         if self.fewer_seqs_awake > self.fit_awake:
-            what += (f" ({self.fewer_seqs_awake} with {' '.join(FEWER_SEQS)} in each vLLM model's args: its CUDA "
-                     f"graphs, which stay on the GPU while it is parked, then cover batches of up to 64)")
+            why = [w for flag, w in (("--max-num-seqs", "its CUDA graphs, which stay on the GPU while it is parked, "
+                                                           "then cover batches of up to 64"),
+                                     ("--max-num-batched-tokens", "a step's activations 2,048 tokens"))
+                   if flag in self.fewer]
+            what += f" ({self.fewer_seqs_awake} with {' '.join(self.fewer)} in each vLLM model's args: "
+            what += f"{', '.join(why)})"
         if self.need_mib <= self.total_mib:
             return what
         return (f"{what}: does not fit, and a start or wake that finds too little free fails or waits: keep fewer "
@@ -116,13 +121,14 @@ def with_fewer_seqs(config: SwitchConfig) -> SwitchConfig | None:
 def say_fit(config: SwitchConfig, need: Callable[[ModelConfig], GpuNeed],
             memory: Callable[[], dict[int, GpuMemory]]) -> list[GpuFit]:
     """Log each GPU's worst moment (a warning where it does not fit); nothing where no GPU is seen. Where more
-    would fit awake with ``FEWER_SEQS`` in the vLLM models' args, the line says how many."""
+    would fit awake with ``FEWER_SEQS`` and ``FEWER_TOKENS`` in the vLLM models' args, the line says how many."""
     seen = memory()
     found = fits(config, need, seen) if seen else []
     fewer = with_fewer_seqs(config) if found else None
     if fewer is not None:
         alt = {f.gpu: f.fit_awake for f in fits(fewer, need, seen)}
-        found = [dataclasses.replace(f, fewer_seqs_awake=alt.get(f.gpu, 0)) for f in found]
+        added = max((KINDS[m.engine].fewer_seqs(m.args) for m in config.models), key=len)
+        found = [dataclasses.replace(f, fewer_seqs_awake=alt.get(f.gpu, 0), fewer=added) for f in found]
     for fit in found:
         (logger.info if fit.need_mib <= fit.total_mib else logger.warning)("switch: %s", fit.line())
     return found

@@ -40,6 +40,7 @@ SLEEP_MODE = argv.Option(("--enable-sleep-mode",), "none")
 EAGER = argv.Option(("--enforce-eager",), "none")
 COMPILED_LINE = "torch.compile took "  # vLLM's, once its compile (or its load from the cache) has ended
 MAX_SEQS = argv.Option(("--max-num-seqs",))
+BATCHED_TOKENS = argv.Option(("--max-num-batched-tokens",))
 DEVICE = argv.Option(("--device",))
 GPU_SHARE = argv.Option(("--gpu-memory-utilization",))
 VLLM_SHARE = 0.92  # vLLM 0.26's default --gpu-memory-utilization
@@ -47,9 +48,11 @@ VLLM_MAX_SEQS = 1024  # vLLM 0.26's default --max-num-seqs on an H200
 VLLM_GRAPHS_MIB = 1024  # its CUDA graphs at the default sizes (51, batches up to 512), 8B
 VLLM_MAX_GRAPH_BATCH = 512
 VLLM_SCRATCH_MIB = 3072  # a vLLM preload's context, activations of its profile run and CUDA graphs (8B: ~2.5 GiB)
-VLLM_ACTIVATIONS_MIB = 1024  # a vLLM engine's activations beside a KV cache its arguments pin, and 1 MiB a sequence
+VLLM_BATCHED_TOKENS = 8192  # vLLM 0.26's default --max-num-batched-tokens (its API server, a GPU of 70 GiB or more)
+VLLM_ACTIVATIONS_MIB = 3584  # a vLLM engine's activations at that many tokens a step, and 1 MiB a sequence
 ARGCHECK_S = 120.0  # vLLM's parser imported (5 s on 2 busy cores): a check that takes longer refuses nothing
 FEWER_SEQS = ("--max-num-seqs", "32")  # what the fit's hint suggests: measured on an H200 (fill10_seven_2026-12-05)
+FEWER_TOKENS = ("--max-num-batched-tokens", "2048")  # and this: a step's activations a quarter of the default's
 Command = tuple[list[str], dict[str, str]]  # a server's argv, and what it adds to the environment
 
 
@@ -294,9 +297,11 @@ class VllmKind:
         return handoff.stop(STANDBY, directory)
 
     def fewer_seqs(self, args: Sequence[str]) -> tuple[str, ...]:
-        """``--max-num-seqs 32`` where ``args`` set neither it nor ``--enforce-eager``: vLLM's CUDA graphs, which
-        stay on the GPU while it is parked, then cover batches of up to 64."""
-        return () if MAX_SEQS.present(args) or EAGER.present(args) else FEWER_SEQS
+        """``--max-num-seqs 32`` where ``args`` set neither it nor ``--enforce-eager`` (vLLM's CUDA graphs, which
+        stay on the GPU while it is parked, then cover batches of up to 64), ``--max-num-batched-tokens 2048`` where
+        they do not set it (an awake engine's activations then a quarter of the default's)."""
+        seqs = () if MAX_SEQS.present(args) or EAGER.present(args) else FEWER_SEQS
+        return seqs + (() if BATCHED_TOKENS.present(args) else FEWER_TOKENS)
 
     def not_preloaded(self, m: Spec) -> str:
         chosen = VllmStart.parse(list(m.args)).load_format or LOAD_FORMAT
@@ -363,17 +368,21 @@ class VllmKind:
         cache, in MiB. vLLM 0.26 captures CUDA graphs for batches of up to twice ``--max-num-seqs`` (at most 512),
         and none with ``--enforce-eager``; its sampler's buffers grow with ``--max-num-seqs`` too. Read on an H200
         (8B, 2026-12-05, ``gpu_load/fill10_seven_2026-12-05.json``): parked 1,902 MiB at the defaults, 976 MiB with
-        ``--max-num-seqs 32``; awake less parked less its 2 GiB KV cache, 1,690 MiB and 106-318 MiB. Estimates
-        above both: the graphs in proportion to the largest batch captured (``parked_mib`` holds them whole);
-        activations 1 GiB and 1 MiB per sequence."""
-        seqs = VLLM_MAX_SEQS
+        ``--max-num-seqs 32``; awake less parked less its 2 GiB KV cache, 1,690 MiB and 106-318 MiB early on, but
+        after a minute of prompts of up to 2,000 tokens on an H100 1,102-3,188 MiB (torch's cache at its peak: 8,192
+        tokens a step; 1 GiB counted, an engine beside it ran out of memory: ``fill5kv_h100_2026-12-06d.json``).
+        Estimates above both: the graphs in proportion to the largest batch captured (``parked_mib`` holds them
+        whole); activations in proportion to the tokens a step (``--max-num-batched-tokens``), and 1 MiB a sequence."""
+        seqs, tokens = VLLM_MAX_SEQS, VLLM_BATCHED_TOKENS
         try:
             seqs = max(1, int(MAX_SEQS.value(args) or seqs))
+            tokens = max(1, int(BATCHED_TOKENS.value(args) or tokens))
         except ValueError:  # vLLM refuses the start itself, in its own words
             pass
         batch = 0 if EAGER.present(args) else min(2 * seqs, VLLM_MAX_GRAPH_BATCH)  # the largest captured
         graphs = VLLM_GRAPHS_MIB * batch // VLLM_MAX_GRAPH_BATCH
-        return self.parked_mib - VLLM_GRAPHS_MIB + graphs, VLLM_ACTIVATIONS_MIB + min(seqs, VLLM_MAX_SEQS)
+        activations = max(512, VLLM_ACTIVATIONS_MIB * tokens // VLLM_BATCHED_TOKENS) + min(seqs, VLLM_MAX_SEQS)
+        return self.parked_mib - VLLM_GRAPHS_MIB + graphs, activations
 
 
 def _common(m: Spec, port: int) -> list[str]:
