@@ -606,26 +606,31 @@ def test_the_deadline_schedule_serves_the_first_due_and_ends_a_turn_by_it_never_
     busy engine's turn ends once that due time less the model's wake has come, not before the busy engine has been
     awake as long as its own wake and the model's take (its own alone, a GPU tier's 15 ms, let every host-tier due
     end a GPU-tier turn)."""
-    from hotweights.switch.schedule import due, room_for, turn_left_s, wanted
+    from hotweights.switch.schedule import room_for, wanted
+    from hotweights.switch.turns import due, turn_left_s
     from hotweights.switch.snapshot import Snapshot, View
 
     config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in "abcd"), max_awake="auto",
-                          schedule="deadline", slo_ttft_s=2.0, slo_token_s=0.1)
+                          schedule="deadline", slo_ttft_s=2.0, slo_token_s=0.1, first_token_s=0.4)
     need = GpuNeed((0,), 0.0, 15 * GIB, 20 * GIB, parked_mib=1950)  # room for two awake of 112 GiB
     now = 1000.0
 
-    def view(name, state="parked", inflight=0, waited=(), dues=(), awake_for=10.0, wake_s=None):
+    def view(name, state="parked", inflight=0, waited=(), dues=(), awake_for=10.0, wake_s=None, park_s=0.05):
         return View(config.models["abcd".index(name)], ModelState(state), need, inflight=inflight,
                     waiting=len(waited), arrivals=tuple(now - w for w in waited),
-                    dues=dues or (None,) * len(waited), awake_at=now - awake_for, wake_s=wake_s)
+                    dues=dues or (None,) * len(waited), awake_at=now - awake_for, wake_s=wake_s, park_s=park_s)
 
     held = view("c", waited=(0.1,), dues=(now + 0.3,), wake_s=0.2)  # a held stream: its next token in 0.3 s
     fresh = view("d", waited=(1.0,), wake_s=0.2)  # a new request that came 1 s ago: its first token in 1 s
-    assert due(held, config) == now + 0.3 and due(fresh, config) == now + 1.0
+    assert due(held, config) == now + 0.3 and abs(due(fresh, config) - (now + 0.6)) < 1e-9  # awake 0.4 s before
     s = Snapshot((view("a", "awake", 1), view("b", "awake", 1), held, fresh), {0: 112 * GIB}, now, "a")
     assert [v.name for v in wanted(s, config)] == ["c", "d"]  # the first due first, not the most or longest waiting
-    assert abs(turn_left_s(s["a"], held, config, now) - 0.1) < 1e-9  # due in 0.3 s, its wake 0.2 s
-    assert abs(turn_left_s(s["a"], fresh, config, now) - 0.8) < 1e-9
+    assert abs(turn_left_s(s["a"], held, config, now) - 0.05) < 1e-9  # due in 0.3 s, its wake 0.2 s, a's park 0.05
+    assert abs(turn_left_s(s["a"], fresh, config, now) - 0.35) < 1e-9
+    # on an H100, with the wake alone counted, 46 of 173 first tokens came 0-1.2 s past 2 s: the leave, the wake
+    # and the prefill all go before a first token
+    alone = dataclasses.replace(config, first_token_s=0.0)
+    assert abs(turn_left_s(view("a", "awake", 1, park_s=None), fresh, alone, now) - 0.7) < 1e-9  # a guessed park
     just_woke = view("a", "awake", 1, awake_for=0.05, wake_s=0.4)  # awake 0.05 s of a wake that took 0.4 s
     assert abs(turn_left_s(just_woke, held, config, now) - 0.55) < 1e-9  # never shorter than its wake and c's
     gpu_tier = view("a", "awake", 1, awake_for=0.5, wake_s=0.015)  # a GPU-tier engine, for a host-tier wake of 1 s

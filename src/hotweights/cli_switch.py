@@ -243,6 +243,9 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--slo-token-s", type=float, default=None,
                    help="deadline schedule: a held stream's next token is due this long a token after its first "
                         "(default 0.1)")
+    p.add_argument("--first-token-s", type=float, default=None,
+                   help="deadline schedule: a model is due awake this long before its request's first token is due: "
+                        "its prefill and the relay (default 0.4)")
     p.add_argument("--turn-s", type=float, default=None,
                    help="where memory forces a choice between busy engines, a busy one leaves once another model's "
                         "waiting requests have waited this long in sum per request in flight on it (default 1)")

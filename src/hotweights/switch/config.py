@@ -13,7 +13,8 @@
     schedule = "fair"        # which waiting model goes next: "fair" (most requests waiting; one waiting over
     starve_after_s = 10      # starve_after_s goes first), "fifo" (first come), or "deadline" (the earliest due:
     slo_ttft_s = 2           # a first token slo_ttft_s after its request came, a held stream's next token
-    slo_token_s = 0.1        # slo_token_s a token after its first; turns end by those, never shorter than a wake)
+    slo_token_s = 0.1        # slo_token_s a token after its first; turns end by those, never shorter than a wake;
+    first_token_s = 0.4      # its model awake first_token_s before a first token is due: its prefill, the relay)
     turn_s = 1               # where memory forces a choice between busy engines: a busy one leaves (takes no new
                              # request, parks once its requests end) once the requests waiting for another model
                              # have waited turn_s seconds in sum per request in flight on it
@@ -224,6 +225,8 @@ class SwitchConfig:
     # token after its first (Aegaeon's token deadline)
     slo_ttft_s: Annotated[float, Field(gt=0, description="positive (seconds)")] = 2.0
     slo_token_s: Annotated[float, Field(gt=0, description="positive (seconds)")] = 0.1
+    # deadline: a model is due awake first_token_s before its request's first token (its prefill, the relay)
+    first_token_s: Annotated[float, Field(ge=0, description="0 or more (seconds)")] = 0.4
     starve_after_s: Seconds = 10.0  # fair: a model whose request has waited this long goes next
     # a busy engine's turn, in request-seconds waited per request it has in flight (schedule.py)
     turn_s: Annotated[float, Field(ge=0, description="0 or more")] = 1.0

@@ -379,7 +379,7 @@ class Lifecycle:
     async def park(self, m: Model, level: int = 0) -> str:
         """Park ``m`` at its configured level (or ``level``; EngineError when it would not); with ``parked_weights
         = "host"`` its weights then leave the GPU: ', N GiB to host memory' (or why they stay)."""
-        level = level or m.placed.level
+        level, began = level or m.placed.level, time.monotonic()
         await asyncio.to_thread(m.engine.park, level, m.kv_held)
         moved = ""
         if m.placed.parked_weights == "host" and m.engine.parks:
@@ -389,6 +389,8 @@ class Lifecycle:
                 logger.warning("switch: %s", exc)
                 moved = f", weights kept on the GPU ({exc})"
         m.parked_at = time.monotonic()  # once its weights are where they stay
+        seconds = m.parked_at - began
+        m.park_s = seconds if m.park_s is None else (m.park_s + seconds) / 2  # the deadline schedule's estimate
         self.move(m, (S.DEEP if level == 2 or m.state is S.DEEP else S.PARKED) if m.engine.parks else S.STOPPED)
         return moved
 

@@ -180,6 +180,7 @@ class Model:
     up_since: float = 0.0  # time.monotonic() its engine last came up
     awake_at: float = 0.0  # time.monotonic() it last became awake (a wake or a start)
     wake_s: float | None = None  # what its wakes took, lately (an average that weighs the last one by half)
+    park_s: float | None = None  # what its parks took, lately (as wake_s)
     keep_alive_s: float | None = None  # a request's keep_alive (Ollama's), in place of park_after_s; inf: never
     failure: Failure | None = None  # why it is FAILED (set and cleared by ``Lifecycle.move`` only)
     last_error: str = ""  # why its last wake failed, where it stayed where it was; cleared once it is awake
@@ -275,7 +276,7 @@ class Model:
                     files_changed=failed_start and f is not None and self.engine.files() != f.files,
                     preload=self.preload, awaited=self.awaited,
                     dues=tuple(self.ledger.due.get(a) for a in self.arrivals), awake_at=self.awake_at,
-                    wake_s=self.wake_s, kv_held=self.kv_held, can_hold=self.can_hold,
+                    wake_s=self.wake_s, park_s=self.park_s, kv_held=self.kv_held, can_hold=self.can_hold,
                     deepens=self.kind.deepens_when_idle, left_for=self.left_for, kv_host=self.engine.kv_to_host)
 
     @property

@@ -7,7 +7,8 @@ must make room for it, and when a request is answered 503 without a switch.
 Which model: ``fair`` (the default) takes a model whose longest-waiting request has waited over ``starve_after_s``
 first (the longest first), else the one with the most requests waiting (then the longest-waiting); ``fifo`` the
 request that came first; ``deadline`` the model whose request is due first (``due``: a first token ``slo_ttft_s``
-after its request came, a held stream's next token ``slo_token_s`` a token after its first: Aegaeon's deadlines).
+after its request came, its model awake ``first_token_s`` before, a held stream's next token ``slo_token_s`` a token
+after its first: Aegaeon's deadlines).
 
 Room (``room_for``): GPU memory bounds the awake set (``memory.py``), and ``max_awake``, where set, caps it per GPU.
 An engine stays awake, serving its own requests, while its memory is not needed. A wake that fits beside the awake
@@ -15,10 +16,11 @@ engines goes at once; one that does not parks idle engines first, the least rece
 engines already leaving; then, where memory forces a choice between busy engines, a busy engine's turn ends once the
 requests waiting for the model have waited, in sum, ``turn_s`` per request it has in flight (a starving request ends
 it at once): it leaves (takes no new request, parks once its requests end) and the model wakes after it. With the
-``deadline`` schedule the turn ends instead once the model's first due time, less what its wake takes (``wake_cost``),
-has come, and never before the busy engine has been awake as long as the two wakes its turn's end costs take (the
-model's now, its own when it comes back: Aegaeon's scale-down, a turn shorter than its switches is all switch; with
-its own wake alone, 15 ms on the GPU tier, every host-tier request that came due ended a GPU-tier turn). Nothing is
+``deadline`` schedule the turn ends instead once the model's first due time, less what its wake and the busy
+engine's park take, has come, and never before the busy engine has been awake as long as the two wakes its turn's end
+costs take (the model's now, its own when it comes back: Aegaeon's scale-down, a turn shorter than its switches is all
+switch; with its own wake alone, 15 ms on the GPU tier, every host-tier request that came due ended a GPU-tier turn;
+``turns.py``). Nothing is
 parked or left for a wake that must wait anyway. A busy engine that leaves holds its streams with their KV caches (its
 engine's park keeps them: ``View.can_hold``) where the wake fits beside what it then keeps (``memory.Holder.kv_kept``),
 else its streams are continued from their tokens.
@@ -34,13 +36,13 @@ compiles), unless requests wait for a model that has started: the switches they 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .config import SwitchConfig
 from .memory import held_mib, over_mib
 from .snapshot import Snapshot, View
+from .turns import due, turn_left_s
 from .states import SERVING, FailureKind, ModelState
 
 S = ModelState
@@ -251,36 +253,6 @@ def fits(v: View, s: Snapshot, config: SwitchConfig, gone: Sequence[str] = (), k
     holders = [v.holder(S.AWAKE), *(x.holder(S.PARKED if x.name in gone else None, True if x.name in kept else None)
                                     for x in s.models if x.name != v.name)]
     return all(over_mib(g, s.totals[g], holders) <= 0 for g in v.need.gpus if g in s.totals)
-
-
-DEFAULT_WAKE_S = {True: 0.1, False: 1.0}  # a wake not yet measured: weights kept on the GPU, or from host memory
-
-
-def wake_cost(v: View) -> float:
-    """What ``v``'s wake takes: its wakes lately, else a guess by where its parked weights are."""
-    return v.wake_s if v.wake_s is not None else DEFAULT_WAKE_S[v.weights_kept]
-
-
-def due(v: View, config: SwitchConfig) -> float:
-    """When ``v``'s first waiting request is due (``time.monotonic()``): a held stream's next token when its
-    ``dues`` says, else a first token ``slo_ttft_s`` after the request came; infinite with none waiting."""
-    dues = v.dues or (None,) * len(v.arrivals)
-    return min((d if d is not None else a + config.slo_ttft_s for a, d in zip(v.arrivals, dues)), default=math.inf)
-
-
-def turn_left_s(busy: View, v: View, config: SwitchConfig, now: float) -> float:
-    """Seconds until ``busy``'s turn ends for ``v``: once ``v``'s waiting requests have waited, in sum, ``turn_s`` per
-    request in flight on ``busy`` (0 at once where one of them starves); with the ``deadline`` schedule, once ``v``'s
-    first due time less its wake has come, but not before ``busy`` has been awake as long as the two wakes its turn's
-    end costs take (``v``'s now, its own when it comes back)."""
-    if config.schedule == "deadline":
-        return max(0.0, due(v, config) - wake_cost(v) - now, busy.awake_at + wake_cost(busy) + wake_cost(v) - now)
-    if not v.arrivals:
-        return config.turn_s
-    if now - min(v.arrivals) > config.starve_after_s:
-        return 0.0
-    owed = config.turn_s * max(1, busy.inflight) - sum(now - a for a in v.arrivals)
-    return max(0.0, owed / len(v.arrivals))
 
 
 def room_for(v: View, s: Snapshot, config: SwitchConfig) -> Room:

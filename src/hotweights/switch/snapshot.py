@@ -38,6 +38,7 @@ class View:
     dues: tuple[float | None, ...] = ()  # per waiting request (as ``arrivals``): its next token's due time, or None
     awake_at: float = 0.0  # time.monotonic() it last became awake
     wake_s: float | None = None  # what its wakes took lately (None: none yet)
+    park_s: float | None = None  # what its parks took lately (None: none yet)
     kv_held: bool = False  # parked (or leaving to park) keeping its KV cache for the streams it holds
     kv_host: bool = False  # a park that holds streams moves their KV cache to host memory (``held_kv = "host"``)
     can_hold: bool = False  # a park now would hold streams with their KV caches (its engine's park keeps them)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from .config import ParkedWeights, SwitchConfig
 from .memory import over_mib
-from .schedule import DEFAULT_WAKE_S
+from .turns import DEFAULT_WAKE_S
 from .snapshot import Snapshot, View
 from .states import ModelState
 

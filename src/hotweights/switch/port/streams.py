@@ -230,11 +230,11 @@ class _Resumed:
 
     def next_due(self) -> float:
         """When its next token is due (``time.monotonic()``), by Aegaeon's deadline: its first token's time and
-        ``slo_token_s`` a token since, or where none came yet (held in its prefill) ``slo_ttft_s`` after it came (the
-        deadline schedule's; the others ignore it)."""
+        ``slo_token_s`` a token since, or where none came yet (held in its prefill) ``slo_ttft_s`` after it came, its
+        model awake ``first_token_s`` before (the deadline schedule's; the others ignore it)."""
         config = self.requests.config
         if not self.said.first:
-            return self.said.arrived + config.slo_ttft_s
+            return self.said.arrived + config.slo_ttft_s - config.first_token_s
         return self.said.first + config.slo_token_s * len(self.r.ids)
 
     def _let_go(self) -> None:

@@ -1,0 +1,48 @@
+"""When a busy engine's turn ends for a model that waits (``turn_left_s``), the scheduler's clock: by request-seconds
+waited (``fair``, ``fifo``), or by Aegaeon's deadlines (``deadline``: ``due``, what a wake and a park take). Pure
+functions of views and the config, as the rest of ``schedule.py``."""
+
+from __future__ import annotations
+
+import math
+
+from .config import SwitchConfig
+from .snapshot import View
+
+DEFAULT_WAKE_S = {True: 0.1, False: 1.0}  # a wake not yet measured: weights kept on the GPU, or from host memory
+DEFAULT_PARK_S = 0.1  # a park not yet measured (an H100's held parks of an 8B: 0.05-0.07 s)
+
+
+def wake_cost(v: View) -> float:
+    """What ``v``'s wake takes: its wakes lately, else a guess by where its parked weights are."""
+    return v.wake_s if v.wake_s is not None else DEFAULT_WAKE_S[v.weights_kept]
+
+
+def park_cost(v: View) -> float:
+    """What ``v``'s park takes: its parks lately, else a guess."""
+    return v.park_s if v.park_s is not None else DEFAULT_PARK_S
+
+
+def due(v: View, config: SwitchConfig) -> float:
+    """When ``v`` is due awake for its first waiting request (``time.monotonic()``): a held stream's next token when
+    its ``dues`` says, else ``first_token_s`` (its prefill, the relay) before a first token ``slo_ttft_s`` after the
+    request came; infinite with none waiting."""
+    dues = v.dues or (None,) * len(v.arrivals)
+    first = config.slo_ttft_s - config.first_token_s
+    return min((d if d is not None else a + first for a, d in zip(v.arrivals, dues)), default=math.inf)
+
+
+def turn_left_s(busy: View, v: View, config: SwitchConfig, now: float) -> float:
+    """Seconds until ``busy``'s turn ends for ``v``: once ``v``'s waiting requests have waited, in sum, ``turn_s`` per
+    request in flight on ``busy`` (0 at once where one of them starves); with the ``deadline`` schedule, once ``v``'s
+    first due time less its wake and ``busy``'s park has come, but not before ``busy`` has been awake as long as the
+    two wakes its turn's end costs take (``v``'s now, its own when it comes back)."""
+    if config.schedule == "deadline":
+        return max(0.0, due(v, config) - wake_cost(v) - park_cost(busy) - now,
+                   busy.awake_at + wake_cost(busy) + wake_cost(v) - now)
+    if not v.arrivals:
+        return config.turn_s
+    if now - min(v.arrivals) > config.starve_after_s:
+        return 0.0
+    owed = config.turn_s * max(1, busy.inflight) - sum(now - a for a in v.arrivals)
+    return max(0.0, owed / len(v.arrivals))
