@@ -34,9 +34,9 @@
 #   ten_policy  ten 8B, KV caches pinned to 2 GiB, per-model Poisson 0.1 and 0.5 req/s (ten_policy)
 #   ten_embedded  ten 8B with the embedded engine, six on the GPU tier (load)
 #   kvswitch    issue 69: tests/test_switch_vllm_gpu.py (a vLLM stream held across its engine's park, its KV kept)
-#   fill10kv    issue 69: ten 8B as fill10, FILL10KV_MODES (default mixed_preempt_deadline_awake1,
-#               mixed_preempt_deadline_awake2, mixed_preempt_deadline, mixed_preempt_nokv: the GPU's time in turns,
-#               one or two engines at a time) at FILL10_RATES (0.1,0.5), FILL10_S (60) s a rate, one front a mode;
+#   fill10kv    issue 69: ten 8B as fill10, FILL10KV_MODES (default mixed_preempt_deadline_awake2,
+#               mixed_preempt_deadline, mixed_preempt_nokv: two engines at a time, memory alone, today's preempt)
+#               at FILL10_RATES (0.1,0.5), FILL10_S (60) s a rate, FILL10_REPEATS (1) runs each, one front a mode;
 #               on an H100: FILL_MODELS=5 FILL_TIER=3 FILL_ARGS="$TEN" with --gpu-memory-utilization 0.3
 #   hostwake, one3, fill10, fill3off, fill3ahead, fill3, fill3kept, seven, eight: issue 55's fill and issue 52's
 #               many-model traces, each from an empty keeper and empty compile caches (fill; see `fill_runs` below)
@@ -226,7 +226,8 @@ fill_runs() {  # issue 55's fill and issue 52's many-model traces, in this order
     cold
     trace fill10kv --models "${FILL_MODELS:-10}" "${TRACE[@]}" --engine-args "${FILL_ARGS:-$TEN}" \
       --gpu-tier "${FILL_TIER:-6}" \
-      --modes "${FILL10KV_MODES:-mixed_preempt_deadline_awake1,mixed_preempt_deadline_awake2,mixed_preempt_deadline,mixed_preempt_nokv}" \
+      --modes "${FILL10KV_MODES:-mixed_preempt_deadline_awake2,mixed_preempt_deadline,mixed_preempt_nokv}" \
+      --repeats "${FILL10_REPEATS:-1}" \
       --per-model-rate "${FILL10_RATES:-0.1,0.5}" --duration-s "${FILL10_S:-60}" --socket-dir "$SOCK"
   fi
   local run flag
