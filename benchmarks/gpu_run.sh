@@ -36,7 +36,8 @@
 #   kvswitch    issue 69: tests/test_switch_vllm_gpu.py (a vLLM stream held across its engine's park, its KV kept)
 #   fill10kv    issue 69: ten 8B as fill10, FILL10KV_MODES (default mixed_preempt_deadline_awake2,
 #               mixed_preempt_deadline, mixed_preempt_nokv: two engines at a time, memory alone, today's preempt)
-#               at FILL10_RATES (0.1,0.5), FILL10_S (60) s a rate, FILL10_REPEATS (1) runs each, one front a mode;
+#               at FILL10_RATES (0.1,0.5), FILL10KV_S (120,60: the issue's) s a rate, FILL10_REPEATS (1) runs
+#               each, one front a mode;
 #               on an H100: FILL_MODELS=5 FILL_TIER=3 FILL_ARGS="$TEN" with --gpu-memory-utilization 0.3
 #   hostwake, one3, fill10, fill3off, fill3ahead, fill3, fill3kept, seven, eight: issue 55's fill and issue 52's
 #               many-model traces, each from an empty keeper and empty compile caches (fill; see `fill_runs` below)
@@ -228,7 +229,7 @@ fill_runs() {  # issue 55's fill and issue 52's many-model traces, in this order
       --gpu-tier "${FILL_TIER:-6}" \
       --modes "${FILL10KV_MODES:-mixed_preempt_deadline_awake2,mixed_preempt_deadline,mixed_preempt_nokv}" \
       --repeats "${FILL10_REPEATS:-1}" \
-      --per-model-rate "${FILL10_RATES:-0.1,0.5}" --duration-s "${FILL10_S:-60}" --socket-dir "$SOCK"
+      --per-model-rate "${FILL10_RATES:-0.1,0.5}" --duration-s "${FILL10KV_S:-120,60}" --socket-dir "$SOCK"
   fi
   local run flag
   for run in fill3off fill3ahead fill3 fill3kept; do  # three 8B, the front's defaults: start-up, then 30 s at 2 req/s

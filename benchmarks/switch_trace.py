@@ -115,6 +115,11 @@ class Request:
     probe: bool
 
 
+def at_rate(args: argparse.Namespace, rate: float) -> argparse.Namespace:
+    """``args`` for the runs at ``rate``: its own ``duration_s`` (``--duration-s``, one per rate or one for all)."""
+    return argparse.Namespace(**{**vars(args), "duration_s": args.duration_of[rate]})
+
+
 def make_trace(names: list[str], args: argparse.Namespace, rate: float, seed: int) -> list[Request]:
     """``rate`` requests/s in all over Zipf-weighted models (with ``--per-model-rate``: each), seeded by ``seed``."""
     rng = random.Random(seed)
@@ -436,7 +441,8 @@ def run_mode(mode: str, models: dict[str, Path], args: argparse.Namespace, sock:
     try:
         result["memory_by_tier"] = {"started": memory_by_tier(url, sock)}
         for rate in args.rate_list:
-            runs = [run_trace(url, make_trace(names, args, rate, args.seed + i), args, host_tier(mode, names, args))
+            at = at_rate(args, rate)
+            runs = [run_trace(url, make_trace(names, at, rate, args.seed + i), at, host_tier(mode, names, args))
                     for i in range(args.repeats)]
             result["rates"][str(rate)] = {"runs": runs, **spread(runs)}
             print(json.dumps({mode: {"rate": rate, **{k: v for k, v in result["rates"][str(rate)].items()
@@ -542,7 +548,8 @@ def main() -> int:  # noqa: PLR0915
     parser.add_argument("--engine", default="hotweights", choices=["hotweights", "vllm"])
     parser.add_argument("--engine-args", default="--max-model-len 4096")
     parser.add_argument("--modes", default="park,one,park_fifo,park_x2,park_host,restart,static")
-    parser.add_argument("--duration-s", type=float, default=60.0, help="of each run of the trace")
+    parser.add_argument("--duration-s", default="60", help="of each run of the trace: one value, or one per rate "
+                        "of the sweep, the lowest rate's first (issue 69: 120,60 for 0.1 and 0.5 req/s)")
     parser.add_argument("--rate", type=float, default=1.0, help="requests per second in all (Poisson)")
     parser.add_argument("--rates", default="", help="a sweep, the lowest first (comma-separated; default --rate)")
     parser.add_argument("--per-model-rate", default="",
@@ -592,15 +599,19 @@ def main() -> int:  # noqa: PLR0915
     out = args.out or Path(tempfile.mkdtemp(prefix="hw-trace-"))
     out.mkdir(parents=True, exist_ok=True)
     names = args.names.split(",") if args.url else [f"m{i}" for i in range(args.models)]
-    first = make_trace(names, args, args.rate_list[0], args.seed)
+    durations = [float(x) for x in str(args.duration_s).split(",")]
+    if len(durations) not in (1, len(args.rate_list)):
+        parser.error(f"--duration-s: one value, or one per rate ({len(args.rate_list)}), the lowest rate's first")
+    args.duration_of = dict(zip(args.rate_list, durations * len(args.rate_list) if len(durations) == 1 else durations))
+    first = make_trace(names, at_rate(args, args.rate_list[0]), args.rate_list[0], args.seed)
     result: dict = {"trace": {"requests": len(first), "per_model": {n: sum(r.model == n for r in first) for n in names},
                               "probes": sum(r.probe for r in first), **{k: str(v) if isinstance(v, Path) else v
                                                                         for k, v in vars(args).items()
                                                                         if k not in ("out", "partial_json", "json",
                                                                                      "models_dir", "socket_dir")}}}
     if args.url:
-        runs = [run_trace(args.url, make_trace(names, args, rate, args.seed + i), args) for rate in args.rate_list
-                for i in range(args.repeats)]
+        runs = [run_trace(args.url, make_trace(names, at_rate(args, rate), rate, args.seed + i), at_rate(args, rate))
+                for rate in args.rate_list for i in range(args.repeats)]
         result["given"] = {"rates": {str(rate): {"runs": runs[j * args.repeats:(j + 1) * args.repeats],
                                                  **spread(runs[j * args.repeats:(j + 1) * args.repeats])}
                                      for j, rate in enumerate(args.rate_list)}}

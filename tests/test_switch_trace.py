@@ -143,3 +143,21 @@ def test_each_request_meets_aegaeons_slo_by_each_tokens_deadline_and_ours_by_ttf
     assert got["all"] == {"requests": 5, "aegaeon": 0.6, "aegaeon_5s": 0.4, "ours": 0.6}, got
     assert got["gpu_tier"] == {"requests": 2, "aegaeon": 1.0, "aegaeon_5s": 1.0, "ours": 1.0}
     assert got["host_tier"] == {"requests": 3, "aegaeon": round(1 / 3, 4), "aegaeon_5s": 0.0, "ours": round(1 / 3, 4)}
+
+
+def test_each_rate_of_a_sweep_runs_for_its_own_duration():
+    """Issue 69's protocol: 120 s at 0.1 req/s per model, 60 s at 0.5 (``--duration-s 120,60``, the lowest rate's
+    first); one value is every rate's; a count that is neither is refused before anything starts."""
+    import argparse
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from switch_trace import at_rate, make_trace
+
+    args = argparse.Namespace(duration_of={0.1: 120.0, 0.5: 60.0}, zipf_s=1.1, prompt_range=(32, 64),
+                              max_tokens_range=(8, 16), per_model_rate="0.1,0.5", burst_size=0, burst_every_s=20.0,
+                              probe_every=5, duration_s="120,60")
+    slow, fast = (make_trace(["m0", "m1"], at_rate(args, rate), rate, 0) for rate in (0.1, 0.5))
+    assert 60 < max(r.at_s for r in slow) < 120 and 30 < max(r.at_s for r in fast) < 60
+    refused = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "switch_trace.py"), "--per-model-rate",
+                              "0.1,0.5", "--duration-s", "120,60,30"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "one per rate (2)" in refused.stderr, refused.stderr
