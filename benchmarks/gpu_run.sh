@@ -39,6 +39,8 @@
 #               at FILL10_RATES (0.1,0.5), FILL10KV_S (120,60: the issue's) s a rate, FILL10_REPEATS (1) runs
 #               each, one front a mode;
 #               on an H100: FILL_MODELS=5 FILL_TIER=3 FILL_ARGS="$TEN" with --gpu-memory-utilization 0.3
+#   sweep69     issue 69: models per GPU, SWEEP69 (6 8 10 12) models at 0.1 req/s each for 120 s, FILL_TIER (6) of
+#               them on the GPU tier, SWEEP69_MODES (mixed_preempt_deadline_awake2); a front and a keeper each
 #   hostwake, one3, fill10, fill3off, fill3ahead, fill3, fill3kept, seven, eight: issue 55's fill and issue 52's
 #               many-model traces, each from an empty keeper and empty compile caches (fill; see `fill_runs` below)
 #   tp2         two GPUs: a 32B at TP=2 parked and woken, taken over, a standby start, the switch (tp2)
@@ -116,6 +118,7 @@ bench() {  # bench NAME SCRIPT ARGS...: one benchmark script's JSON in $OUT/NAME
 }
 need=0
 for run in fill10 fill10kv ten_vllm ten_policy ten_embedded; do runs $run && need=${FILL_MODELS:-10}; done
+if runs sweep69; then for n in ${SWEEP69:-6 8 10 12}; do [ "$n" -gt $need ] && need=$n; done; fi
 [ $need = 0 ] && runs eight && need=8
 [ $need = 0 ] && runs seven && need=7
 for run in one3 fill3 fill3off fill3ahead fill3kept sweep drills mix; do [ $need = 0 ] && runs $run && need=3; done
@@ -230,6 +233,17 @@ fill_runs() {  # issue 55's fill and issue 52's many-model traces, in this order
       --modes "${FILL10KV_MODES:-mixed_preempt_deadline_awake2,mixed_preempt_deadline,mixed_preempt_nokv}" \
       --repeats "${FILL10_REPEATS:-1}" \
       --per-model-rate "${FILL10_RATES:-0.1,0.5}" --duration-s "${FILL10KV_S:-120,60}" --socket-dir "$SOCK"
+  fi
+  if runs sweep69; then  # issue 69: models per GPU at 0.1 req/s each, Aegaeon's SLO >= 90% (an H200: 6 8 10 12)
+    local n first=1
+    for n in ${SWEEP69:-6 8 10 12}; do
+      enough 420 "sweep69 $n" || break
+      if [ $first = 1 ]; then cold; first=0; else cold kept; fi  # one compile, then from its cache
+      trace sweep69_$n --models "$n" "${TRACE[@]}" --engine-args "${FILL_ARGS:-$TEN}" \
+        --gpu-tier $(( n < ${FILL_TIER:-6} ? n : ${FILL_TIER:-6} )) \
+        --modes "${SWEEP69_MODES:-mixed_preempt_deadline_awake2}" \
+        --per-model-rate 0.1 --duration-s 120 --socket-dir "$SOCK"
+    done
   fi
   local run flag
   for run in fill3off fill3ahead fill3 fill3kept; do  # three 8B, the front's defaults: start-up, then 30 s at 2 req/s
