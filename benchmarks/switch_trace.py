@@ -287,6 +287,20 @@ def slo_met(r: dict, name: str, ttft_s: float, token_s: float) -> bool:
     return all(t <= r["ttft_s"] + token_s * i + 1e-3 for i, t in enumerate(r.get("token_at") or []))
 
 
+def late_tokens(r: dict, pauses: int = 20) -> dict:
+    """Where a request answered in time for Aegaeon's TTFT missed its per-token deadline: its first late token (index,
+    seconds after it was sent, and when it was due) and its pauses (gaps between tokens over 0.1 s: the token after
+    each, and the gap), the first ``pauses`` of them; nothing where it met them (the rows keep no token times)."""
+    name, ttft_s, token_s = SLOS[0]
+    if r["outcome"] != "ok" or r["ttft_s"] is None or r["ttft_s"] > ttft_s or slo_met(r, name, ttft_s, token_s):
+        return {}
+    at = r["token_at"]
+    first = next(i for i, t in enumerate(at) if t > r["ttft_s"] + token_s * i + 1e-3)
+    gaps = [[i, round(at[i] - at[i - 1], 3)] for i in range(1, len(at)) if at[i] - at[i - 1] > token_s]
+    return {"aegaeon_late": {"token": first, "at_s": round(at[first], 3),
+                             "due_s": round(r["ttft_s"] + token_s * first, 3), "pauses": gaps[:pauses]}}
+
+
 def attainment(rows: list[dict], host: frozenset[str] | set[str]) -> dict:
     """Each of ``SLOS``' attainment (a share of requests), in all and per tier (``host``: the host tier's models),
     with the requests each counts."""
@@ -339,8 +353,8 @@ def summarize(rows: list[dict], args: argparse.Namespace, extra: dict,
             "decode_tokens_per_s_p50": round(statistics.median(rates), 1) if rates else None,
             "probe_answers": {k: [v[0][:40], round(v[1], 4)] for k, v in reference.items()},  # first token, logprob
             "probe_tells_models_apart": tells_apart, "probes_drifted": drifted, "slos": attainment(rows, host),
-            **extra, "rows": [{k: v for k, v in r.items() if k not in ("text", "logprobs", "token_at")}
-                              for r in rows]}
+            **extra, "rows": [{**{k: v for k, v in r.items() if k not in ("text", "logprobs", "token_at")},
+                               **late_tokens(r)} for r in rows]}
 
 
 def run_trace(url: str, trace: list[Request], args: argparse.Namespace, host: frozenset[str] = frozenset()) -> dict:

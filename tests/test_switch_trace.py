@@ -143,6 +143,11 @@ def test_each_request_meets_aegaeons_slo_by_each_tokens_deadline_and_ours_by_ttf
     assert got["all"] == {"requests": 5, "aegaeon": 0.6, "aegaeon_5s": 0.4, "ours": 0.6}, got
     assert got["gpu_tier"] == {"requests": 2, "aegaeon": 1.0, "aegaeon_5s": 1.0, "ours": 1.0}
     assert got["host_tier"] == {"requests": 3, "aegaeon": round(1 / 3, 4), "aegaeon_5s": 0.0, "ours": round(1 / 3, 4)}
+    # a row that missed a token's deadline says which token, and its pauses; one that met them all says nothing
+    from switch_trace import late_tokens
+
+    assert late_tokens(stalled) == {"aegaeon_late": {"token": 1, "at_s": 1.5, "due_s": 1.1, "pauses": [[1, 0.5]]}}
+    assert late_tokens(paused) == late_tokens(late) == late_tokens(failed) == {}
 
 
 def test_each_rate_of_a_sweep_runs_for_its_own_duration():
