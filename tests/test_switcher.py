@@ -273,9 +273,9 @@ def test_a_failed_start_answers_at_once_until_its_back_off_or_its_files_change()
 def test_a_start_that_failed_is_tried_again_by_itself_once_its_back_off_is_over(monkeypatch):
     """A default whose start failed (on an H200: vLLM's memory profile upset by another process freeing memory) left
     /health at 503 until a request came, which a health-gated deployment never sends."""
-    from hotweights.switch import lifecycle
+    from hotweights.switch import failures
 
-    monkeypatch.setattr(lifecycle, "BACKOFF_S", 0.2)
+    monkeypatch.setattr(failures, "BACKOFF_S", 0.2)
 
     async def main():
         s, engines, log = make(["a", "b"])

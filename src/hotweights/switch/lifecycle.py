@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from .. import evidence
 from ..errors import HotweightsError
+from . import failures
 from .config import ModelConfig, SwitchConfig
 from .running import Reload
 from .upstream.engines import EngineError, EngineLike, WakeRefused
@@ -23,24 +24,11 @@ from .admit import start_to_reserve_for
 from .schedule import Room, room_for, startup_order, victim
 from .snapshot import Snapshot
 from .startup import Startup
-from .states import (SERVING, STARTS_GOING_ON, TRANSITIONS, Failure, FailureKind, InvalidTransition, ModelState,
+from .states import (SERVING, STARTS_GOING_ON, TRANSITIONS, Failure, InvalidTransition, ModelState,
                      StartState, WakeSource)
 
 S = ModelState
 logger = logging.getLogger("hotweights.switch")
-BACKOFF_S, BACKOFF_MAX_S = 30.0, 600.0
-STABLE_S = 60.0  # an engine up this long before it died did not crash in a loop: its next crash restarts at once
-
-
-async def gone(m: Model, wait_s: float = 10.0) -> bool:
-    """Whether ``m``'s engine process has ended, waiting up to ``wait_s`` for it: asked where its connection failed
-    (its process may take a moment to end after its socket closed: a GPU engine's teardown takes seconds)."""
-    deadline = time.monotonic() + wait_s
-    while m.engine.alive():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
 
 
 class Lifecycle:
@@ -134,17 +122,11 @@ class Lifecycle:
 
     def exited(self, m: Model) -> None:
         """``m``'s engine died while it served: failed (under ``busy``), started again by its next request; the
-        default model's and a kept-awake one's by the scheduler itself (``schedule.restarts_now``): at once, and
-        after 30 s, 60, ... up to 10 min where it crashes again within ``STABLE_S`` of its start (a crash loop must
-        not spin the GPU), as for a failed start."""
+        default model's and a kept-awake one's by the scheduler itself (``schedule.restarts_now``), at once or after
+        the back-off of a crash loop (``failures.died``)."""
         now = time.monotonic()
-        m.crashes = m.crashes + 1 if m.up_since and now - m.up_since < STABLE_S else 1
-        itself = m.config is self.config.default or m.config.keep_awake
-        backoff = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (m.crashes - 2)) if itself and m.crashes > 1 else 0.0
-        when = ("it starts again on the next request" if not itself else "it starts again now" if not backoff
-                else f"it starts again in {backoff:.0f} s ({m.crashes} crashes, each within {STABLE_S:.0f} s of "
-                     f"its start), or on the next request")
-        failure = Failure(FailureKind.DIED, f"its engine exited (code {m.engine.exit_code}); {when}", now + backoff)
+        m.crashes = failures.crashes(m, now)
+        failure, backoff = failures.died(m, m.config is self.config.default or m.config.keep_awake, now)
         logger.warning("switch: %s: %s", m.name, failure.message)
         self.move(m, S.FAILED, failure)
         if backoff:
@@ -225,13 +207,12 @@ class Lifecycle:
         return took
 
     def _start_failed(self, m: Model, exc: EngineError) -> None:
-        """A start that failed is not tried again by every request: after 30 s, then 60, ... up to 10 min (by the
-        scheduler itself, or a request), or at once when the checkpoint's files change."""
+        """A start that failed is not tried again by every request: after its back-off (``failures.start_failed``)
+        or at once when the checkpoint's files change."""
         m.start_failures += 1
         if m.start_phase is StartState.PREPARING or m.start_phase in STARTS_GOING_ON:
             self.startup.start_moves(m, StartState.FAILED)
-        backoff = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (m.start_failures - 1))
-        failure = Failure(FailureKind.START, str(exc), time.monotonic() + backoff, m.engine.files())
+        failure, backoff = failures.start_failed(m, str(exc), time.monotonic())
         self.move(m, S.FAILED, failure)
         m.ledger.refuse(failure.message)
         asyncio.get_running_loop().call_later(backoff, self.changes.kick.set)  # then the scheduler tries it again
@@ -337,7 +318,7 @@ class Lifecycle:
     async def engine_died(self, m: Model) -> bool:
         """Whether ``m``'s engine is gone, asked under ``busy`` where it refused a wake (``gone``): if so it is
         marked failed, and the wake in progress starts it again."""
-        if not await gone(m):
+        if not await failures.gone(m):
             return False
         if m.state in SERVING:
             self.exited(m)

@@ -176,7 +176,7 @@ class Model:
     parked_at: float = 0.0
     wakes: int = 0
     start_failures: int = 0  # starts that failed in a row: the back-off doubles with each
-    crashes: int = 0  # its engine's deaths in a row, each within ``lifecycle.STABLE_S`` of its start
+    crashes: int = 0  # its engine's deaths in a row, each within ``failures.STABLE_S`` of its start
     up_since: float = 0.0  # time.monotonic() its engine last came up
     awake_at: float = 0.0  # time.monotonic() it last became awake (a wake or a start)
     wake_s: float | None = None  # what its wakes took, lately (an average that weighs the last one by half)

@@ -31,7 +31,8 @@ from .admission import Admission
 from .config import ConfigError, ModelConfig, SwitchConfig
 from .running import Reload, diff
 from .upstream.engines import EngineError, EngineLike
-from .lifecycle import Lifecycle, gone
+from .failures import gone
+from .lifecycle import Lifecycle
 from .metrics import SwitchMetrics
 from .model import Model
 from .schedule import Plan, Room, Start, Wait, Wake, joining, may_join, plan
@@ -155,7 +156,7 @@ class Switcher:
                 self.life.exited(m)
 
     async def engine_gone(self, m: Model) -> bool:
-        """Whether ``m``'s engine is gone, asked by the port where its connection failed (``lifecycle.gone``): if
+        """Whether ``m``'s engine is gone, asked by the port where its connection failed (``failures.gone``): if
         so the scheduler marks it failed, and this returns once it has (the request's next ``acquire`` starts it
         again)."""
         if not await gone(m):
