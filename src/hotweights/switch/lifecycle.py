@@ -18,7 +18,7 @@ from .config import ModelConfig, SwitchConfig
 from .running import Reload
 from .upstream.engines import EngineError, EngineLike, WakeRefused
 from .metrics import SwitchMetrics
-from .model import Changes, Model, Switched
+from .model import Changes, Model, Switched, lately
 from .preempt import pause_all
 from .admit import start_to_reserve_for
 from .schedule import Room, room_for, startup_order, victim
@@ -268,7 +268,7 @@ class Lifecycle:
         m.wakes += 1
         self._awake(m)
         seconds = time.monotonic() - began
-        m.wake_s = seconds if m.wake_s is None else (m.wake_s + seconds) / 2  # the deadline schedule's estimate
+        m.wake_s = lately(m.wake_s, seconds)  # the deadline schedule's estimate
         self.metrics.switch(m.name, source, seconds)
         self.switched.append(Switched(time.time(), m.name, seconds, source, waited, tuple(n for n, *_ in parked)))
         logger.info(evidence.switch_awake(m.name, seconds, source, parked, time.monotonic() - woke_began, waited))
@@ -370,8 +370,7 @@ class Lifecycle:
                 logger.warning("switch: %s", exc)
                 moved = f", weights kept on the GPU ({exc})"
         m.parked_at = time.monotonic()  # once its weights are where they stay
-        seconds = m.parked_at - began
-        m.park_s = seconds if m.park_s is None else (m.park_s + seconds) / 2  # the deadline schedule's estimate
+        m.park_s = lately(m.park_s, m.parked_at - began)  # the deadline schedule's estimate
         self.move(m, (S.DEEP if level == 2 or m.state is S.DEEP else S.PARKED) if m.engine.parks else S.STOPPED)
         return moved
 

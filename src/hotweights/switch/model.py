@@ -163,6 +163,11 @@ class Ledger:
         return result
 
 
+def lately(before: float | None, seconds: float) -> float:
+    """What a wake (or a park) takes lately: an average that weighs the last one by half (the first alone)."""
+    return seconds if before is None else (before + seconds) / 2
+
+
 @dataclass
 class Model:
     config: ModelConfig
@@ -179,8 +184,8 @@ class Model:
     crashes: int = 0  # its engine's deaths in a row, each within ``failures.STABLE_S`` of its start
     up_since: float = 0.0  # time.monotonic() its engine last came up
     awake_at: float = 0.0  # time.monotonic() it last became awake (a wake or a start)
-    wake_s: float | None = None  # what its wakes took, lately (an average that weighs the last one by half)
-    park_s: float | None = None  # what its parks took, lately (as wake_s)
+    wake_s: float | None = None  # what its wakes took, lately (``lately``)
+    park_s: float | None = None  # what its parks took, lately (``lately``)
     keep_alive_s: float | None = None  # a request's keep_alive (Ollama's), in place of park_after_s; inf: never
     failure: Failure | None = None  # why it is FAILED (set and cleared by ``Lifecycle.move`` only)
     last_error: str = ""  # why its last wake failed, where it stayed where it was; cleared once it is awake
