@@ -176,8 +176,9 @@ def pin_host(worker: Any) -> dict[str, Any]:
     """The pinned host buffers a held park that moves the KV cache needs (``_kv_to_host``: one per block of the
     allocator's ``weights`` and ``kv_cache`` tags, vLLM's sleep allocating each as it offloads), made once and let go
     into torch's caching host allocator, which keeps them for that park: on an H100 the first such park, which
-    made them, took 1.40-1.43 s for 2.06 GiB, the next ones 0.05 s. Asked after a plain park (nothing waits on it);
-    once done, or without CUDA, nothing. Bytes made."""
+    made them, took 1.40-1.43 s for 2.06 GiB, the next ones 0.05 s; made ahead (2.70 s, at start-up's park), every
+    held park took 0.05-0.07 s, the first included (``gpu_kv/fill5kv_h100_2026-12-06d.json``). Asked after a plain
+    park (nothing waits on it); once done, or without CUDA, nothing. Bytes made."""
     if getattr(worker, "_hotweights_pinned", False) or not torch.cuda.is_available():
         return {"pinned": 0}
     from vllm.device_allocator import get_mem_allocator_instance
