@@ -641,6 +641,39 @@ def test_the_deadline_schedule_serves_the_first_due_and_ends_a_turn_by_it_never_
     assert due(view("d"), config) == math.inf  # nothing waits: never due
 
 
+def test_of_busy_engines_whose_turn_is_over_the_one_whose_streams_can_wait_longest_leaves():
+    """Issue 69: which busy engine leaves for a model due decides whose streams pause, and a stream paused with no
+    slack misses its next token by Aegaeon's deadline (its first token's time and ``slo_token_s`` a token since),
+    where one that ran ahead of its deadline does not. With the deadline schedule, of the engines whose turn is over
+    the one whose streams' next tokens are due last leaves (before: the least recently used)."""
+    from hotweights.switch.schedule import room_for
+    from hotweights.switch.snapshot import Snapshot, View
+    from hotweights.switch.turns import slack_s, token_due
+
+    config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in "abcd"), max_awake="auto",
+                          schedule="deadline", slo_ttft_s=2.0, slo_token_s=0.1, first_token_s=0.4)
+    need, now = GpuNeed((0,), 0.0, 15 * GIB, 20 * GIB, parked_mib=1950), 1000.0  # two awake fit 112 GiB
+    fresh = ((now - 0.5, now - 0.2, 2),)  # its first token 0.2 s ago, two tokens: the next due 0.2 s hence
+    ahead = ((now - 3.0, now - 2.5, 100), (now - 1.0, 0.0, 0))  # 100 tokens in 2.5 s; one in its prefill
+    assert abs(token_due(*fresh[0], config) - (now + 0.0)) < 1e-9
+    assert abs(token_due(*ahead[1], config) - (now + 0.6)) < 1e-9  # its first token due 2 s after, awake 0.4 before
+
+    def busy(name, clocks, last_used):
+        return View(config.models["abc".index(name)], ModelState.AWAKE, need, inflight=len(clocks),
+                    last_used=last_used, clocks=clocks, awake_at=now - 10, park_s=0.05)
+
+    late = View(config.models[2], ModelState.PARKED, need, waiting=1, arrivals=(now - 1.9,), wake_s=0.3)
+    idle = View(config.models[3], ModelState.PARKED, need)
+    for a_clocks, b_clocks, leaves in ((fresh, ahead, "b"), (ahead, fresh, "a")):
+        s = Snapshot((busy("a", a_clocks, 1.0), busy("b", b_clocks, 2.0), late, idle), {0: 112 * GIB}, now, "a")
+        assert room_for(s["c"], s, config).leave == (leaves,), (a_clocks, b_clocks)
+    assert slack_s(busy("a", ahead, 1.0), config, now) == pytest.approx(0.6)
+    assert slack_s(busy("a", (), 1.0), config, now) == math.inf
+    fair = dataclasses.replace(config, schedule="fair", turn_s=0.0)  # the other schedules: the least recently used
+    s = Snapshot((busy("a", fresh, 1.0), busy("b", ahead, 2.0), late, idle), {0: 112 * GIB}, now, "a")
+    assert room_for(s["c"], s, fair).leave == ("a",)
+
+
 @pytest.mark.parametrize("schedule", ["fair", "deadline"])
 def test_a_model_whose_engine_left_for_another_comes_after_it_while_that_one_waits(schedule):
     """Issue 69, from an H100 run of five 8B: m4 left for m3, its held streams waited for m4 again, and m4 woke

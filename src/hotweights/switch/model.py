@@ -282,7 +282,8 @@ class Model:
                     preload=self.preload, awaited=self.awaited,
                     dues=tuple(self.ledger.due.get(a) for a in self.arrivals), awake_at=self.awake_at,
                     wake_s=self.wake_s, park_s=self.park_s, kv_held=self.kv_held, can_hold=self.can_hold,
-                    deepens=self.kind.deepens_when_idle, left_for=self.left_for, kv_host=self.engine.kv_to_host)
+                    deepens=self.kind.deepens_when_idle, left_for=self.left_for, kv_host=self.engine.kv_to_host,
+                    clocks=tuple((r.arrived, r.first_at, len(r.ids)) for r in self.streams if r.may_pause))
 
     @property
     def placed(self) -> ModelConfig:

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from .config import SwitchConfig
 from .memory import held_mib, over_mib
 from .snapshot import Snapshot, View
-from .turns import due, turn_left_s
+from .turns import due, slack_s, turn_left_s
 from .states import SERVING, FailureKind, ModelState
 
 S = ModelState
@@ -271,6 +271,8 @@ def room_for(v: View, s: Snapshot, config: SwitchConfig) -> Room:
         return Room(wait=True)  # the leaving engines will do; the idle ones park then if still needed
     busy = sorted((x for x in movable if x.inflight), key=lambda x: (turn_left_s(x, v, config, now), x.last_used))
     over = [x.name for x in busy if turn_left_s(x, v, config, now) <= 0]
+    if config.schedule == "deadline":  # of those, the one whose streams can wait longest leaves first
+        over.sort(key=lambda x: -slack_s(s[x], config, now))
     leaving = leavers(v, s, config, gone, over)
     if leaving is not None:
         return leaving

@@ -44,6 +44,8 @@ class View:
     can_hold: bool = False  # a park now would hold streams with their KV caches (its engine's park keeps them)
     deepens: bool = False  # its engine can deepen a park (level 1 to 2: the embedded engine's, not vLLM's)
     left_for: str = ""  # the model its engine last left for, until that one is awake (``schedule.wanted``)
+    clocks: tuple[tuple[float, float, int], ...] = ()  # each stream in flight that may pause: when it came, its
+    # first byte (0: none yet), its tokens so far (``turns.slack_s``)
 
     @property
     def name(self) -> str:

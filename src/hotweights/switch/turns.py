@@ -23,6 +23,21 @@ def park_cost(v: View) -> float:
     return v.park_s if v.park_s is not None else DEFAULT_PARK_S
 
 
+def token_due(arrived: float, first_at: float, tokens: int, config: SwitchConfig) -> float:
+    """When a stream's next token is due (``time.monotonic()``), by Aegaeon's deadline: its first token's time and
+    ``slo_token_s`` a token since (``tokens`` relayed), or where none came yet (in its prefill, or queued)
+    ``slo_ttft_s`` after it came, its model awake ``first_token_s`` before."""
+    if not first_at:
+        return arrived + config.slo_ttft_s - config.first_token_s
+    return first_at + config.slo_token_s * tokens
+
+
+def slack_s(v: View, config: SwitchConfig, now: float) -> float:
+    """How long ``v``'s streams in flight could pause before the first of them misses its next token's due time
+    (``token_due``; negative: one is late already; infinite with none that may pause)."""
+    return min((token_due(*clock, config) for clock in v.clocks), default=math.inf) - now
+
+
 def due(v: View, config: SwitchConfig) -> float:
     """When ``v`` is due awake for its first waiting request (``time.monotonic()``): a held stream's next token when
     its ``dues`` says, else ``first_token_s`` (its prefill, the relay) before a first token ``slo_ttft_s`` after the

@@ -18,6 +18,7 @@ from ...openai_errors import stream_error
 from ..door import SwitchPort, Unavailable
 from ..model import Model
 from ..preempt import COMPLETIONS, Events, Resumable
+from ..turns import token_due
 
 logger = logging.getLogger("hotweights.switch")
 
@@ -124,6 +125,7 @@ class _Resumed:
         self.ended = False  # the front stopped: the stream's error event is the last
         self.step: asyncio.Future[bytes] | None = None  # the read in progress: a held stream keeps it (a read
         # cancelled midway would lose what it had)
+        r.arrived = said.arrived
         m.streams.add(r)
 
     async def next(self, stopping: Stopping) -> list[bytes] | None:
@@ -164,6 +166,7 @@ class _Resumed:
             if relayed:
                 self.said.seen(relayed)
                 out.append(relayed)
+        self.r.first_at = self.said.first
         return out
 
     async def paused(self) -> bytes:
@@ -229,13 +232,8 @@ class _Resumed:
         return b""
 
     def next_due(self) -> float:
-        """When its next token is due (``time.monotonic()``), by Aegaeon's deadline: its first token's time and
-        ``slo_token_s`` a token since, or where none came yet (held in its prefill) ``slo_ttft_s`` after it came, its
-        model awake ``first_token_s`` before (the deadline schedule's; the others ignore it)."""
-        config = self.requests.config
-        if not self.said.first:
-            return self.said.arrived + config.slo_ttft_s - config.first_token_s
-        return self.said.first + config.slo_token_s * len(self.r.ids)
+        """When its next token is due (``turns.token_due``: the deadline schedule's; the others ignore it)."""
+        return token_due(self.r.arrived, self.r.first_at, len(self.r.ids), self.requests.config)
 
     def _let_go(self) -> None:
         self.m.streams.discard(self.r)
