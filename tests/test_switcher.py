@@ -653,16 +653,17 @@ def test_of_busy_engines_whose_turn_is_over_the_one_whose_streams_can_wait_longe
     config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in "abcd"), max_awake="auto",
                           schedule="deadline", slo_ttft_s=2.0, slo_token_s=0.1, first_token_s=0.4)
     need, now = GpuNeed((0,), 0.0, 15 * GIB, 20 * GIB, parked_mib=1950), 1000.0  # two awake fit 112 GiB
-    fresh = ((now - 0.5, now - 0.2, 2),)  # its first token 0.2 s ago, two tokens: the next due 0.2 s hence
+    fresh = ((now - 0.5, now - 0.2, 2),)  # its first token 0.2 s ago, two tokens: the third due now
     ahead = ((now - 3.0, now - 2.5, 100), (now - 1.0, 0.0, 0))  # 100 tokens in 2.5 s; one in its prefill
-    assert abs(token_due(*fresh[0], config) - (now + 0.0)) < 1e-9
+    assert abs(token_due(*fresh[0], config) - (now - 0.1)) < 1e-9  # its engine awake one token's time before
     assert abs(token_due(*ahead[1], config) - (now + 0.6)) < 1e-9  # its first token due 2 s after, awake 0.4 before
 
     def busy(name, clocks, last_used):
         return View(config.models["abc".index(name)], ModelState.AWAKE, need, inflight=len(clocks),
                     last_used=last_used, clocks=clocks, awake_at=now - 10, park_s=0.05)
 
-    late = View(config.models[2], ModelState.PARKED, need, waiting=1, arrivals=(now - 1.9,), wake_s=0.3)
+    late = View(config.models[2], ModelState.PARKED, need, waiting=1, arrivals=(now - 1.9,), dues=(now - 0.3,),
+                wake_s=0.3)  # a held stream, late already
     idle = View(config.models[3], ModelState.PARKED, need)
     for a_clocks, b_clocks, leaves in ((fresh, ahead, "b"), (ahead, fresh, "a")):
         s = Snapshot((busy("a", a_clocks, 1.0), busy("b", b_clocks, 2.0), late, idle), {0: 112 * GIB}, now, "a")
@@ -672,6 +673,42 @@ def test_of_busy_engines_whose_turn_is_over_the_one_whose_streams_can_wait_longe
     fair = dataclasses.replace(config, schedule="fair", turn_s=0.0)  # the other schedules: the least recently used
     s = Snapshot((busy("a", fresh, 1.0), busy("b", ahead, 2.0), late, idle), {0: 112 * GIB}, now, "a")
     assert room_for(s["c"], s, fair).leave == ("a",)
+
+
+def test_a_busy_engine_keeps_its_turn_for_a_first_token_while_its_streams_lack_slack_for_the_pause():
+    """Issue 69, from an H100 run (five 8B, ``max_awake 2``, 0.5 req/s): 20 of 51 misses of Aegaeon's SLO were streams
+    paused with under 1 s of slack, most within their first 11 tokens, for pauses of 0.3-1.8 s: their next token
+    late whatever came after. With the deadline schedule a busy engine whose streams have less slack than their
+    pause would take at least (``away_s``: its park, the model's wake and shortest turn, the model's park, its own
+    wake) keeps its turn for a model due for a first token (Aegaeon's bound for it is 10 s), until they have it, for
+    at most that pause past the model's due; not for a held stream's next token."""
+    from hotweights.switch.snapshot import View
+    from hotweights.switch.turns import away_s, turn_left_s
+
+    config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in "ab"), max_awake="auto",
+                          schedule="deadline", slo_ttft_s=2.0, slo_token_s=0.1, first_token_s=0.4)
+    need, now = GpuNeed((0,), 0.0, 15 * GIB, 20 * GIB), 1000.0
+
+    def busy(*clocks):  # a GPU-tier engine, awake 10 s
+        return View(config.models[0], ModelState.AWAKE, need, inflight=len(clocks), clocks=clocks,
+                    awake_at=now - 10, wake_s=0.015, park_s=0.05)
+
+    def waiting(waited, held=False):  # a host-tier model: a request, or a held stream due 2 s after it came
+        return View(config.models[1], ModelState.PARKED, need, waiting=1, arrivals=(now - waited,),
+                    dues=(now - waited + 1.6,) if held else (None,), wake_s=0.3, park_s=0.05)
+
+    fresh = busy((now - 0.5, now - 0.2, 2))  # its next token's engine due awake 0.1 s ago: no slack
+    ahead = busy((now - 3.0, now - 2.5, 100))  # 100 tokens in 2.5 s: 7.4 s of slack
+    assert away_s(fresh, waiting(1.0)) == pytest.approx(0.05 + 0.6 + 0.05 + 0.03)
+    due_in = waiting(1.0)  # its first token due 1 s hence: awake 0.6 s hence, the turn's end 0.25 s hence
+    assert turn_left_s(ahead, due_in, config, now) == pytest.approx(0.25)
+    assert turn_left_s(fresh, due_in, config, now) == pytest.approx(0.73 + 0.1)  # until its stream has the slack
+    overdue = waiting(1.9)  # the turn's end was 0.65 s ago: kept 0.73 s past it at most
+    assert turn_left_s(ahead, overdue, config, now) == 0.0
+    assert turn_left_s(fresh, overdue, config, now) == pytest.approx(0.73 - 0.65)
+    assert turn_left_s(fresh, waiting(2.5), config, now) == 0.0  # past that: the turn ends
+    assert turn_left_s(fresh, waiting(1.9, held=True), config, now) == 0.0  # a held stream's token: no keep
+    assert turn_left_s(busy(), overdue, config, now) == 0.0  # nothing in flight that may pause
 
 
 @pytest.mark.parametrize("schedule", ["fair", "deadline"])

@@ -20,7 +20,8 @@ it at once): it leaves (takes no new request, parks once its requests end) and t
 engine's park take, has come, and never before the busy engine has been awake as long as the two wakes its turn's end
 costs take (the model's now, its own when it comes back: Aegaeon's scale-down, a turn shorter than its switches is all
 switch; with its own wake alone, 15 ms on the GPU tier, every host-tier request that came due ended a GPU-tier turn;
-``turns.py``). Nothing is
+``turns.py``), nor, for a first token, while the busy engine's streams lack the slack for their pause; of the busy
+engines whose turn is over, the one whose streams have the most slack leaves first (``turns.slack_s``). Nothing is
 parked or left for a wake that must wait anyway. A busy engine that leaves holds its streams with their KV caches (its
 engine's park keeps them: ``View.can_hold``) where the wake fits beside what it then keeps (``memory.Holder.kv_kept``),
 else its streams are continued from their tokens.
