@@ -709,6 +709,11 @@ def test_a_busy_engine_keeps_its_turn_for_a_first_token_while_its_streams_lack_s
     assert turn_left_s(fresh, waiting(2.5), config, now) == 0.0  # past that: the turn ends
     assert turn_left_s(fresh, waiting(1.9, held=True), config, now) == 0.0  # a held stream's token: no keep
     assert turn_left_s(busy(), overdue, config, now) == 0.0  # nothing in flight that may pause
+    # a stream past its deadline has missed Aegaeon's SLO already: a pause costs it nothing more (on the CPU, where
+    # a queued stream was late from its start, a kept turn let it finish before the model it was held for)
+    late = busy((now - 3.0, now - 2.5, 2))  # its third token was due 2.3 s ago
+    assert turn_left_s(late, due_in, config, now) == pytest.approx(0.25)
+    assert turn_left_s(busy((now - 3.0, now - 2.5, 2), (now - 0.5, now - 0.2, 2)), due_in, config, now) > 0.25
 
 
 @pytest.mark.parametrize("schedule", ["fair", "deadline"])

@@ -23,20 +23,27 @@ def park_cost(v: View) -> float:
     return v.park_s if v.park_s is not None else DEFAULT_PARK_S
 
 
+def token_deadline(arrived: float, first_at: float, tokens: int, config: SwitchConfig) -> float:
+    """Aegaeon's deadline for a stream's next token (``time.monotonic()``): its first token's time and
+    ``slo_token_s`` a token since (``tokens`` relayed), or where none came yet (in its prefill, or queued)
+    ``slo_ttft_s`` after it came."""
+    return first_at + config.slo_token_s * tokens if first_at else arrived + config.slo_ttft_s
+
+
 def token_due(arrived: float, first_at: float, tokens: int, config: SwitchConfig) -> float:
-    """When a stream's model is due awake for its next token (``time.monotonic()``): Aegaeon's deadline for it (its
-    first token's time and ``slo_token_s`` a token since, ``tokens`` relayed) less one token's time, for its step and
-    the relay (held streams woken for the deadline itself came back 0.01-0.05 s past it, 12 of 51 misses on an
-    H100); where none came yet (in its prefill, or queued) ``slo_ttft_s`` after it came less ``first_token_s``."""
-    if not first_at:
-        return arrived + config.slo_ttft_s - config.first_token_s
-    return first_at + config.slo_token_s * (tokens - 1)
+    """When a stream's model is due awake for its next token (``time.monotonic()``): its ``token_deadline`` less one
+    token's time, for its step and the relay (held streams woken for the deadline itself came back 0.01-0.05 s past
+    it, 12 of 51 misses on an H100), or less ``first_token_s`` for a first token (its prefill, the relay)."""
+    margin = config.slo_token_s if first_at else config.first_token_s
+    return token_deadline(arrived, first_at, tokens, config) - margin
 
 
 def slack_s(v: View, config: SwitchConfig, now: float) -> float:
-    """How long ``v``'s streams in flight could pause before the first of them misses its next token's due time
-    (``token_due``; negative: one is late already; infinite with none that may pause)."""
-    return min((token_due(*clock, config) for clock in v.clocks), default=math.inf) - now
+    """How long ``v``'s streams in flight could pause before the first of them still on time is due (``token_due``;
+    negative: it is due already; infinite with none that may pause). A stream past its ``token_deadline`` has missed
+    it (a request with one late token misses Aegaeon's SLO): a pause costs it nothing more."""
+    on_time = [token_due(*clock, config) for clock in v.clocks if token_deadline(*clock, config) >= now]
+    return min(on_time, default=math.inf) - now
 
 
 def _dues(v: View, config: SwitchConfig) -> list[tuple[float, bool]]:
@@ -69,9 +76,9 @@ def turn_left_s(busy: View, v: View, config: SwitchConfig, now: float) -> float:
     request in flight on ``busy`` (0 at once where one of them starves); with the ``deadline`` schedule, once ``v``'s
     first due time less its wake and ``busy``'s park has come, but not before ``busy`` has been awake as long as the
     two wakes its turn's end costs take (``v``'s now, its own when it comes back), nor, where ``v`` is due for a first
-    token, while ``busy``'s streams have less slack than their pause would take (``away_s``), for at most that long
-    past ``v``'s due: a stream paused without slack misses its next token by Aegaeon's deadline, where a first token
-    has Aegaeon's 10 s (20 of 51 misses on an H100 were streams paused with under 1 s of slack)."""
+    token, while ``busy``'s streams still on time have less slack than their pause would take (``away_s``), for at
+    most that long past ``v``'s due: a stream paused without slack misses its next token by Aegaeon's deadline, where
+    a first token has Aegaeon's 10 s (20 of 51 misses on an H100 were streams paused with under 1 s of slack)."""
     if config.schedule == "deadline":
         ends = due(v, config) - wake_cost(v) - park_cost(busy)
         kept = -math.inf
