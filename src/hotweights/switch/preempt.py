@@ -69,8 +69,8 @@ class Resumable:
     before: int = 0  # tokens relayed before the continuation now streaming began
     pending: int = 0  # tokens relayed since the last text: their text is held back by the engine's detokenizer
     moved: bool = False  # an event came since it last got its place in flight (``can_pause``, continued)
-    arrived: float = 0.0  # time.monotonic() its request came, and its first byte was relayed (0: none yet): with
-    first_at: float = 0.0  # ``ids``, when its next token is due (``turns.token_due``)
+    arrived: float = 0.0  # time.monotonic() its request came (with ``first_at`` and ``ids``: ``turns.token_due``)
+    first_at: float = 0.0  # time.monotonic() its first byte was relayed, 0 before
     pause: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
