@@ -675,6 +675,45 @@ def test_of_busy_engines_whose_turn_is_over_the_one_whose_streams_can_wait_longe
     assert room_for(s["c"], s, fair).leave == ("a",)
 
 
+def test_where_one_leave_makes_room_the_deadline_schedule_takes_the_first_in_turn_order_not_the_largest():
+    """Issue 69, from an H100 run (five 8B, ``max_awake 2``, 0.5 req/s): 14 of 78 leaves were a host-tier engine's
+    (13 streams held, a wake back of 0.34 s) for a GPU-tier model that needed only a place under the cap, where the
+    other awake engine, GPU-tier (2-3 streams, a wake back of 7 ms), would have done: the busy engines that free the
+    most memory left first. With the deadline schedule, where one leave makes room, the first in turn order does
+    (its streams' slack less its own wake back, the most first), holding its streams where that fits; memory still
+    decides where only one of them frees enough."""
+    from hotweights.switch.schedule import room_for
+    from hotweights.switch.snapshot import Snapshot, View
+
+    host = {"h", "x"}
+    config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n, parked_weights="host" if n in host else "gpu")
+                                for n in "hgwx"), max_awake=2, schedule="deadline", slo_ttft_s=2.0, slo_token_s=0.1,
+                          first_token_s=0.4)
+    need, now = GpuNeed((0,), 0.0, 15 * GIB, 20 * GIB, parked_mib=1950), 1000.0
+    crowded = tuple((now - 1.5, now - 1.0, 12) for _ in range(13))  # 13 streams, each due awake 0.1 s hence
+    ahead = tuple((now - 3.0, now - 2.5, 100) for _ in range(2))  # 2 streams, 7.4 s of slack
+
+    def snap(total_gib, waiting):
+        views = [View(config.models[0], ModelState.AWAKE, need, inflight=13, clocks=crowded, can_hold=True,
+                      awake_at=now - 10, wake_s=0.34, park_s=0.07, last_used=1.0),
+                 View(config.models[1], ModelState.AWAKE, need, inflight=2, clocks=ahead, can_hold=True,
+                      awake_at=now - 10, wake_s=0.007, park_s=0.011, last_used=2.0)]
+        for i, name in ((2, "w"), (3, "x")):  # a held stream each, overdue
+            views.append(View(config.models[i], ModelState.PARKED, need, waiting=int(name == waiting),
+                              arrivals=(now - 1.0,) if name == waiting else (),
+                              dues=(now - 0.5,) if name == waiting else (), wake_s=0.3))
+        return Snapshot(tuple(views), {0: total_gib * GIB}, now, "h")
+
+    s = snap(200, "w")  # memory to spare: only the cap wants a place
+    r = room_for(s["w"], s, config)
+    assert (r.leave, r.keep) == (("g",), ("g",)), r
+    fair = dataclasses.replace(config, schedule="fair", turn_s=0.0)
+    assert room_for(s["w"], s, fair).leave == ("h",)  # the other schedules: the most memory freed first
+    s = snap(115, "x")  # a host-tier wake that g's held park would not make room for: h leaves, holding
+    r = room_for(s["x"], s, config)
+    assert (r.leave, r.keep) == (("h",), ("h",)), r
+
+
 def test_a_busy_engine_keeps_its_turn_for_a_first_token_while_its_streams_lack_slack_for_the_pause():
     """Issue 69, from an H100 run (five 8B, ``max_awake 2``, 0.5 req/s): 20 of 51 misses of Aegaeon's SLO were streams
     paused with under 1 s of slack, most within their first 11 tokens, for pauses of 0.3-1.8 s: their next token

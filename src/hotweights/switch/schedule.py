@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from .config import SwitchConfig
 from .memory import held_mib, over_mib
 from .snapshot import Snapshot, View
-from .turns import due, slack_s, turn_left_s
+from .turns import due, slack_s, turn_left_s, wake_cost
 from .states import SERVING, FailureKind, ModelState
 
 S = ModelState
@@ -272,8 +272,8 @@ def room_for(v: View, s: Snapshot, config: SwitchConfig) -> Room:
         return Room(wait=True)  # the leaving engines will do; the idle ones park then if still needed
     busy = sorted((x for x in movable if x.inflight), key=lambda x: (turn_left_s(x, v, config, now), x.last_used))
     over = [x.name for x in busy if turn_left_s(x, v, config, now) <= 0]
-    if config.schedule == "deadline":  # of those, the one whose streams can wait longest leaves first
-        over.sort(key=lambda x: -slack_s(s[x], config, now))
+    if config.schedule == "deadline":  # of those, the one whose streams can wait longest (its wake back counted)
+        over.sort(key=lambda x: wake_cost(s[x]) - slack_s(s[x], config, now))
     leaving = leavers(v, s, config, gone, over)
     if leaving is not None:
         return leaving
@@ -297,7 +297,15 @@ def leavers(v: View, s: Snapshot, config: SwitchConfig, gone: Sequence[str], ove
     their KV caches go (their streams continued from their tokens); each way those that free the most of ``v``'s
     GPUs first. The way with fewer leaving, else the one that holds more. One that frees nothing leaves only where
     ``max_awake`` counts it (three GPU-tier engines holding their streams left for one host-tier wake on an H100,
-    none of them needed). None where all of them leaving does not make room."""
+    none of them needed). None where all of them leaving does not make room. With the ``deadline`` schedule, where
+    one leaving makes room, the first in turn order that does (the most slack: on an H100 a host-tier engine with 13
+    streams left for a GPU-tier wake, freeing more than the cap needed, where a GPU-tier engine with 2-3 and a wake
+    back of 7 ms could have), one that holds its streams first."""
+    if config.schedule == "deadline":
+        for hold in (True, False):
+            for x in over:
+                if (s[x].can_hold or not hold) and fits(v, s, config, [*gone, x], [x] if hold else []):
+                    return Room(leave=(x,), keep=(x,) if hold else (), wait=True)
     rooms = []
     for hold in (True, False):
         holds = {x for x in over if hold and s[x].can_hold}
