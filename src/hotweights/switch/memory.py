@@ -88,17 +88,16 @@ class GpuNeed:
         return max(0, engine_share(total_mib, self.share, self.weights_mib)) + self.extra_mib
 
     def awake_mib(self, total_mib: int) -> int:
-        """Its engine's own memory while it serves (its weights aside)."""
-        if self.engine_kv_mib:
-            return self.kept_mib(total_mib) + self.activations_mib
-        return self.start_mib(total_mib) + self.parked_mib
+        """Its engine's own memory while it serves (its weights aside): what it keeps parked with its KV cache, and
+        its activations beside a pinned KV cache (a KV cache sized from its share counts them already)."""
+        return self.kept_mib(total_mib) + (self.activations_mib if self.engine_kv_mib else 0)
 
     def kept_mib(self, total_mib: int) -> int:
         """Its engine's own memory parked keeping its KV cache (its weights aside): a pinned KV cache beside what any
         parked engine keeps, else (a KV cache sized from its share) all of its awake memory."""
         if self.engine_kv_mib:
             return self.engine_kv_mib + self.extra_mib + self.parked_mib
-        return self.awake_mib(total_mib)
+        return self.start_mib(total_mib) + self.parked_mib
 
 
 @dataclass(frozen=True, slots=True)
