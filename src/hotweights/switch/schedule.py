@@ -270,15 +270,16 @@ def room_for(v: View, s: Snapshot, config: SwitchConfig) -> Room:
     gone = [*idle, *(x.name for x in beside if x.state is S.LEAVING)]
     if len(gone) > len(idle) and fits(v, s, config, gone):
         return Room(wait=True)  # the leaving engines will do; the idle ones park then if still needed
-    busy = sorted((x for x in movable if x.inflight), key=lambda x: (turn_left_s(x, v, config, now), x.last_used))
-    over = [x.name for x in busy if turn_left_s(x, v, config, now) <= 0]
+    left = {x.name: turn_left_s(x, v, config, now) for x in movable if x.inflight}  # each busy engine's turn
+    busy = sorted(left, key=lambda x: (left[x], s[x].last_used))
+    over = [x for x in busy if left[x] <= 0]
     if config.schedule == "deadline":  # of those, the one whose streams can wait longest (its wake back counted)
         over.sort(key=lambda x: wake_cost(s[x]) - slack_s(s[x], config, now))
     leaving = leavers(v, s, config, gone, over)
     if leaving is not None:
         return leaving
-    if busy and fits(v, s, config, [*gone, *(x.name for x in busy)]):  # once more turns end
-        return Room(wait=True, look_in_s=min(turn_left_s(x, v, config, now) for x in busy if x.name not in over))
+    if busy and fits(v, s, config, [*gone, *busy]):  # once more turns end
+        return Room(wait=True, look_in_s=min(left[x] for x in busy if x not in over))
     return trial(v, s, config, idle, leaving=len(gone) > len(idle))
 
 
