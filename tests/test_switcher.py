@@ -719,8 +719,9 @@ def test_a_busy_engine_keeps_its_turn_for_a_first_token_while_its_streams_lack_s
     paused with under 1 s of slack, most within their first 11 tokens, for pauses of 0.3-1.8 s: their next token
     late whatever came after. With the deadline schedule a busy engine whose streams have less slack than their
     pause would take at least (``away_s``: its park, the model's wake and shortest turn, the model's park, its own
-    wake) keeps its turn for a model due for a first token (Aegaeon's bound for it is 10 s), until they have it, for
-    at most that pause past the model's due; not for a held stream's next token."""
+    wake) keeps its turn for a model due for a first token (Aegaeon's bound for it is 10 s), until they have it or
+    are past their deadline (the scheduler looks again then), for at most that pause past the model's due; not for a
+    held stream's next token."""
     from hotweights.switch.snapshot import View
     from hotweights.switch.turns import away_s, turn_left_s
 
@@ -736,12 +737,17 @@ def test_a_busy_engine_keeps_its_turn_for_a_first_token_while_its_streams_lack_s
         return View(config.models[1], ModelState.PARKED, need, waiting=1, arrivals=(now - waited,),
                     dues=(now - waited + 1.6,) if held else (None,), wake_s=0.3, park_s=0.05)
 
-    fresh = busy((now - 0.5, now - 0.2, 2))  # its next token's engine due awake 0.1 s ago: no slack
+    fresh = busy((now - 0.5, now - 0.2, 5))  # its next token due 0.3 s hence, its engine awake 0.2 s hence
     ahead = busy((now - 3.0, now - 2.5, 100))  # 100 tokens in 2.5 s: 7.4 s of slack
     assert away_s(fresh, waiting(1.0)) == pytest.approx(0.05 + 0.6 + 0.05 + 0.03)
     due_in = waiting(1.0)  # its first token due 1 s hence: awake 0.6 s hence, the turn's end 0.25 s hence
     assert turn_left_s(ahead, due_in, config, now) == pytest.approx(0.25)
-    assert turn_left_s(fresh, due_in, config, now) == pytest.approx(0.73 + 0.1)  # until its stream has the slack
+    # 0.2 s of slack where the pause takes 0.73 s: kept until its stream's deadline, where its next token has come
+    # (more slack, looked at again) or not (late: no more keep)
+    assert turn_left_s(fresh, due_in, config, now) == pytest.approx(0.3)
+    assert turn_left_s(busy((now - 3.0, now - 0.1, 6)), due_in, config, now) == pytest.approx(0.73 - 0.4)
+    # a stream queued behind another, its first token's deadline 0.01 s hence: kept no longer (on the CPU, 4 s)
+    assert turn_left_s(busy((now - 1.99, 0.0, 0)), due_in, config, now) == pytest.approx(0.25)
     overdue = waiting(1.9)  # the turn's end was 0.65 s ago: kept 0.73 s past it at most
     assert turn_left_s(ahead, overdue, config, now) == 0.0
     assert turn_left_s(fresh, overdue, config, now) == pytest.approx(0.73 - 0.65)
@@ -752,7 +758,7 @@ def test_a_busy_engine_keeps_its_turn_for_a_first_token_while_its_streams_lack_s
     # a queued stream was late from its start, a kept turn let it finish before the model it was held for)
     late = busy((now - 3.0, now - 2.5, 2))  # its third token was due 2.3 s ago
     assert turn_left_s(late, due_in, config, now) == pytest.approx(0.25)
-    assert turn_left_s(busy((now - 3.0, now - 2.5, 2), (now - 0.5, now - 0.2, 2)), due_in, config, now) > 0.25
+    assert turn_left_s(busy((now - 3.0, now - 2.5, 2), (now - 0.5, now - 0.2, 5)), due_in, config, now) > 0.25
 
 
 @pytest.mark.parametrize("schedule", ["fair", "deadline"])
