@@ -761,6 +761,112 @@ def test_a_busy_engine_keeps_its_turn_for_a_first_token_while_its_streams_lack_s
     assert turn_left_s(busy((now - 3.0, now - 2.5, 2), (now - 0.5, now - 0.2, 5)), due_in, config, now) > 0.25
 
 
+def test_an_engine_ahead_of_its_deadlines_leaves_the_gpus_time_to_one_short_of_slack_beside_it():
+    """Issue 69, from ``benchmarks/switch_sim.py`` (engines awake together share the GPU: each decode step reads its
+    whole weights). With the deadline schedule, an awake engine whose streams lack the slack for one pause of their
+    own is short of it, and gets the GPU's time first: an awake engine beside it whose streams can hold and have the
+    slack for its own round trip twice and the other's once leaves, holding them (``Leave.ahead``: for the other's
+    streams, not for a waiting model), and a model waited for by held streams whose next tokens are not due yet wakes
+    beside it at its due less its wake, not at once. Not with the fair schedule, nor for an engine that cannot hold,
+    nor across GPUs, nor for a first token. With streams in flight the deadline schedule looks again a token's time
+    hence: their slack changes with the clock, and no event says so."""
+    from hotweights.switch.schedule import Leave, Wait, Wake, plan
+    from hotweights.switch.snapshot import Snapshot, View
+    from hotweights.switch.turns import not_due_s, short_of_slack
+
+    def config(schedule="deadline", gpus=((), ())):
+        return SwitchConfig(tuple(ModelConfig(n, Path("/m") / n, gpus=g) for n, g in zip("abc", (*gpus, ()))),
+                            schedule=schedule, preempt=True, slo_ttft_s=2.0, slo_token_s=0.1, first_token_s=0.4)
+
+    need, now = GpuNeed((0,), 0.0, 15 * GIB, 2 * GIB), 1000.0
+
+    def awake(c, i, clock, can_hold=True, wake_s=0.015):
+        return View(c.models[i], ModelState.AWAKE, need, inflight=1, clocks=(clock,), can_hold=can_hold,
+                    awake_at=now - 10, wake_s=wake_s, park_s=0.05)
+
+    def snapshot(c, a_clock, b_clock, can_hold=True, c_due=None):
+        views = [awake(c, 0, a_clock, wake_s=0.3), awake(c, 1, b_clock, can_hold)]
+        if c_due is not None:  # c parked: a request (c_due 0) or a held stream due c_due s hence
+            views.append(View(c.models[2], ModelState.PARKED, need, waiting=1, arrivals=(now - 0.1,),
+                              dues=(now + c_due if c_due else None,), wake_s=0.3, park_s=0.05))
+        else:
+            views.append(View(c.models[2], ModelState.PARKED, need, wake_s=0.3, park_s=0.05))
+        return Snapshot(tuple(views), {}, now, "a")
+
+    short = (now - 0.5, now - 0.2, 2)  # a's next token due now: no slack for its pause (1.3 s: a host-tier wake's)
+    ahead = (now - 3.0, now - 2.5, 100)  # b: 7.4 s of slack, its round trip twice and a's once 2.19 s
+    deadline = config()
+    p = plan(snapshot(deadline, short, ahead), deadline)
+    assert p.leave == (Leave("b", "a", 0, True, ahead=True),) and p.then == Wait(0.1), p  # slack looked at again
+    assert plan(snapshot(deadline, short, (now - 3.0, now - 2.0, 31)), deadline).leave == ()  # 1 s of slack
+    assert plan(snapshot(deadline, short, ahead, can_hold=False), deadline).leave == ()
+    assert plan(snapshot(deadline, ahead, ahead), deadline).leave == ()  # none short of slack
+    fair = config("fair")
+    assert plan(snapshot(fair, short, ahead), fair).leave == ()
+    apart = config(gpus=((0,), (1,)))
+    assert plan(snapshot(apart, short, ahead), apart).leave == ()
+    # c's held stream due 2 s hence: awake 1.7 s hence (its wake 0.3 s), not at once beside a; looked at again a
+    # token's time hence (a may have its slack by then)
+    s = snapshot(deadline, short, (now - 3.0, now - 2.0, 31), c_due=2.0)
+    assert not_due_s(s["c"], s, short_of_slack(s, deadline), deadline) == pytest.approx(1.7)
+    p = plan(s, deadline)
+    assert p.leave == () and p.then == Wait(pytest.approx(0.1)), p
+    assert plan(snapshot(deadline, ahead, ahead, c_due=2.0), deadline).then == Wake("c")  # none short beside it
+    assert plan(snapshot(deadline, short, ahead, c_due=0), deadline).then == Wake("c")  # a first token: at once
+    assert plan(snapshot(fair, short, ahead, c_due=2.0), fair).then == Wake("c")
+
+
+def test_an_engine_ahead_parks_holding_its_stream_and_wakes_once_the_one_beside_it_has_its_slack(caplog):
+    """The rule above acted on (``Switcher._act``, ``Lifecycle.leave``), over fake engines whose parks keep their KV
+    caches: a's stream is far ahead of its deadlines and b's, beside it, short of slack; a leaves for b's streams
+    (logged so), parks holding its stream, and does not come after b (``left_for`` stays empty). Its stream waits
+    again, due by its next token. Once b's stream has its slack (no event says so: the deadline schedule looks again
+    a token's time hence), a wakes and its stream goes on."""
+    from hotweights.switch.preempt import COMPLETIONS, Resumable
+    from hotweights.switch.turns import token_due
+
+    async def main():
+        s, engines, log = make(["a", "b"], max_awake="auto", schedule="deadline", preempt=True)
+        for e in engines.values():
+            e.keeps_kv = True
+        task = await started(s)
+        a, b = s.models["a"], s.models["b"]
+        await s.acquire("b")
+        await s.acquire("a")
+        now = time.monotonic()
+        ahead = Resumable(COMPLETIONS, {}, ids=[0] * 100, arrived=now - 3.0, first_at=now - 2.5)  # 7.4 s of slack
+        behind = Resumable(COMPLETIONS, {}, ids=[0], arrived=now - 0.1, first_at=now)  # its next token due now
+        woke: list[float] = []
+
+        async def relay() -> None:  # a's stream as the port relays it: paused, its place given back, waited for again
+            await ahead.pause.wait()
+            a.streams.discard(ahead)
+            s.release(a)
+            await s.acquire("a", token_due(ahead.arrived, ahead.first_at, len(ahead.ids), s.config))
+            woke.append(time.monotonic())
+
+        relaying = asyncio.create_task(relay())
+        a.streams.add(ahead)
+        b.streams.add(behind)
+        s.life.changes.changed()
+        for _ in range(200):
+            if "park a keeping its KV cache" in log:
+                break
+            await asyncio.sleep(0.005)
+        assert "park a keeping its KV cache" in log and a.left_for == "" and not woke, log
+        behind.ids += [0] * 100  # b's stream has its slack now
+        await asyncio.wait_for(relaying, 2.0)
+        assert log.index("wake a") > log.index("park a keeping its KV cache") and a.state is ModelState.AWAKE
+        s.release(a)
+        s.release(b)
+        task.cancel()
+
+    with caplog.at_level("INFO", logger="hotweights.switch"):
+        asyncio.run(main())
+    assert "a leaves for b: 0 request(s) in flight end first (1 held with their KV caches, going on at its next " \
+           "wake), its streams ahead of their deadlines and b's not: the GPU's time to b" in caplog.text, caplog.text
+
+
 @pytest.mark.parametrize("schedule", ["fair", "deadline"])
 def test_a_model_whose_engine_left_for_another_comes_after_it_while_that_one_waits(schedule):
     """Issue 69, from an H100 run of five 8B: m4 left for m3, its held streams waited for m4 again, and m4 woke

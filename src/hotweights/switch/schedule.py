@@ -21,10 +21,11 @@ engine's park take, has come, and never before the busy engine has been awake as
 costs take (the model's now, its own when it comes back: Aegaeon's scale-down, a turn shorter than its switches is all
 switch; with its own wake alone, 15 ms on the GPU tier, every host-tier request that came due ended a GPU-tier turn;
 ``turns.py``), nor, for a first token, while the busy engine's streams lack the slack for their pause; of the busy
-engines whose turn is over, the one whose streams have the most slack leaves first (``turns.slack_s``). Nothing is
-parked or left for a wake that must wait anyway. A busy engine that leaves holds its streams with their KV caches (its
-engine's park keeps them: ``View.can_hold``) where the wake fits beside what it then keeps (``memory.Holder.kv_kept``),
-else its streams are continued from their tokens.
+engines whose turn is over, the one whose streams have the most slack leaves first (``turns.slack_s``); and the
+GPU's time goes by deadline too: one far ahead of its deadlines leaves for one short of slack beside it
+(``turns.ahead_of``). Nothing is parked or left for a wake that must wait anyway. A busy engine that leaves holds its
+streams with their KV caches (its engine's park keeps them: ``View.can_hold``) where the wake fits beside what it
+then keeps (``memory.Holder.kv_kept``), else its streams are continued from their tokens.
 
 Start-up's starts (``startup_batch``): one at a time where a start profiles the GPU's memory (``GpuNeed.profiles``);
 where none does (vLLM with ``--kv-cache-memory-bytes``), up to ``start_jobs`` models whose preloads are done start
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from .config import SwitchConfig
 from .memory import held_mib, over_mib
 from .snapshot import Snapshot, View
-from .turns import due, slack_s, turn_left_s, wake_cost
+from .turns import ahead_of, due, not_due_s, short_of_slack, slack_s, turn_left_s, wake_cost, watch_s
 from .states import SERVING, FailureKind, ModelState
 
 S = ModelState
@@ -72,12 +73,15 @@ class Room:
 @dataclass(frozen=True)
 class Leave:
     """``name`` takes no new request and parks once its requests end: its turn is over, for ``For`` (``waiting`` of
-    whose requests wait); ``keep``: its streams are held with their KV caches, else continued from their tokens."""
+    whose requests wait); ``keep``: its streams are held with their KV caches, else continued from their tokens;
+    ``ahead``: it leaves the GPU's time to ``For``'s awake streams, its own ahead of their deadlines
+    (``turns.ahead_of``)."""
 
     name: str
     for_: str
     waiting: int
     keep: bool = False
+    ahead: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,17 +119,24 @@ def plan(s: Snapshot, config: SwitchConfig) -> Plan:
     (busy engines whose turn is over leave for it, even where it must wait for them); a model after it wakes only
     where it fits with nothing moved (it takes no memory the first one waits for); with no request waiting,
     start-up's next start; else a wait, until the earliest end of a busy engine's turn."""
-    look: float | None = None
     order = wanted(s, config)
+    look = watch_s(s, config)  # the deadline schedule: streams' slack changes with the clock
     leave: tuple[Leave, ...] = ()
+    short = short_of_slack(s, config)  # the deadline schedule: the GPU's time to these first
+    if short and (ahead := ahead_of(s, short, config)):
+        leave = (Leave(ahead[0], ahead[1], 0, True, ahead=True),)
+        s = s.moved(ahead[:1], S.LEAVING, ahead[:1])
     for i, v in enumerate(order):
         if not v.started or retried_now(v, s.now):
             if i == 0:
-                return Plan(Start(startup_batch(v, s, config)))
+                return Plan(Start(startup_batch(v, s, config)), leave)
+            continue
+        if short and (wait := not_due_s(v, s, short, config)) > 0:
+            look = wait if look is None else min(look, wait)
             continue
         room = room_for(v, s, config)
         if i == 0 and room.leave:
-            leave = tuple(Leave(x, v.name, v.waiting, x in room.keep) for x in room.leave)
+            leave += tuple(Leave(x, v.name, v.waiting, x in room.keep) for x in room.leave)
             s = s.moved(room.leave, S.LEAVING, room.keep)
         if not room.wait and (i == 0 or room.now):
             return Plan(Wake(v.name, room), leave)
@@ -133,7 +144,7 @@ def plan(s: Snapshot, config: SwitchConfig) -> Plan:
             look = room.look_in_s if look is None else min(look, room.look_in_s)
     if order:
         return Plan(Wait(look), leave)
-    return Plan(restart(s, config) or start_next(s, config))
+    return Plan(restart(s, config) or start_next(s, config, look), leave)
 
 
 def restart(s: Snapshot, config: SwitchConfig) -> Wake | None:
@@ -147,12 +158,15 @@ def restart(s: Snapshot, config: SwitchConfig) -> Wake | None:
     return None
 
 
-def start_next(s: Snapshot, config: SwitchConfig) -> Start | Wait:
+def start_next(s: Snapshot, config: SwitchConfig, look: float | None = None) -> Start | Wait:
     """Start-up's next start (``startup_next``), with the starts that go with it; else a wait, until the next change
     or the end of the earliest back-off of a start that failed or of a crashed engine started again by itself
-    (``retry_in_s``: a timer's kick may come a hair before the back-off's end, and none comes after it)."""
+    (``retry_in_s``: a timer's kick may come a hair before the back-off's end, and none comes after it), or ``look``
+    seconds at most."""
     following = startup_next(s)
-    return Start(startup_batch(following, s, config)) if following is not None else Wait(retry_in_s(s))
+    if following is not None:
+        return Start(startup_batch(following, s, config))
+    return Wait(min((x for x in (retry_in_s(s), look) if x is not None), default=None))
 
 
 def retry_in_s(s: Snapshot) -> float | None:

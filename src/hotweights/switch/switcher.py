@@ -169,7 +169,12 @@ class Switcher:
     def _act(self, p: Plan) -> Start | Wake | Wait:
         """The plan's first steps done (busy engines whose turn is over leave); what it does then."""
         for x in p.leave:
-            self.life.leave(self.models[x.name], f"for {x.for_}", f", {x.waiting} wait for {x.for_}", x.keep, x.for_)
+            if x.ahead:  # for x.for_'s streams awake beside it: it comes back by its own due, not after x.for_
+                self.life.leave(self.models[x.name], f"for {x.for_}", f", its streams ahead of their deadlines and "
+                                f"{x.for_}'s not: the GPU's time to {x.for_}", x.keep)
+            else:
+                self.life.leave(self.models[x.name], f"for {x.for_}", f", {x.waiting} wait for {x.for_}", x.keep,
+                                x.for_)
         return p.then
 
     async def _go(self, m: Model, room: Room | None) -> None:

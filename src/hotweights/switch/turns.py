@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 
 from .config import SwitchConfig
-from .snapshot import View
+from .snapshot import Snapshot, View
+from .states import ModelState
 
 DEFAULT_WAKE_S = {True: 0.1, False: 1.0}  # a wake not yet measured: weights kept on the GPU, or from host memory
 DEFAULT_PARK_S = 0.1  # a park not yet measured (an H100's held parks of an 8B: 0.05-0.07 s)
@@ -108,3 +109,45 @@ def turn_left_s(busy: View, v: View, config: SwitchConfig, now: float) -> float:
         return 0.0
     owed = config.turn_s * max(1, busy.inflight) - sum(now - a for a in v.arrivals)
     return max(0.0, owed / len(v.arrivals))
+
+
+def short_of_slack(s: Snapshot, config: SwitchConfig) -> list[View]:
+    """Awake engines whose streams still on time lack the slack for one pause of their own (``away_s``): with the
+    ``deadline`` schedule, the GPU's time goes to them first (``ahead_of``, ``not_due_s``)."""
+    if config.schedule != "deadline":
+        return []
+    return [v for v in s.models if v.state is ModelState.AWAKE and v.inflight
+            and slack_s(v, config, s.now) < away_s(v, v)]
+
+
+def watch_s(s: Snapshot, config: SwitchConfig) -> float | None:
+    """With the ``deadline`` schedule and streams in flight that may pause, the plan looks again a token's time
+    hence (``slo_token_s``): their slack changes with their tokens and the clock, and no event says so (who is
+    ``short_of_slack``, and what ``ahead_of`` and ``not_due_s`` say, with it). None otherwise."""
+    streams = config.schedule == "deadline" and any(v.state is ModelState.AWAKE and v.clocks for v in s.models)
+    return config.slo_token_s if streams else None
+
+
+def ahead_of(s: Snapshot, short: list[View], config: SwitchConfig) -> tuple[str, str] | None:
+    """An awake engine that leaves the GPU's time to one ``short`` of slack beside it, and that one's name: the first
+    whose streams can hold and have slack for its own round trip twice and the other's once, so that it comes back
+    in time (``not_due_s``). Engines awake together share the GPU: each decode step reads its whole weights, so one
+    engine far ahead of its deadlines slows one that is behind for tokens no one needs yet (replayed,
+    ``benchmarks/switch_sim.py``: five 8B on an H100 at 0.5 req/s, Aegaeon's SLO 92.5% -> 98.5% with ``max_awake`` 2,
+    84.3% -> 97.0% with memory alone)."""
+    for v in s.models:
+        if v.state is not ModelState.AWAKE or not v.can_hold or v in short:
+            continue
+        for n in short:
+            if v.config.shares_a_gpu(n.config) and slack_s(v, config, s.now) > 2 * away_s(v, n) + away_s(n, v):
+                return v.name, n.name
+    return None
+
+
+def not_due_s(v: View, s: Snapshot, short: list[View], config: SwitchConfig) -> float:
+    """Seconds until ``v``, waited for by held streams whose next tokens are not due yet, wakes beside an engine
+    ``short`` of slack on its GPUs: at its due less its wake (0: at once; a first token, or none short beside it,
+    does not wait)."""
+    if first_token_due(v, config) or not any(v.config.shares_a_gpu(n.config) for n in short):
+        return 0.0
+    return max(0.0, due(v, config) - wake_cost(v) - s.now)
