@@ -302,6 +302,15 @@ def simulate(mode: str, names: list[str], host: set[str], args: argparse.Namespa
             "ttft_p99_s": percentile(ttfts, 99)}
 
 
+def said(mode: str, rate: float, cell: dict) -> str:
+    """One cell as a line: each SLO's attainment, all and per tier ("-": the tier has no model), the switches."""
+    def pct(key: str) -> str:
+        return "-" if cell[key] is None else f"{cell[key]:.1%}"
+    return (f"{mode:32s} {rate:4} req/s: Aegaeon's {pct('aegaeon_all')} (GPU tier {pct('aegaeon_gpu_tier')}, host "
+            f"{pct('aegaeon_host_tier')}), ours {pct('ours_all')} ({pct('ours_gpu_tier')} / {pct('ours_host_tier')}), "
+            f"{cell['switches']:.0f} switches")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=int, default=5)
@@ -323,14 +332,12 @@ def main() -> int:
             cell = {"runs": runs}
             for tier in ("all", "gpu_tier", "host_tier"):
                 for slo in ("aegaeon", "ours"):
-                    cell[f"{slo}_{tier}"] = statistics.median(r["slos"][tier][slo] or 0.0 for r in runs)
+                    shares = [r["slos"][tier][slo] for r in runs]  # None: the tier has no model
+                    cell[f"{slo}_{tier}"] = None if None in shares else statistics.median(shares)
             cell["switches"] = statistics.median(r["switches"] for r in runs)
             result["modes"].setdefault(mode, {})[str(rate)] = cell
             if not args.json:
-                print(f"{mode:32s} {rate:4} req/s: Aegaeon's {cell['aegaeon_all']:.1%} (GPU tier "
-                      f"{cell['aegaeon_gpu_tier']:.1%}, host {cell['aegaeon_host_tier']:.1%}), ours "
-                      f"{cell['ours_all']:.1%} ({cell['ours_gpu_tier']:.1%} / {cell['ours_host_tier']:.1%}), "
-                      f"{cell['switches']:.0f} switches")
+                print(said(mode, rate, cell))
     if args.json:
         print(json.dumps(result, indent=1))
     return 0
