@@ -1,6 +1,7 @@
 """When a busy engine's turn ends for a model that waits (``turn_left_s``), the scheduler's clock: by request-seconds
-waited (``fair``, ``fifo``), or by Aegaeon's deadlines (``deadline``: ``due``, what a wake and a park take). Pure
-functions of views and the config, as the rest of ``schedule.py``."""
+waited (``fair``, ``fifo``), or by Aegaeon's deadlines (``deadline``: ``due``, what a wake and a park take); and with
+``deadline``, who gets the GPU's time among engines awake together (``short_of_slack``, ``ahead_of``,
+``not_due_s``, ``watch_s``). Pure functions of views and the config, as the rest of ``schedule.py``."""
 
 from __future__ import annotations
 
@@ -133,8 +134,8 @@ def ahead_of(s: Snapshot, short: list[View], config: SwitchConfig) -> tuple[str,
     whose streams can hold and have slack for its own round trip twice and the other's once, so that it comes back
     in time (``not_due_s``). Engines awake together share the GPU: each decode step reads its whole weights, so one
     engine far ahead of its deadlines slows one that is behind for tokens no one needs yet (replayed,
-    ``benchmarks/switch_sim.py``: five 8B on an H100 at 0.5 req/s, Aegaeon's SLO 92.5% -> 98.5% with ``max_awake`` 2,
-    84.3% -> 97.0% with memory alone)."""
+    ``benchmarks/switch_sim.py``: five 8B on an H100 at 0.5 req/s, Aegaeon's SLO 94.8% -> 98.6% with ``max_awake`` 2,
+    86.6% -> 97.2% with memory alone)."""
     for v in s.models:
         if v.state is not ModelState.AWAKE or not v.can_hold or v in short:
             continue
