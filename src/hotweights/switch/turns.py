@@ -139,8 +139,9 @@ def ahead_of(s: Snapshot, short: list[View], config: SwitchConfig) -> tuple[str,
     for v in s.models:
         if v.state is not ModelState.AWAKE or not v.can_hold or v in short:
             continue
+        slack = slack_s(v, config, s.now)  # once per engine, not per engine short beside it
         for n in short:
-            if v.config.shares_a_gpu(n.config) and slack_s(v, config, s.now) > 2 * away_s(v, n) + away_s(n, v):
+            if v.config.shares_a_gpu(n.config) and slack > 2 * away_s(v, n) + away_s(n, v):
                 return v.name, n.name
     return None
 
