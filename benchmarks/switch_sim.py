@@ -237,7 +237,8 @@ class Sim:
         keeps = self.config.keep_kv
         p: Plan = plan(Snapshot(tuple(e.view(keeps) for e in self.engines.values()), {0: self.total_mib}, self.now,
                                 self.config.models[0].name), self.config)
-        for x in p.leave:  # as ``Switcher._act``: one that leaves the GPU's time comes back by its own due
+        for x in p.leave:  # as ``Switcher._act``: one that leaves the GPU's time comes back by its own due (getattr:
+            # a commit before ``Leave.ahead``, replayed through PYTHONPATH, has no such field)
             self.leave(self.engines[x.name], x.keep, "" if getattr(x, "ahead", False) else x.for_)
         if isinstance(p.then, Wake):
             parks = tuple(self.engines[n] for n in p.then.room.park)
