@@ -293,6 +293,8 @@ async def open_upstream(f: FrontState, name: str, path: str, body: bytes,
                            problem)
             continue
         f.metrics.requests.labels(name, "unavailable").inc()
+        logger.warning("switch: request %s %s 503: its engine did not answer (%s), waited %.3f s", name, path,
+                       problem, waited)
         return error(503, f"the engine of `{name}` did not answer ({problem})")
     raise AssertionError("unreachable: the second attempt returns")
 
