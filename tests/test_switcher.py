@@ -738,7 +738,7 @@ def test_a_busy_engine_keeps_its_turn_for_a_first_token_while_its_streams_lack_s
                     dues=(now - waited + 1.6,) if held else (None,), wake_s=0.3, park_s=0.05)
 
     fresh = busy((now - 0.5, now - 0.2, 5))  # its next token due 0.3 s hence, its engine awake 0.2 s hence
-    ahead = busy((now - 3.0, now - 2.5, 100))  # 100 tokens in 2.5 s: 7.4 s of slack
+    ahead = busy((now - 3.0, now - 2.5, 37))  # 37 tokens in 2.5 s: 1.1 s of slack (not far ahead: 1.73 s)
     assert away_s(fresh, waiting(1.0)) == pytest.approx(0.05 + 0.6 + 0.05 + 0.03)
     due_in = waiting(1.0)  # its first token due 1 s hence: awake 0.6 s hence, the turn's end 0.25 s hence
     assert turn_left_s(ahead, due_in, config, now) == pytest.approx(0.25)
@@ -757,8 +757,40 @@ def test_a_busy_engine_keeps_its_turn_for_a_first_token_while_its_streams_lack_s
     # a stream past its deadline has missed Aegaeon's SLO already: a pause costs it nothing more (on the CPU, where
     # a queued stream was late from its start, a kept turn let it finish before the model it was held for)
     late = busy((now - 3.0, now - 2.5, 2))  # its third token was due 2.3 s ago
-    assert turn_left_s(late, due_in, config, now) == pytest.approx(0.25)
+    assert turn_left_s(late, due_in, config, now) == 0.0
     assert turn_left_s(busy((now - 3.0, now - 2.5, 2), (now - 0.5, now - 0.2, 5)), due_in, config, now) > 0.25
+
+
+def test_a_busy_engine_far_ahead_of_its_deadlines_ends_its_turn_before_the_waiting_model_is_due():
+    """Issue 69, from ``benchmarks/switch_sim.py`` (ten 8B on an H200 at 0.1 req/s, two awake: Aegaeon's SLO 96.2% ->
+    99.0%): with the deadline schedule a busy engine whose streams all may pause and have the slack for their pause
+    and ``AHEAD_S`` more ends its turn for a waiting model at once, not at its due, once it has been awake as long as
+    the two wakes take; one with a request that may not pause, or with less slack, keeps it until then; so does every
+    engine with the fair schedule."""
+    from hotweights.switch.snapshot import View
+    from hotweights.switch.turns import AHEAD_S, away_s, far_ahead, turn_left_s
+
+    config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in "ab"), max_awake=2,
+                          schedule="deadline", slo_ttft_s=10.0, slo_token_s=0.1, first_token_s=0.4)
+    need, now = GpuNeed((0,), 0.0, 15 * GIB, 20 * GIB), 1000.0
+
+    def busy(tokens, awake_s=10.0, inflight=1):  # one stream, its first token 2.5 s ago
+        return View(config.models[0], ModelState.AWAKE, need, inflight=inflight,
+                    clocks=((now - 3.0, now - 2.5, tokens),), awake_at=now - awake_s, wake_s=0.015, park_s=0.05)
+
+    waiting = View(config.models[1], ModelState.PARKED, need, waiting=1, arrivals=(now - 1.0,), dues=(None,),
+                   wake_s=0.3, park_s=0.05)  # its first token due 8.6 s hence: its turn 8.25 s hence
+    away = away_s(busy(100), waiting)
+    assert away == pytest.approx(0.05 + 0.6 + 0.05 + 0.03)
+    far = busy(100)  # 100 tokens in 2.5 s: 7.4 s of slack
+    assert far_ahead(far, waiting, config, now) and turn_left_s(far, waiting, config, now) == 0.0
+    assert turn_left_s(busy(100, awake_s=0.1), waiting, config, now) == pytest.approx(0.315 - 0.1)  # two wakes first
+    near = busy(int((away + AHEAD_S + 2.5) * 10) - 1)  # a token short of the slack
+    assert not far_ahead(near, waiting, config, now)
+    assert turn_left_s(near, waiting, config, now) == pytest.approx(8.25)
+    assert not far_ahead(busy(100, inflight=2), waiting, config, now)  # a request that may not pause
+    fair = dataclasses.replace(config, schedule="fair")
+    assert turn_left_s(far, waiting, fair, now) == turn_left_s(near, waiting, fair, now)
 
 
 def test_an_engine_ahead_of_its_deadlines_leaves_the_gpus_time_to_one_short_of_slack_beside_it():

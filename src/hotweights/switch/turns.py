@@ -13,6 +13,7 @@ from .states import ModelState
 
 DEFAULT_WAKE_S = {True: 0.1, False: 1.0}  # a wake not yet measured: weights kept on the GPU, or from host memory
 DEFAULT_PARK_S = 0.1  # a park not yet measured (an H100's held parks of an 8B: 0.05-0.07 s)
+AHEAD_S = 1.0  # slack past a pause's own that ends a turn early (``far_ahead``; replayed, 0 to 2 s did alike)
 
 
 def wake_cost(v: View) -> float:
@@ -88,6 +89,18 @@ def away_s(busy: View, v: View) -> float:
     return park_cost(busy) + 2 * wake_cost(v) + park_cost(v) + 2 * wake_cost(busy)
 
 
+def far_ahead(busy: View, v: View, config: SwitchConfig, now: float) -> bool:
+    """Whether every stream in flight on ``busy`` may pause and those still on time have the slack for their pause
+    where its turn ends for ``v`` (``away_s``) and ``AHEAD_S`` more: with the ``deadline`` schedule its turn ends then,
+    before ``v`` is due. Each decode step reads an engine's whole weights whatever its batch, so an engine that runs
+    far ahead of its deadlines spends the GPU's time on steps of few streams; paused, its streams gather and later
+    steps carry more of them, while ``v`` gets slack of its own early rather than at its due (replayed,
+    ``benchmarks/switch_sim.py``: ten 8B on an H200 at 0.1 req/s, two awake at a time, Aegaeon's SLO 96.2% -> 99.0%,
+    ours 94.7% -> 98.7%)."""
+    return bool(busy.clocks) and len(busy.clocks) == busy.inflight and \
+        slack_s(busy, config, now) >= away_s(busy, v) + AHEAD_S
+
+
 def turn_left_s(busy: View, v: View, config: SwitchConfig, now: float) -> float:
     """Seconds until ``busy``'s turn ends for ``v``: once ``v``'s waiting requests have waited, in sum, ``turn_s`` per
     request in flight on ``busy`` (0 at once where one of them starves); with the ``deadline`` schedule, once ``v``'s
@@ -96,14 +109,18 @@ def turn_left_s(busy: View, v: View, config: SwitchConfig, now: float) -> float:
     token, while ``busy``'s streams still on time have less slack than their pause would take (``away_s``,
     ``slack_kept_s``), for at most that long past ``v``'s due: a stream paused without slack misses its next token
     by Aegaeon's deadline, where a first token has Aegaeon's 10 s (20 of 51 misses on an H100 were streams paused
-    with under 1 s of slack)."""
+    with under 1 s of slack); and where ``busy`` is ``far_ahead`` of its deadlines, as soon as it has been awake
+    that long."""
     if config.schedule == "deadline":
+        least = busy.awake_at + wake_cost(busy) + wake_cost(v) - now
+        if far_ahead(busy, v, config, now):
+            return max(0.0, least)
         ends = due(v, config) - wake_cost(v) - park_cost(busy)
         kept = -math.inf
         if first_token_due(v, config):
             away = away_s(busy, v)
             kept = min(slack_kept_s(busy, away, config, now), ends + away - now)
-        return max(0.0, ends - now, busy.awake_at + wake_cost(busy) + wake_cost(v) - now, kept)
+        return max(0.0, ends - now, least, kept)
     if not v.arrivals:
         return config.turn_s
     if now - min(v.arrivals) > config.starve_after_s:
