@@ -622,7 +622,8 @@ def test_the_deadline_schedule_serves_the_first_due_and_ends_a_turn_by_it_never_
 
     held = view("c", waited=(0.1,), dues=(now + 0.3,), wake_s=0.2)  # a held stream: its next token in 0.3 s
     fresh = view("d", waited=(1.0,), wake_s=0.2)  # a new request that came 1 s ago: its first token in 1 s
-    assert due(held, config) == now + 0.3 and abs(due(fresh, config) - (now + 0.6)) < 1e-9  # awake 0.4 s before
+    assert due(held, config, now) == now + 0.3 and abs(due(fresh, config, now) - (now + 0.6)) < 1e-9  # awake 0.4 s
+    # before
     s = Snapshot((view("a", "awake", 1), view("b", "awake", 1), held, fresh), {0: 112 * GIB}, now, "a")
     assert [v.name for v in wanted(s, config)] == ["c", "d"]  # the first due first, not the most or longest waiting
     assert abs(turn_left_s(s["a"], held, config, now) - 0.05) < 1e-9  # due in 0.3 s, its wake 0.2 s, a's park 0.05
@@ -635,10 +636,16 @@ def test_the_deadline_schedule_serves_the_first_due_and_ends_a_turn_by_it_never_
     assert abs(turn_left_s(just_woke, held, config, now) - 0.55) < 1e-9  # never shorter than its wake and c's
     gpu_tier = view("a", "awake", 1, awake_for=0.5, wake_s=0.015)  # a GPU-tier engine, for a host-tier wake of 1 s
     assert abs(turn_left_s(gpu_tier, view("d", waited=(1.9,), wake_s=1.0), config, now) - 0.515) < 1e-9
-    late = view("c", waited=(0.1,), dues=(now - 0.5,))  # overdue: the busy engine's turn is over now
+    late = view("c", waited=(0.1,), dues=(now - 0.2,))  # overdue: the busy engine's turn is over now
     s = Snapshot((view("a", "awake", 1), view("b", "awake", 2), late, view("d")), {0: 112 * GIB}, now, "a")
     assert room_for(s["c"], s, config).leave == ("a",)
-    assert due(view("d"), config) == math.inf  # nothing waits: never due
+    assert due(view("d"), config, now) == math.inf  # nothing waits: never due
+    # past its deadline by more than a token's (or a first token's) margin: it has missed Aegaeon's SLO, and is due
+    # slo_ttft_s later, after a first token due sooner (on time yet)
+    missed = view("c", waited=(3.0,), dues=(now - 0.5,))
+    assert due(missed, config, now) == now + 1.5
+    s = Snapshot((view("a", "awake", 1), view("b", "awake", 1), missed, fresh), {0: 112 * GIB}, now, "a")
+    assert [v.name for v in wanted(s, config)] == ["d", "c"]
 
 
 def test_of_busy_engines_whose_turn_is_over_the_one_whose_streams_can_wait_longest_leaves():
@@ -701,7 +708,7 @@ def test_where_one_leave_makes_room_the_deadline_schedule_takes_the_first_in_tur
         for i, name in ((2, "w"), (3, "x")):  # a held stream each, overdue
             views.append(View(config.models[i], ModelState.PARKED, need, waiting=int(name == waiting),
                               arrivals=(now - 1.0,) if name == waiting else (),
-                              dues=(now - 0.5,) if name == waiting else (), wake_s=0.3))
+                              dues=(now - 0.2,) if name == waiting else (), wake_s=0.3))
         return Snapshot(tuple(views), {0: total_gib * GIB}, now, "h")
 
     s = snap(200, "w")  # memory to spare: only the cap wants a place

@@ -189,7 +189,7 @@ def wanted(s: Snapshot, config: SwitchConfig) -> list[View]:
     if config.schedule == "fifo":
         found.sort(key=lambda v: -v.waited_s(now))
     elif config.schedule == "deadline":
-        found.sort(key=lambda v: (due(v, config), -v.waited_s(now)))
+        found.sort(key=lambda v: (due(v, config, now), -v.waited_s(now)))
     else:
         found.sort(key=lambda v: (v.waited_s(now) <= config.starve_after_s,
                                   -(v.waited_s(now) if v.waited_s(now) > config.starve_after_s else 0),
