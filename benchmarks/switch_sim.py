@@ -313,6 +313,7 @@ def said(mode: str, rate: float, cell: dict) -> str:
 
 
 def main() -> int:
+    global STEP_S
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=int, default=5)
     parser.add_argument("--gpu-tier", type=int, default=3, help="the first N models park on the GPU")
@@ -320,13 +321,18 @@ def main() -> int:
     parser.add_argument("--modes", default=",".join(MODES), help="mixed_preempt[_deadline][_awakeN][_nokv], ...")
     parser.add_argument("--rates", default="0.1,0.5")
     parser.add_argument("--seeds", default="0", help="one trace a seed (the GPU runs' first is 0)")
+    parser.add_argument("--step-ms", type=float, default=STEP_S * 1e3,
+                        help="a decode step's fixed GPU time (the H100's, measured; an H200 reads an 8B's weights "
+                             "1.43x as fast: about 4.3 ms, a guess until measured)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    STEP_S = args.step_ms / 1e3
     rates = [float(r) for r in args.rates.split(",")]
     args.duration_of = {r: 120.0 if r <= 0.1 else 60.0 for r in rates}
     names = [f"m{i}" for i in range(args.models)]
     host = set(names[args.gpu_tier:])
-    result: dict = {"models": args.models, "gpu_tier": args.gpu_tier, "total_mib": args.total_mib, "modes": {}}
+    result: dict = {"models": args.models, "gpu_tier": args.gpu_tier, "total_mib": args.total_mib,
+                    "step_ms": args.step_ms, "modes": {}}
     for mode in args.modes.split(","):
         for rate in rates:
             runs = [simulate(mode, names, host, args, rate, int(seed)) for seed in args.seeds.split(",")]
