@@ -298,9 +298,12 @@ def simulate(mode: str, names: list[str], host: set[str], args: argparse.Namespa
                                     duration_s=args.duration_of[rate])
     sim = Sim(make_trace(names, trace_args, rate, seed), config, host, args.total_mib)
     rows = rows_of(sim.run())
-    ttfts = [r["ttft_s"] for r in rows]
-    return {"requests": len(rows), "switches": sim.switches, "slos": attainment(rows, host),
-            "ttft_p99_s": percentile(ttfts, 99)}
+    answered = {id(s.request) for s in sim.done}  # a replay cut at its hour (a stall) leaves some unanswered: misses
+    unanswered = [{"model": r.model, "outcome": "unanswered", "ttft_s": None, "tpot_s": None, "token_at": []}
+                  for r in sim.arrivals if id(r) not in answered]
+    ttfts = [r["ttft_s"] if r["ttft_s"] is not None else math.inf for r in rows + unanswered]
+    return {"requests": len(rows) + len(unanswered), "unanswered": len(unanswered), "switches": sim.switches,
+            "slos": attainment(rows + unanswered, host), "ttft_p99_s": percentile(ttfts, 99)}
 
 
 def said(mode: str, rate: float, cell: dict) -> str:
@@ -309,7 +312,7 @@ def said(mode: str, rate: float, cell: dict) -> str:
         return "-" if cell[key] is None else f"{cell[key]:.1%}"
     return (f"{mode:32s} {rate:4} req/s: Aegaeon's {pct('aegaeon_all')} (GPU tier {pct('aegaeon_gpu_tier')}, host "
             f"{pct('aegaeon_host_tier')}), ours {pct('ours_all')} ({pct('ours_gpu_tier')} / {pct('ours_host_tier')}), "
-            f"{cell['switches']:.0f} switches")
+            f"{cell['switches']:.0f} switches" + (f", {cell['unanswered']} unanswered" if cell["unanswered"] else ""))
 
 
 def main() -> int:
@@ -342,6 +345,7 @@ def main() -> int:
                     shares = [r["slos"][tier][slo] for r in runs]  # None: the tier has no model
                     cell[f"{slo}_{tier}"] = None if None in shares else statistics.median(shares)
             cell["switches"] = statistics.median(r["switches"] for r in runs)
+            cell["unanswered"] = sum(r["unanswered"] for r in runs)  # every seed's, not a median
             result["modes"].setdefault(mode, {})[str(rate)] = cell
             if not args.json:
                 print(said(mode, rate, cell))

@@ -604,8 +604,9 @@ def test_the_deadline_schedule_serves_the_first_due_and_ends_a_turn_by_it_never_
     """Issue 69, part 2, as a table over views: with ``schedule = "deadline"`` the model whose request is due first
     goes next (a first token ``slo_ttft_s`` after its request; a held stream's next token when its due says), and a
     busy engine's turn ends once that due time less the model's wake has come, not before the busy engine has been
-    awake as long as its own wake and the model's take (its own alone, a GPU tier's 15 ms, let every host-tier due
-    end a GPU-tier turn)."""
+    awake as long as the round trip takes: its park, the model's wake and park, its own wake (its own wake alone, a
+    GPU tier's 15 ms, let every host-tier due end a GPU-tier turn; the two wakes alone, with one engine awake at a
+    time and every stream late, ended each turn before its first step)."""
     from hotweights.switch.schedule import room_for, wanted
     from hotweights.switch.turns import due, turn_left_s
     from hotweights.switch.snapshot import Snapshot, View
@@ -633,9 +634,10 @@ def test_the_deadline_schedule_serves_the_first_due_and_ends_a_turn_by_it_never_
     alone = dataclasses.replace(config, first_token_s=0.0)
     assert abs(turn_left_s(view("a", "awake", 1, park_s=None), fresh, alone, now) - 0.7) < 1e-9  # a guessed park
     just_woke = view("a", "awake", 1, awake_for=0.05, wake_s=0.4)  # awake 0.05 s of a wake that took 0.4 s
-    assert abs(turn_left_s(just_woke, held, config, now) - 0.55) < 1e-9  # never shorter than its wake and c's
+    assert abs(turn_left_s(just_woke, held, config, now) - 0.65) < 1e-9  # never shorter than the round trip: its
+    # park, c's wake and park, its own wake (0.05 + 0.2 + 0.05 + 0.4)
     gpu_tier = view("a", "awake", 1, awake_for=0.5, wake_s=0.015)  # a GPU-tier engine, for a host-tier wake of 1 s
-    assert abs(turn_left_s(gpu_tier, view("d", waited=(1.9,), wake_s=1.0), config, now) - 0.515) < 1e-9
+    assert abs(turn_left_s(gpu_tier, view("d", waited=(1.9,), wake_s=1.0), config, now) - 0.615) < 1e-9
     late = view("c", waited=(0.1,), dues=(now - 0.2,))  # overdue: the busy engine's turn is over now
     s = Snapshot((view("a", "awake", 1), view("b", "awake", 2), late, view("d")), {0: 112 * GIB}, now, "a")
     assert room_for(s["c"], s, config).leave == ("a",)
@@ -763,8 +765,8 @@ def test_a_busy_engine_keeps_its_turn_for_a_first_token_while_its_streams_lack_s
     assert turn_left_s(busy(), overdue, config, now) == 0.0  # nothing in flight that may pause
     # a stream past its deadline has missed Aegaeon's SLO already: a pause costs it nothing more (on the CPU, where
     # a queued stream was late from its start, a kept turn let it finish before the model it was held for)
-    late = busy((now - 3.0, now - 2.5, 2))  # its third token was due 2.3 s ago
-    assert turn_left_s(late, due_in, config, now) == 0.0
+    late = busy((now - 3.0, now - 2.5, 2))  # its third token was due 2.3 s ago (behind, not far ahead)
+    assert turn_left_s(late, due_in, config, now) == pytest.approx(0.25)
     assert turn_left_s(busy((now - 3.0, now - 2.5, 2), (now - 0.5, now - 0.2, 5)), due_in, config, now) > 0.25
 
 
@@ -791,7 +793,9 @@ def test_a_busy_engine_far_ahead_of_its_deadlines_ends_its_turn_before_the_waiti
     assert away == pytest.approx(0.05 + 0.6 + 0.05 + 0.03)
     far = busy(100)  # 100 tokens in 2.5 s: 7.4 s of slack
     assert far_ahead(far, waiting, config, now) and turn_left_s(far, waiting, config, now) == 0.0
-    assert turn_left_s(busy(100, awake_s=0.1), waiting, config, now) == pytest.approx(0.315 - 0.1)  # two wakes first
+    assert turn_left_s(busy(100, awake_s=0.1), waiting, config, now) == pytest.approx(0.415 - 0.1)  # the round trip
+    late = busy(2)  # every stream late: behind, not ahead
+    assert not far_ahead(late, waiting, config, now) and turn_left_s(late, waiting, config, now) == pytest.approx(8.25)
     near = busy(int((away + AHEAD_S + 2.5) * 10) - 1)  # a token short of the slack
     assert not far_ahead(near, waiting, config, now)
     assert turn_left_s(near, waiting, config, now) == pytest.approx(8.25)

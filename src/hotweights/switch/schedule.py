@@ -17,16 +17,16 @@ engines already leaving; then, where memory forces a choice between busy engines
 requests waiting for the model have waited, in sum, ``turn_s`` per request it has in flight (a starving request ends
 it at once): it leaves (takes no new request, parks once its requests end) and the model wakes after it. With the
 ``deadline`` schedule the turn ends instead once the model's first due time, less what its wake and the busy
-engine's park take, has come, and never before the busy engine has been awake as long as the two wakes its turn's end
-costs take (the model's now, its own when it comes back: Aegaeon's scale-down, a turn shorter than its switches is all
-switch; with its own wake alone, 15 ms on the GPU tier, every host-tier request that came due ended a GPU-tier turn;
-``turns.py``), nor, for a first token, while the busy engine's streams lack the slack for their pause (where they are
-far ahead of their deadlines, it ends as soon as those wakes allow: ``turns.far_ahead``); of the busy engines whose
-turn is over, the one whose streams have the most slack leaves first (``turns.slack_s``); and the GPU's time goes by
-deadline too: one far ahead of its deadlines leaves for one short of slack beside it (``turns.ahead_of``). Nothing is
-parked or left for a wake that must wait anyway. A busy engine that leaves holds its streams with their KV caches
-(its engine's park keeps them: ``View.can_hold``) where the wake fits beside what it then keeps
-(``memory.Holder.kv_kept``), else its streams are continued from their tokens.
+engine's park take, has come, and never before the busy engine has been awake as long as the switches its turn's
+end costs take (its park and the model's wake, the model's park and its own wake back: Aegaeon's scale-down, a turn
+shorter than its switches is all switch; with its own wake alone, 15 ms on the GPU tier, every host-tier request that
+came due ended a GPU-tier turn; ``turns.round_trip_s``), nor, for a first token, while the busy engine's streams lack
+the slack for their pause (where they are far ahead of their deadlines, it ends as soon as that: ``far_ahead``); of
+the busy engines whose turn is over, the one whose streams have the most slack leaves first (``turns.slack_s``); and
+the GPU's time goes by deadline too: one far ahead of its deadlines leaves for one short of slack beside it
+(``turns.ahead_of``). Nothing is parked or left for a wake that must wait anyway. A busy engine that leaves holds its
+streams with their KV caches (its engine's park keeps them: ``View.can_hold``) where the wake fits beside what it
+then keeps (``memory.Holder.kv_kept``), else its streams are continued from their tokens.
 
 Start-up's starts (``startup_batch``): one at a time where a start profiles the GPU's memory (``GpuNeed.profiles``);
 where none does (vLLM with ``--kv-cache-memory-bytes``), up to ``start_jobs`` models whose preloads are done start
