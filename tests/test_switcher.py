@@ -793,9 +793,14 @@ def test_a_busy_engine_far_ahead_of_its_deadlines_ends_its_turn_before_the_waiti
     assert away == pytest.approx(0.05 + 0.6 + 0.05 + 0.03)
     far = busy(100)  # 100 tokens in 2.5 s: 7.4 s of slack
     assert far_ahead(far, waiting, config, now) and turn_left_s(far, waiting, config, now) == 0.0
-    assert turn_left_s(busy(100, awake_s=0.1), waiting, config, now) == pytest.approx(0.415 - 0.1)  # the round trip
+    assert turn_left_s(busy(100, awake_s=0.1), waiting, config, now) == pytest.approx(0.315 - 0.1)  # the two wakes
     late = busy(2)  # every stream late: behind, not ahead
     assert not far_ahead(late, waiting, config, now) and turn_left_s(late, waiting, config, now) == pytest.approx(8.25)
+    # behind, it keeps its turn for the round trip at least (its park, b's wake and park, its own wake), not the two
+    # wakes alone: one engine awake at a time, such turns ended before their first step
+    overdue = dataclasses.replace(waiting, arrivals=(now - 20.0,))
+    assert turn_left_s(busy(2, awake_s=0.1), overdue, config, now) == pytest.approx(0.415 - 0.1)
+    assert turn_left_s(busy(100, awake_s=0.1), overdue, config, now) == pytest.approx(0.315 - 0.1)
     near = busy(int((away + AHEAD_S + 2.5) * 10) - 1)  # a token short of the slack
     assert not far_ahead(near, waiting, config, now)
     assert turn_left_s(near, waiting, config, now) == pytest.approx(8.25)

@@ -17,10 +17,10 @@ engines already leaving; then, where memory forces a choice between busy engines
 requests waiting for the model have waited, in sum, ``turn_s`` per request it has in flight (a starving request ends
 it at once): it leaves (takes no new request, parks once its requests end) and the model wakes after it. With the
 ``deadline`` schedule the turn ends instead once the model's first due time, less what its wake and the busy
-engine's park take, has come, and never before the busy engine has been awake as long as the switches its turn's
-end costs take (its park and the model's wake, the model's park and its own wake back: Aegaeon's scale-down, a turn
-shorter than its switches is all switch; with its own wake alone, 15 ms on the GPU tier, every host-tier request that
-came due ended a GPU-tier turn; ``turns.round_trip_s``), nor, for a first token, while the busy engine's streams lack
+engine's park take, has come, and never before the busy engine has been awake as long as the two wakes its turn's
+end costs take, or with no stream on time its whole round trip (Aegaeon's scale-down, a turn shorter than its
+switches is all switch; with its own wake alone, 15 ms on the GPU tier, every host-tier request that came due ended
+a GPU-tier turn; ``turns.round_trip_s``), nor, for a first token, while the busy engine's streams lack
 the slack for their pause (where they are far ahead of their deadlines, it ends as soon as that: ``far_ahead``); of
 the busy engines whose turn is over, the one whose streams have the most slack leaves first (``turns.slack_s``); and
 the GPU's time goes by deadline too: one far ahead of its deadlines leaves for one short of slack beside it
