@@ -777,7 +777,7 @@ def test_a_busy_engine_far_ahead_of_its_deadlines_ends_its_turn_before_the_waiti
     the two wakes take; one with a request that may not pause, or with less slack, keeps it until then; so does every
     engine with the fair schedule."""
     from hotweights.switch.snapshot import View
-    from hotweights.switch.turns import AHEAD_S, away_s, far_ahead, turn_left_s
+    from hotweights.switch.turns import AHEAD_S, away_s, far_ahead, slack_s, turn_left_s
 
     config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in "ab"), max_awake=2,
                           schedule="deadline", slo_ttft_s=10.0, slo_token_s=0.1, first_token_s=0.4)
@@ -792,19 +792,21 @@ def test_a_busy_engine_far_ahead_of_its_deadlines_ends_its_turn_before_the_waiti
     away = away_s(busy(100), waiting)
     assert away == pytest.approx(0.05 + 0.6 + 0.05 + 0.03)
     far = busy(100)  # 100 tokens in 2.5 s: 7.4 s of slack
-    assert far_ahead(far, waiting, config, now) and turn_left_s(far, waiting, config, now) == 0.0
+    assert far_ahead(far, waiting, slack_s(far, config, now)) and turn_left_s(far, waiting, config, now) == 0.0
     assert turn_left_s(busy(100, awake_s=0.1), waiting, config, now) == pytest.approx(0.315 - 0.1)  # the two wakes
     late = busy(2)  # every stream late: behind, not ahead
-    assert not far_ahead(late, waiting, config, now) and turn_left_s(late, waiting, config, now) == pytest.approx(8.25)
+    assert not far_ahead(late, waiting, slack_s(late, config, now))
+    assert turn_left_s(late, waiting, config, now) == pytest.approx(8.25)
     # behind, it keeps its turn for the round trip at least (its park, b's wake and park, its own wake), not the two
     # wakes alone: one engine awake at a time, such turns ended before their first step
     overdue = dataclasses.replace(waiting, arrivals=(now - 20.0,))
     assert turn_left_s(busy(2, awake_s=0.1), overdue, config, now) == pytest.approx(0.415 - 0.1)
     assert turn_left_s(busy(100, awake_s=0.1), overdue, config, now) == pytest.approx(0.315 - 0.1)
     near = busy(int((away + AHEAD_S + 2.5) * 10) - 1)  # a token short of the slack
-    assert not far_ahead(near, waiting, config, now)
+    assert not far_ahead(near, waiting, slack_s(near, config, now))
     assert turn_left_s(near, waiting, config, now) == pytest.approx(8.25)
-    assert not far_ahead(busy(100, inflight=2), waiting, config, now)  # a request that may not pause
+    unpausable = busy(100, inflight=2)  # a request that may not pause
+    assert not far_ahead(unpausable, waiting, slack_s(unpausable, config, now))
     fair = dataclasses.replace(config, schedule="fair")
     assert turn_left_s(far, waiting, fair, now) == turn_left_s(near, waiting, fair, now)
 

@@ -107,16 +107,15 @@ def round_trip_s(busy: View, v: View) -> float:
     return park_cost(busy) + wake_cost(v) + park_cost(v) + wake_cost(busy)
 
 
-def far_ahead(busy: View, v: View, config: SwitchConfig, now: float) -> bool:
+def far_ahead(busy: View, v: View, slack: float) -> bool:
     """Whether every stream in flight on ``busy`` may pause and those still on time (one at least: an engine whose
-    streams are all late is behind, not ahead, and its turn ends by ``v``'s due) have the slack for their
-    pause where its turn ends for ``v`` (``away_s``) and ``AHEAD_S`` more: with the ``deadline`` schedule its turn
-    ends then, before ``v`` is due. Each decode step reads an engine's whole weights whatever its batch, so an engine
-    that runs far ahead of its deadlines spends the GPU's time on steps of few streams; paused, its streams gather
-    and later steps carry more of them, while ``v`` gets slack of its own early rather than at its due (replayed,
-    ``benchmarks/switch_sim.py``: ten 8B on an H200 at 0.1 req/s, two awake at a time, Aegaeon's SLO 96.2% -> 99.0%,
-    ours 94.7% -> 98.7%)."""
-    slack = slack_s(busy, config, now)  # infinite where every stream is late: those are not ahead, but behind
+    streams are all late is behind, not ahead, and its turn ends by ``v``'s due) have the slack (``slack``: its
+    ``slack_s``, which the caller has reckoned) for their pause where its turn ends for ``v`` (``away_s``) and
+    ``AHEAD_S`` more: with the ``deadline`` schedule its turn ends then, before ``v`` is due. Each decode step reads
+    an engine's whole weights whatever its batch, so an engine that runs far ahead of its deadlines spends the GPU's
+    time on steps of few streams; paused, its streams gather and later steps carry more of them, while ``v`` gets
+    slack of its own early rather than at its due (replayed, ``benchmarks/switch_sim.py``: ten 8B on an H200 at
+    0.1 req/s, two awake at a time, Aegaeon's SLO 96.2% -> 99.0%, ours 94.7% -> 98.7%)."""
     return bool(busy.clocks) and len(busy.clocks) == busy.inflight and math.isfinite(slack) and \
         slack >= away_s(busy, v) + AHEAD_S
 
@@ -133,9 +132,10 @@ def turn_left_s(busy: View, v: View, config: SwitchConfig, now: float) -> float:
     with under 1 s of slack); and where ``busy`` is ``far_ahead`` of its deadlines, as soon as it has been awake
     that long."""
     if config.schedule == "deadline":
-        behind = not math.isfinite(slack_s(busy, config, now))
-        least = busy.awake_at + (round_trip_s(busy, v) if behind else wake_cost(busy) + wake_cost(v)) - now
-        if far_ahead(busy, v, config, now):
+        slack = slack_s(busy, config, now)  # infinite where every stream is late: behind, not ahead
+        least = busy.awake_at + (wake_cost(busy) + wake_cost(v) if math.isfinite(slack) else round_trip_s(busy, v))
+        least -= now
+        if far_ahead(busy, v, slack):
             return max(0.0, least)
         ends = due(v, config, now) - wake_cost(v) - park_cost(busy)
         kept = -math.inf
