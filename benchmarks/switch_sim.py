@@ -10,7 +10,11 @@ What is simulated, and from where:
   its engine (``--preempt``), held with its KV cache where the plan keeps it, else continued later by computing its
   prompt and tokens again; the leaving engine parks once the lock is free; a wake parks the room's idle engines
   first, then wakes, and lets every waiting request in; a paused stream waits again as a request due by its next
-  token (``turns.token_due``); estimates of wakes and parks as ``model.lately`` keeps them;
+  token (``turns.token_due``); estimates of wakes and parks as ``model.lately`` keeps them; a new request let in
+  joins its model's streams (its clock known, a leave able to pause it) ``--join-ms`` later, once its engine's answer
+  began (an assumption: 10 ms), and one that joins a leaving model pauses then (``Model.stream_in``; with
+  ``--unjoined-end-in-flight`` it ends in flight, as before it: on an H100 at 91e7e2f such leaves held an awake
+  place 43 s of a run, which the replay without the window did not show: 98.8% predicted, 71.4% measured);
 - each engine as vLLM's scheduler runs it: a step decodes every running stream a token and prefills waiting ones
   within ``--max-num-batched-tokens``, at most ``--max-num-seqs`` streams; a step's GPU time is ``STEP_S`` plus
   ``SEQ_S`` a stream plus ``PREFILL_S`` a prompt token; engines awake together share the GPU evenly;
@@ -51,6 +55,8 @@ T0 = 1000.0  # the simulation's clock starts here: a stream's first_at of 0 mean
 DT = 0.001  # one tick, s
 STEP_S, SEQ_S, PREFILL_S = 0.0062, 0.0001, 1 / 25000  # a vLLM step's GPU time: fixed, per stream, per prompt token
 RELAY_S = 0.02  # the front's relay and the client, per token (a probe's first token: 26.5 ms)
+JOIN_S = 0.01  # from a request let in to its stream among its model's (its engine's answer begun): an assumption
+PAUSE_ON_JOIN = True  # one that joins a leaving model pauses then (``Model.stream_in``); False: it ends in flight
 WAKE_S = {False: 0.007, True: 0.343}  # by host tier
 PARK_S = {False: 0.056, True: 0.071}
 WEIGHTS_MIB = 15_626  # an 8B's weights (15.26 GiB)
@@ -79,6 +85,7 @@ class Stream:
     tokens: list[float] = field(default_factory=list)  # each token's arrival at the client
     first_at: float = 0.0
     kv: int = 0  # tokens of it in its engine's KV cache
+    joined: float = 0.0  # when it joins its model's streams (``JOIN_S`` after it was let in): a leave pauses it then
 
     def drop_kv(self) -> int:
         """Its KV cache gone (a park that keeps none, or vLLM's own preemption): its prompt and tokens computed
@@ -112,12 +119,13 @@ class Engine:
     def name(self) -> str:
         return self.config.name
 
-    def view(self, keeps_kv: bool) -> View:
+    def view(self, keeps_kv: bool, now: float) -> View:
+        joined = [s for s in self.running if s.joined <= now]  # the streams a leave may pause: clocks known
         return View(self.config, self.state, self.need, waiting=len(self.waiting), inflight=len(self.running),
                     last_used=self.last_used, arrivals=tuple(a for a, _, _ in self.waiting),
                     dues=tuple(d for _, d, _ in self.waiting), awake_at=self.awake_at, wake_s=self.wake_s,
-                    park_s=self.park_s, kv_held=self.kv_held, can_hold=keeps_kv and bool(self.running),
-                    left_for=self.left_for, clocks=tuple(s.clock for s in self.running))
+                    park_s=self.park_s, kv_held=self.kv_held, can_hold=keeps_kv and bool(joined),
+                    left_for=self.left_for, clocks=tuple(s.clock for s in joined))
 
     def next_step(self, seqs: int, batched: int) -> int:
         """vLLM's next step: every running stream with nothing to compute decodes a token, then those with a prompt
@@ -182,6 +190,7 @@ class Sim:
                 i += 1
             if self.op is not None and self.now >= self.op.ends:
                 self.finish(self.op)
+            self.joins()
             self.compute()
             if self.op is None:
                 self.schedule()
@@ -192,6 +201,7 @@ class Sim:
         e = self.engines[r.model]
         s = Stream(r, self.now, len(r.prompt))
         if e.state is S.AWAKE:  # ``Ledger.enter``: an awake engine takes it at once
+            s.joined = self.now + JOIN_S
             e.running.append(s)
         else:
             e.waiting.append((self.now, None, s))
@@ -225,6 +235,12 @@ class Sim:
                     self.done.append(s)
                     e.last_used, self.kicked = self.now, True
 
+    def joins(self) -> None:
+        """Streams that join a leaving model pause then, as its leave paused the rest (``Model.stream_in``)."""
+        for e in self.engines.values():
+            if e.state is S.LEAVING and PAUSE_ON_JOIN and any(s.joined <= self.now for s in e.running):
+                self.pause(e, [s for s in e.running if s.joined <= self.now], e.kv_held)
+
     def schedule(self) -> None:
         leaving = [e for e in self.engines.values() if e.state is S.LEAVING and not e.running]
         if leaving:  # its park, once the lock is free (``Lifecycle.leave``)
@@ -235,7 +251,8 @@ class Sim:
             return
         self.kicked, self.look_at = False, math.inf
         keeps = self.config.keep_kv
-        p: Plan = plan(Snapshot(tuple(e.view(keeps) for e in self.engines.values()), {0: self.total_mib}, self.now,
+        views = tuple(e.view(keeps, self.now) for e in self.engines.values())
+        p: Plan = plan(Snapshot(views, {0: self.total_mib}, self.now,
                                 self.config.models[0].name), self.config)
         for x in p.leave:  # as ``Switcher._act``: one that leaves the GPU's time comes back by its own due (getattr:
             # a commit before ``Leave.ahead``, replayed through PYTHONPATH, has no such field)
@@ -253,13 +270,19 @@ class Sim:
     def leave(self, e: Engine, keep: bool, to: str) -> None:
         """``Lifecycle.leave`` with ``preempt``: every stream paused, waiting again due by its next token."""
         e.state, e.left_for, e.step = S.LEAVING, to, None
-        for s in e.running:
+        joined = [s for s in e.running if s.joined <= self.now]  # the rest are on their way to the engine
+        e.kv_held = keep and bool(joined)
+        self.pause(e, joined, e.kv_held)
+
+    def pause(self, e: Engine, streams: list[Stream], keep: bool) -> None:
+        """``streams`` of leaving ``e`` paused (``preempt.pause_all``): each waits again, due by its next token."""
+        e.step = None
+        for s in streams:
             self.held += keep
             if not keep:
                 self.recomputed += s.drop_kv()
             e.waiting.append((self.now, token_due(*s.clock, self.config), s))
-        e.kv_held = keep and bool(e.running)
-        e.running = []
+            e.running.remove(s)
 
     def finish(self, op: Op) -> None:
         for e in op.parks:
@@ -271,6 +294,8 @@ class Sim:
             e.wake_s = lately(e.wake_s, self.now - op.began)
             for other in self.engines.values():
                 other.left_for = "" if other.left_for == e.name else other.left_for
+            for _, _, s in e.waiting:  # a new one joins its model's streams once its engine's answer began; a
+                s.joined = self.now + (JOIN_S if not s.joined else 0.0)  # paused one as it gets its place
             e.running += [s for _, _, s in e.waiting]
             e.waiting = []
             self.switches += 1
@@ -316,7 +341,7 @@ def said(mode: str, rate: float, cell: dict) -> str:
 
 
 def main() -> int:
-    global STEP_S
+    global STEP_S, JOIN_S, PAUSE_ON_JOIN
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=int, default=5)
     parser.add_argument("--gpu-tier", type=int, default=3, help="the first N models park on the GPU")
@@ -327,15 +352,19 @@ def main() -> int:
     parser.add_argument("--step-ms", type=float, default=STEP_S * 1e3,
                         help="a decode step's fixed GPU time (the H100's, measured; an H200 reads an 8B's weights "
                              "1.43x as fast: about 4.3 ms, a guess until measured)")
+    parser.add_argument("--join-ms", type=float, default=JOIN_S * 1e3,
+                        help="from a request let in to its stream among its model's (an assumption)")
+    parser.add_argument("--unjoined-end-in-flight", action="store_true",
+                        help="streams that join a leaving model end in flight (the front before Model.stream_in)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    STEP_S = args.step_ms / 1e3
+    STEP_S, JOIN_S, PAUSE_ON_JOIN = args.step_ms / 1e3, args.join_ms / 1e3, not args.unjoined_end_in_flight
     rates = [float(r) for r in args.rates.split(",")]
     args.duration_of = {r: 120.0 if r <= 0.1 else 60.0 for r in rates}
     names = [f"m{i}" for i in range(args.models)]
     host = set(names[args.gpu_tier:])
     result: dict = {"models": args.models, "gpu_tier": args.gpu_tier, "total_mib": args.total_mib,
-                    "step_ms": args.step_ms, "modes": {}}
+                    "step_ms": args.step_ms, "join_ms": args.join_ms, "pause_on_join": PAUSE_ON_JOIN, "modes": {}}
     for mode in args.modes.split(","):
         for rate in rates:
             runs = [simulate(mode, names, host, args, rate, int(seed)) for seed in args.seeds.split(",")]

@@ -41,7 +41,7 @@ def replay(mode: str, seconds: float = 20.0, checked: bool = False) -> Sim:
         def compute(self) -> None:  # every tick: the cap, and memory as the scheduler's model counts it
             up = [e for e in self.engines.values() if e.state in (ModelState.AWAKE, ModelState.LEAVING)]
             assert awake == "auto" or len(up) <= awake, [e.name for e in up]
-            holders = [e.view(keep).holder() for e in self.engines.values()]
+            holders = [e.view(keep, self.now).holder() for e in self.engines.values()]
             assert over_mib(0, self.total_mib, holders) <= 0, [(e.name, e.state) for e in self.engines.values()]
             super().compute()
 
@@ -75,3 +75,29 @@ def test_held_streams_compute_nothing_again_and_continued_ones_do(mode):
     else:
         assert sim.held > 0  # held streams drop nothing: what is computed again is vLLM's own preemption's, or a
         # leave's that could not hold (memory)
+
+
+@pytest.mark.parametrize("pause_on_join", [True, False])
+def test_a_stream_let_in_has_no_clock_until_it_joins_and_a_leave_before_then_pauses_it_as_it_joins(
+        monkeypatch, pause_on_join):
+    """The front's window (an H100 run at 91e7e2f): a request let in counts in flight at once, but its stream joins
+    its model's streams (its clock known to the scheduler, a leave able to pause it) only ``JOIN_S`` later. A leave
+    in between pauses the rest; the late one pauses as it joins (``Model.stream_in``), or, replaying the front before
+    it (``--unjoined-end-in-flight``), runs on in flight while its engine stays leaving."""
+    import switch_sim
+
+    monkeypatch.setattr(switch_sim, "PAUSE_ON_JOIN", pause_on_join)
+    sim = replay("mixed_preempt_deadline_awake2", seconds=10.0)
+    e = sim.engines["m1"]
+    e.state, e.running, e.waiting = ModelState.AWAKE, [], []
+    old, new = (switch_sim.Stream(r, sim.now, len(r.prompt)) for r in sim.trace[:2])  # type: ignore[attr-defined]
+    old.joined, new.joined = sim.now - 1.0, sim.now + switch_sim.JOIN_S
+    e.running = [old, new]
+    v = e.view(True, sim.now)
+    assert v.inflight == 2 and v.clocks == (old.clock,)  # the new one's clock not known yet
+    sim.leave(e, True, "m0")
+    assert e.state is ModelState.LEAVING and e.running == [new] and [s for *_, s in e.waiting] == [old]
+    sim.now = new.joined
+    sim.joins()
+    assert e.running == ([] if pause_on_join else [new])
+    assert [s for *_, s in e.waiting] == ([old, new] if pause_on_join else [old]) and e.kv_held
