@@ -12,9 +12,9 @@ What is simulated, and from where:
   first, then wakes, and lets every waiting request in; a paused stream waits again as a request due by its next
   token (``turns.token_due``); estimates of wakes and parks as ``model.lately`` keeps them; a new request let in
   joins its model's streams (its clock known, a leave able to pause it) ``--join-ms`` later, once its engine's answer
-  began (an assumption: 10 ms), and one that joins a leaving model pauses then (``Model.stream_in``; with
-  ``--unjoined-end-in-flight`` it ends in flight, as before it: on an H100 at 91e7e2f such leaves held an awake
-  place 43 s of a run, which the replay without the window did not show: 98.8% predicted, 71.4% measured);
+  began (an assumption: 10 ms); one that joins a leaving model ends in flight, as in the front (``--pause-on-join``:
+  it pauses then). On an H100 at 91e7e2f such leaves held an awake place 43 s of a run, which the replay without
+  the window did not show (98.8% predicted at Aegaeon's SLO, 71.4% measured);
 - each engine as vLLM's scheduler runs it: a step decodes every running stream a token and prefills waiting ones
   within ``--max-num-batched-tokens``, at most ``--max-num-seqs`` streams; a step's GPU time is ``STEP_S`` plus
   ``SEQ_S`` a stream plus ``PREFILL_S`` a prompt token; engines awake together share the GPU evenly;
@@ -56,7 +56,7 @@ DT = 0.001  # one tick, s
 STEP_S, SEQ_S, PREFILL_S = 0.0062, 0.0001, 1 / 25000  # a vLLM step's GPU time: fixed, per stream, per prompt token
 RELAY_S = 0.02  # the front's relay and the client, per token (a probe's first token: 26.5 ms)
 JOIN_S = 0.01  # from a request let in to its stream among its model's (its engine's answer begun): an assumption
-PAUSE_ON_JOIN = True  # one that joins a leaving model pauses then (``Model.stream_in``); False: it ends in flight
+PAUSE_ON_JOIN = False  # True: one that joins a leaving model pauses then; False (the front): it ends in flight
 WAKE_S = {False: 0.007, True: 0.343}  # by host tier
 PARK_S = {False: 0.056, True: 0.071}
 WEIGHTS_MIB = 15_626  # an 8B's weights (15.26 GiB)
@@ -236,7 +236,7 @@ class Sim:
                     e.last_used, self.kicked = self.now, True
 
     def joins(self) -> None:
-        """Streams that join a leaving model pause then, as its leave paused the rest (``Model.stream_in``)."""
+        """With ``PAUSE_ON_JOIN``, streams that join a leaving model pause then, as its leave paused the rest."""
         for e in self.engines.values():
             if e.state is S.LEAVING and PAUSE_ON_JOIN and any(s.joined <= self.now for s in e.running):
                 self.pause(e, [s for s in e.running if s.joined <= self.now], e.kv_held)
@@ -354,11 +354,11 @@ def main() -> int:
                              "1.43x as fast: about 4.3 ms, a guess until measured)")
     parser.add_argument("--join-ms", type=float, default=JOIN_S * 1e3,
                         help="from a request let in to its stream among its model's (an assumption)")
-    parser.add_argument("--unjoined-end-in-flight", action="store_true",
-                        help="streams that join a leaving model end in flight (the front before Model.stream_in)")
+    parser.add_argument("--pause-on-join", action="store_true",
+                        help="a stream that joins a leaving model pauses then (the front: it ends in flight)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    STEP_S, JOIN_S, PAUSE_ON_JOIN = args.step_ms / 1e3, args.join_ms / 1e3, not args.unjoined_end_in_flight
+    STEP_S, JOIN_S, PAUSE_ON_JOIN = args.step_ms / 1e3, args.join_ms / 1e3, args.pause_on_join
     rates = [float(r) for r in args.rates.split(",")]
     args.duration_of = {r: 120.0 if r <= 0.1 else 60.0 for r in rates}
     names = [f"m{i}" for i in range(args.models)]

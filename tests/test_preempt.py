@@ -110,28 +110,6 @@ def test_a_stream_asked_before_its_first_event_pauses_on_it():
     assert pause_all([done]) == 0 and not done.may_pause
 
 
-def test_a_stream_that_reaches_its_engine_after_its_model_left_pauses_at_once(tmp_path):
-    """Issue 69, from an H100 run (five 8B, ``max_awake`` 2, 0.5 req/s): a request let in at a wake counts in flight
-    at once, but its stream joins its model's streams only once its engine's answer begins. An engine that left in
-    between (2 ms after its wake, the GPU's time to one beside it) paused the streams it had, and the new one ran to
-    its end, 506 tokens in 7.7 s, while an awake place waited for it: 14 such leaves held 43 s in one run. Now it
-    pauses as it joins, as the leave paused the others: held where its park keeps them, else continued from its
-    tokens. On an awake engine it streams on."""
-    from hotweights.switch.config import ModelConfig
-    from hotweights.switch.model import Model
-    from hotweights.switch.states import ModelState
-    from hotweights.switch.upstream.engines import Engine
-
-    config = ModelConfig("a", tmp_path / "a")
-    for state, kv_held, paused in ((ModelState.AWAKE, False, False), (ModelState.LEAVING, True, True),
-                                   (ModelState.LEAVING, False, True)):
-        m = Model(config, Engine(config, tmp_path), state=state, kv_held=kv_held)
-        r = resumable(COMPLETIONS, body(prompt="x", max_tokens=50))
-        m.stream_in(r)
-        assert r in m.streams and r.pause.is_set() == paused and r.keep == kv_held, (state, kv_held)
-        assert r.can_pause == kv_held  # held: at once; continued: on its first event (``test_a_stream_asked_...``)
-
-
 def test_a_stream_pauses_only_where_every_token_relayed_has_its_text():
     """A detokenizer holds a token's text back (a character's bytes not whole yet, a stop string's start); the
     continuation's, primed with those tokens as its prompt, never gives it (vLLM 0.26's gave the prompt's whole text

@@ -82,8 +82,8 @@ def test_a_stream_let_in_has_no_clock_until_it_joins_and_a_leave_before_then_pau
         monkeypatch, pause_on_join):
     """The front's window (an H100 run at 91e7e2f): a request let in counts in flight at once, but its stream joins
     its model's streams (its clock known to the scheduler, a leave able to pause it) only ``JOIN_S`` later. A leave
-    in between pauses the rest; the late one pauses as it joins (``Model.stream_in``), or, replaying the front before
-    it (``--unjoined-end-in-flight``), runs on in flight while its engine stays leaving."""
+    in between pauses the rest; the late one runs on in flight while its engine stays leaving, as in the front, or
+    with ``--pause-on-join`` pauses as it joins."""
     import switch_sim
 
     monkeypatch.setattr(switch_sim, "PAUSE_ON_JOIN", pause_on_join)

@@ -16,7 +16,7 @@ from .config import ModelConfig, ParkedWeights
 from .upstream.engines import EngineLike
 from .gpus import host_mib
 from .kinds import KINDS, EngineKind
-from .preempt import Resumable, pause_all
+from .preempt import Resumable
 from .snapshot import View
 from .states import Failure, FailureKind, ModelState, PreloadOutcome, PreloadState, StartState
 
@@ -270,15 +270,6 @@ class Model:
     def waited_s(self, now: float | None = None) -> float:
         """How long its longest-waiting request has waited."""
         return (now or time.monotonic()) - min(self.arrivals) if self.arrivals else 0.0
-
-    def stream_in(self, r: Resumable) -> None:
-        """``r`` streams on its engine: a leave pauses it with the others (``Lifecycle.pause_streams``). One that
-        reaches its engine after its model left (let in at a wake, the leave before the engine's answer began)
-        pauses at once, as the leave paused the others, held where its park keeps them (``kv_held``), else continued
-        from its tokens: on an H100, such streams ran to their ends, up to 7.7 s, while an awake place waited."""
-        self.streams.add(r)
-        if self.state is ModelState.LEAVING:
-            pause_all((r,), self.kv_held)
 
     def view(self) -> View:
         """It now, as the scheduler decides over it (``snapshot.View``). Its checkpoint's files are scanned only

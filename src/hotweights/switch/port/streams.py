@@ -126,7 +126,7 @@ class _Resumed:
         self.step: asyncio.Future[bytes] | None = None  # the read in progress: a held stream keeps it (a read
         # cancelled midway would lose what it had)
         r.arrived = said.arrived
-        m.stream_in(r)
+        m.streams.add(r)
 
     async def next(self, stopping: Stopping) -> list[bytes] | None:
         """The events to relay next ([] where a pause came first); None at the answer's end. The front stopping
@@ -228,7 +228,7 @@ class _Resumed:
         except Unavailable as exc:
             return stream_error(f"this answer was paused for another model and could not {could_not}: {exc}", 503)
         self.holding, r.moved = True, False
-        m.stream_in(r)
+        m.streams.add(r)
         return b""
 
     def next_due(self) -> float:
