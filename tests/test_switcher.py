@@ -852,7 +852,7 @@ def test_an_engine_ahead_of_its_deadlines_leaves_the_gpus_time_to_one_short_of_s
     assert plan(snapshot(deadline, short, (now - 3.0, now - 2.0, 31)), deadline).leave == ()  # 1 s of slack
     assert plan(snapshot(deadline, short, ahead, can_hold=False), deadline).leave == ()
     # a request let in at b's wake whose stream has not begun (no clock yet) would end in flight, b leaving: on an
-    # H100 such leaves held an awake place 0.2-7.7 s, 43 s in a run
+    # H100 such leaves held an awake place 0.1-7.7 s, 43 s in a run
     s = snapshot(deadline, short, ahead)
     let_in = dataclasses.replace(s, models=tuple(dataclasses.replace(v, inflight=2) if v.name == "b" else v
                                                  for v in s.models))

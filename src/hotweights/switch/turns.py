@@ -110,7 +110,7 @@ def round_trip_s(busy: View, v: View) -> float:
 def all_pause(v: View) -> bool:
     """Whether every request in flight on ``v`` is a stream that may pause (its clock known): a request let in at a
     wake has none until its engine's answer begins, and one that does not pause ends in flight, its engine leaving
-    (on an H100, 14 leaves of a run waited 0.2-7.7 s for such requests, 43 s of an awake place in all)."""
+    (on an H100, 14 leaves of a run waited 0.1-7.7 s for such requests, 43 s of an awake place in all)."""
     return bool(v.clocks) and len(v.clocks) == v.inflight
 
 
