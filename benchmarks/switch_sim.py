@@ -125,7 +125,8 @@ class Engine:
                     last_used=self.last_used, arrivals=tuple(a for a, _, _ in self.waiting),
                     dues=tuple(d for _, d, _ in self.waiting), awake_at=self.awake_at, wake_s=self.wake_s,
                     park_s=self.park_s, kv_held=self.kv_held, can_hold=keeps_kv and bool(joined),
-                    left_for=self.left_for, clocks=tuple(s.clock for s in joined))
+                    left_for=self.left_for, clocks=tuple(s.clock for s in joined),
+                    coming=tuple(s.arrived for s in self.running if s.joined > now))
 
     def next_step(self, seqs: int, batched: int) -> int:
         """vLLM's next step: every running stream with nothing to compute decodes a token, then those with a prompt

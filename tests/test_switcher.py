@@ -811,6 +811,43 @@ def test_a_busy_engine_far_ahead_of_its_deadlines_ends_its_turn_before_the_waiti
     assert turn_left_s(far, waiting, fair, now) == turn_left_s(near, waiting, fair, now)
 
 
+def test_requests_on_their_way_to_the_engine_count_by_their_first_tokens(tmp_path):
+    """Issue 69: a request let in at a wake is in flight at once, but its stream joins its model's (its clock known)
+    only once the engine's answer begins. Until then it counts by its first token (``View.coming``): an engine just
+    woken for new requests has slack, not none on time (then it was sent away as if behind: replayed, ten 8B on an
+    H200 at 0.5 req/s with a window of 1 ms, Aegaeon's SLO 64.4% -> 54.8%). The model's view lists them: requests
+    let in and not yet taken up (an awake model's waiting ones; a held stream's, with its due, joins at once) and
+    streams that took their place and wait for the engine's answer (a weak set: one that never joins goes with its
+    request)."""
+    import gc
+
+    from hotweights.switch.model import Model
+    from hotweights.switch.preempt import COMPLETIONS, resumable
+    from hotweights.switch.snapshot import View
+    from hotweights.switch.turns import slack_s
+    from hotweights.switch.upstream.engines import Engine
+
+    config = SwitchConfig(tuple(ModelConfig(n, Path("/m") / n) for n in "ab"), schedule="deadline", preempt=True,
+                          slo_ttft_s=2.0, slo_token_s=0.1, first_token_s=0.4)
+    need, now = GpuNeed((0,), 0.0, 15 * GIB, 2 * GIB), 1000.0
+    woken = View(config.models[0], ModelState.AWAKE, need, inflight=1, coming=(now - 0.5,), awake_at=now)
+    assert slack_s(woken, config, now) == pytest.approx(1.1)  # due 1.6 s after it came
+    assert slack_s(dataclasses.replace(woken, coming=()), config, now) == math.inf  # as if none were on time
+    assert slack_s(dataclasses.replace(woken, coming=(now - 2.5,)), config, now) == math.inf  # late already
+
+    m = Model(config.models[0], Engine(config.models[0], tmp_path), state=ModelState.AWAKE)
+    new, held = m.ledger.arrive(), m.ledger.arrive(due=now)
+    r = resumable(COMPLETIONS, b'{"model": "a", "prompt": "x", "max_tokens": 5, "stream": true}')
+    r.arrived = new - 0.01
+    m.entering.add(r)
+    assert m.view().coming == (new, new - 0.01) and held not in m.view().coming
+    m.state = ModelState.LEAVING  # its waiting requests wait for its next wake: not in flight
+    assert m.view().coming == (new - 0.01,)
+    del r
+    gc.collect()
+    assert m.view().coming == ()
+
+
 def test_an_engine_ahead_of_its_deadlines_leaves_the_gpus_time_to_one_short_of_slack_beside_it():
     """Issue 69, from ``benchmarks/switch_sim.py`` (engines awake together share the GPU: each decode step reads its
     whole weights). With the deadline schedule, an awake engine whose streams lack the slack for one pause of their

@@ -8,6 +8,7 @@ import dataclasses
 import contextlib
 import statistics
 import time
+import weakref
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
@@ -190,6 +191,9 @@ class Model:
     failure: Failure | None = None  # why it is FAILED (set and cleared by ``Lifecycle.move`` only)
     last_error: str = ""  # why its last wake failed, where it stayed where it was; cleared once it is awake
     streams: set[Resumable] = field(default_factory=set)  # its streams in flight that may be paused (preempt.py)
+    entering: weakref.WeakSet[Resumable] = field(default_factory=weakref.WeakSet)  # such streams let in and on their
+    # way to its engine, not in ``streams`` until its answer begins (``View.coming``); one that never joins (an error
+    # answer) is gone with its request
     kv_held: bool = False  # it parks (or is parked) holding streams with their KV caches (``Lifecycle.leave``)
     left_for: str = ""  # the model it last left for, until that one is awake (``schedule.wanted``)
     tier: ParkedWeights | None = None  # its parked weights' place as traffic moved them (``tiers.py``)
@@ -283,7 +287,15 @@ class Model:
                     dues=tuple(self.ledger.due.get(a) for a in self.arrivals), awake_at=self.awake_at,
                     wake_s=self.wake_s, park_s=self.park_s, kv_held=self.kv_held, can_hold=self.can_hold,
                     deepens=self.kind.deepens_when_idle, left_for=self.left_for, kv_host=self.engine.kv_to_host,
-                    clocks=tuple((r.arrived, r.first_at, len(r.ids)) for r in self.streams if r.may_pause))
+                    clocks=tuple((r.arrived, r.first_at, len(r.ids)) for r in self.streams if r.may_pause),
+                    coming=self.coming())
+
+    def coming(self) -> tuple[float, ...]:
+        """When each request came that is in flight on its way to its engine (``View.coming``): those let in at its
+        wake not yet taken up (awake, its waiting requests are those; a held stream's, with its due, joins at once),
+        and the streams that took their place and wait for the engine's answer to begin."""
+        let_in = self.ledger.arrivals if self.state is ModelState.AWAKE else ()
+        return (*(a for a in let_in if a not in self.ledger.due), *(r.arrived for r in self.entering))
 
     @property
     def placed(self) -> ModelConfig:

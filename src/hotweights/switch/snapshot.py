@@ -46,6 +46,8 @@ class View:
     left_for: str = ""  # the model its engine last left for, until that one is awake (``schedule.wanted``)
     clocks: tuple[tuple[float, float, int], ...] = ()  # each stream in flight that may pause: when it came, its
     # first byte (0: none yet), its tokens so far (``turns.slack_s``)
+    coming: tuple[float, ...] = ()  # when each request came that is in flight, on its way to its engine, its stream
+    # not among ``clocks`` yet (its first token still due: ``turns.slack_s``)
 
     @property
     def name(self) -> str:

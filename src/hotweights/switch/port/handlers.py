@@ -35,7 +35,7 @@ from ..upstream.engines import gpu_mib_by_pid
 from ..metrics import SwitchMetrics
 from ..model import Model
 from ..upstream.process import one_line
-from ..preempt import resumable
+from ..preempt import Resumable, resumable
 from .streams import Said, Stopping, relay_resumable
 from ..door import SwitchPort, Unavailable
 from .validate import BODIES, RELAYED, Refused, keep_alive_of, model_of
@@ -216,7 +216,7 @@ async def forward(request: Request) -> Response:
     if asked != name:  # an alias: its engine serves the model's name
         body = json.dumps({**json.loads(body), "model": name}).encode()
     r = resumable(request.url.path, body) if f.config.preempt else None  # a stream that may be paused
-    opening = asyncio.create_task(open_upstream(f, name, request.url.path, r.first_body() if r else body, arrived))
+    opening = asyncio.create_task(open_upstream(f, name, request.url.path, r.first_body() if r else body, arrived, r))
     gone = asyncio.create_task(disconnected(request))
     await asyncio.wait({opening, gone}, return_when=asyncio.FIRST_COMPLETED)
     gone.cancel()
@@ -264,11 +264,11 @@ async def _answered_here(f: FrontState, m: Model, upstream: httpx.Response, path
                                        f"{one_line(said or 'nothing', 300)}")
 
 
-async def open_upstream(f: FrontState, name: str, path: str, body: bytes,
-                        arrived: float) -> Response | tuple[Model, httpx.Response, float]:
+async def open_upstream(f: FrontState, name: str, path: str, body: bytes, arrived: float,
+                        r: Resumable | None = None) -> Response | tuple[Model, httpx.Response, float]:
     """The engine's response to this request (its headers) and how long the request waited for its model, or the
     error the front answers. An engine found dead when its connection fails is started again for this request,
-    once."""
+    once. ``r``, a stream that may pause, is among its model's ``entering`` on its way to the engine."""
     for attempt in (1, 2):
         try:
             m = await f.switcher.acquire(name)
@@ -277,6 +277,9 @@ async def open_upstream(f: FrontState, name: str, path: str, body: bytes,
             return error(503, LOG_PATH.sub("", str(exc)))  # the server's paths are for its status, not clients
         waited = time.monotonic() - arrived
         sent = False
+        if r is not None:
+            r.arrived = arrived
+            m.entering.add(r)
         try:
             upstream = await f.client.send(f.client.build_request(
                 "POST", f"{m.engine.url}{path}", content=body, headers={"content-type": "application/json"}),
@@ -288,6 +291,8 @@ async def open_upstream(f: FrontState, name: str, path: str, body: bytes,
         finally:
             if not sent:  # failed, or cancelled because the client left
                 f.switcher.release(m)
+                if r is not None:
+                    m.entering.discard(r)
         if attempt == 1 and await f.switcher.engine_gone(m):
             logger.warning("switch: %s: its engine is gone (%s); starting it again for this request", name,
                            problem)

@@ -126,6 +126,7 @@ class _Resumed:
         self.step: asyncio.Future[bytes] | None = None  # the read in progress: a held stream keeps it (a read
         # cancelled midway would lose what it had)
         r.arrived = said.arrived
+        m.entering.discard(r)
         m.streams.add(r)
 
     async def next(self, stopping: Stopping) -> list[bytes] | None:
