@@ -13,7 +13,6 @@ from .states import ModelState
 
 DEFAULT_WAKE_S = {True: 0.1, False: 1.0}  # a wake not yet measured: weights kept on the GPU, or from host memory
 DEFAULT_PARK_S = 0.1  # a park not yet measured (an H100's held parks of an 8B: 0.05-0.07 s)
-COMING_LOOK_S = 0.005  # a turn that would end with requests on their way to its engine: looked at again then
 AHEAD_S = 1.0  # slack past a pause's own that ends a turn early (``far_ahead``; replayed, 0 to 2 s did alike)
 
 
@@ -141,10 +140,7 @@ def turn_left_s(busy: View, v: View, config: SwitchConfig, now: float) -> float:
     ``slack_kept_s``), for at most that long past ``v``'s due: a stream paused without slack misses its next token
     by Aegaeon's deadline, where a first token has Aegaeon's 10 s (20 of 51 misses on an H100 were streams paused
     with under 1 s of slack); and where ``busy`` is ``far_ahead`` of its deadlines, as soon as it has been awake
-    that long. Never while requests are on their way to its engine (``View.coming``): a leave then does not pause
-    them, and each runs to its end while the place waits (replayed, ten 8B on an H200 at 0.5 req/s with a window
-    of 30 ms before a stream joins: Aegaeon's SLO 38.8% -> 56.7%, ours 28.2% -> 66.5%); it looks again in
-    ``COMING_LOOK_S``."""
+    that long."""
     if config.schedule == "deadline":
         slack = slack_s(busy, config, now)  # infinite where every stream is late: behind, not ahead
         least = busy.awake_at + (wake_cost(busy) + wake_cost(v) if math.isfinite(slack) else round_trip_s(busy, v))
@@ -156,7 +152,7 @@ def turn_left_s(busy: View, v: View, config: SwitchConfig, now: float) -> float:
         if first_token_due(v, config, now):
             away = away_s(busy, v)
             kept = min(slack_kept_s(busy, away, config, now), ends + away - now)
-        return max(0.0, ends - now, least, kept, COMING_LOOK_S if busy.coming else 0.0)
+        return max(0.0, ends - now, least, kept)
     if not v.arrivals:
         return config.turn_s
     if now - min(v.arrivals) > config.starve_after_s:
