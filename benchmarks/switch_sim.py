@@ -36,7 +36,7 @@ import json
 import math
 import re
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from switch_trace import Request, attainment, make_trace, percentile
@@ -64,6 +64,7 @@ SEQS, BATCHED = 32, 2048  # the GPU runs' --max-num-seqs and --max-num-batched-t
 KV_TOKENS = (2 << 30) // (2 * 36 * 8 * 128 * 2)  # a 2 GiB KV cache of the demo 8B (Qwen3-8B's shape): 14,563 tokens
 ENGINE_ARGS = ("--max-model-len", "4096", "--gpu-memory-utilization", "0.3", "--kv-cache-memory-bytes", "2G",
                "--max-num-seqs", str(SEQS), "--max-num-batched-tokens", str(BATCHED))
+COMING = "coming" in {f.name for f in fields(View)}  # a commit before View.coming (PYTHONPATH) has none
 MODES = ("mixed_preempt_deadline_awake2", "mixed_preempt_deadline", "mixed_preempt_nokv")  # the GPU runs' defaults
 
 
@@ -126,7 +127,7 @@ class Engine:
                     dues=tuple(d for _, d, _ in self.waiting), awake_at=self.awake_at, wake_s=self.wake_s,
                     park_s=self.park_s, kv_held=self.kv_held, can_hold=keeps_kv and bool(joined),
                     left_for=self.left_for, clocks=tuple(s.clock for s in joined),
-                    coming=tuple(s.arrived for s in self.running if s.joined > now))
+                    **({"coming": tuple(s.arrived for s in self.running if s.joined > now)} if COMING else {}))
 
     def next_step(self, seqs: int, batched: int) -> int:
         """vLLM's next step: every running stream with nothing to compute decodes a token, then those with a prompt
