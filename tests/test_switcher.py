@@ -814,11 +814,10 @@ def test_a_busy_engine_far_ahead_of_its_deadlines_ends_its_turn_before_the_waiti
 def test_requests_on_their_way_to_the_engine_count_by_their_first_tokens(tmp_path):
     """Issue 69: a request let in at a wake is in flight at once, but its stream joins its model's (its clock known)
     only once the engine's answer begins. Until then it counts by its first token (``View.coming``): an engine just
-    woken for new requests has slack, not none on time (then it was sent away as if behind: replayed, ten 8B on an
-    H200 at 0.5 req/s with a window of 1 ms, Aegaeon's SLO 64.4% -> 54.8%). The model's view lists them: requests
-    let in and not yet taken up (an awake model's waiting ones; a held stream's, with its due, joins at once) and
-    streams that took their place and wait for the engine's answer (a weak set: one that never joins goes with its
-    request)."""
+    woken for new requests has slack, not none on time (then it was sent away as if behind). The model's view lists
+    them: requests let in and not yet taken up (an awake model's waiting ones; a held stream's, with its due, joins
+    at once) and streams that took their place and wait for the engine's answer (a weak set: one that never joins
+    goes with its request)."""
     import gc
 
     from hotweights.switch.model import Model
