@@ -226,6 +226,8 @@ def test_a_stream_paused_for_another_models_turn_arrives_whole_and_the_same(tmp_
     assert {c.id for c in chat} == {chat[0].id} and chat[-1].usage.completion_tokens == said_tokens
     assert sum(1 for c in chat if c.choices and c.choices[0].delta.role) == 1  # one opening chunk
     assert "tokens, paused 1 time(s)" in log
+    # each stream's window from its place to joining its model's streams (a leave in it does not pause it)
+    assert re.search(r"paused 1 time\(s\), joined \d+\.\d{3} s after its place", log), log[-3000:]
 
 
 def prompt_tokens(port: int) -> float:

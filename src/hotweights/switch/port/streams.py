@@ -25,7 +25,9 @@ logger = logging.getLogger("hotweights.switch")
 
 class Said:
     """One relayed request, for its line in the front's log: ``switch: request a /v1/completions 200, waited 0.012 s,
-    first byte 0.054 s, 1.532 s in all, 37 tokens`` (the tokens where the engine's answer ends with its usage)."""
+    first byte 0.054 s, 1.532 s in all, 37 tokens`` (the tokens where the engine's answer ends with its usage; a
+    stream that may pause adds ``, joined 0.004 s after its place``: from its place in flight until it was among its
+    model's streams, the window in which a leave does not pause it)."""
 
     TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
 
@@ -35,6 +37,7 @@ class Said:
         self.end = b""  # the answer's last bytes: its usage, where it has one
         self.paused = 0  # times its stream was paused and continued (preempt.py)
         self.outcome = "ok"  # or: abandoned (its client left), cut (the front stopped), broken (its engine's broke off)
+        self.joined = 0.0  # time.monotonic() a stream that may pause joined its model's streams (0: none)
 
     def seen(self, chunk: bytes) -> None:
         if not self.first:
@@ -49,7 +52,8 @@ class Said:
                 + (f", first byte {self.first - self.arrived:.3f} s" if self.first else "")
                 + f", {time.monotonic() - self.arrived:.3f} s in all"
                 + (f", {int(tokens[-1])} tokens" if tokens else "")
-                + (f", paused {self.paused} time(s)" if self.paused else ""))
+                + (f", paused {self.paused} time(s)" if self.paused else "")
+                + (f", joined {self.joined - self.arrived - self.waited:.3f} s after its place" if self.joined else ""))
 
 
 class Stopping:
@@ -125,7 +129,7 @@ class _Resumed:
         self.ended = False  # the front stopped: the stream's error event is the last
         self.step: asyncio.Future[bytes] | None = None  # the read in progress: a held stream keeps it (a read
         # cancelled midway would lose what it had)
-        r.arrived = said.arrived
+        r.arrived, said.joined = said.arrived, time.monotonic()
         m.entering.discard(r)
         m.streams.add(r)
 
