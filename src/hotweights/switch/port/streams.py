@@ -129,7 +129,7 @@ class _Resumed:
         self.ended = False  # the front stopped: the stream's error event is the last
         self.step: asyncio.Future[bytes] | None = None  # the read in progress: a held stream keeps it (a read
         # cancelled midway would lose what it had)
-        r.arrived, said.joined = said.arrived, time.monotonic()
+        said.joined = time.monotonic()  # its arrival is on it since its place (``handlers.open_upstream``)
         m.entering.discard(r)
         m.streams.add(r)
 
