@@ -496,6 +496,33 @@ def test_the_engines_a_wake_parks_for_it_park_at_once():
     asyncio.run(main())
 
 
+def test_a_request_that_comes_as_a_wake_parks_its_idle_engine_waits_for_its_next_wake():
+    """Between the plan's parks and each park's task beginning, the loop runs what is ready: a request that came then
+    found its engine awake and idle, went in, and reached it asleep (a 503 from the engine, seen once under Ray)."""
+    from hotweights.switch.schedule import Room
+
+    async def main():
+        s, engines, _log = make(["a", "b"])
+        task = await started(s)
+        await request(s, "a")  # a awake and idle, b parked
+        inflight_at_park: list[int] = []
+        park = engines["a"].park
+
+        def parked(level: int, keep: bool = False) -> None:
+            inflight_at_park.append(s.models["a"].inflight)
+            park(level, keep)
+        engines["a"].park = parked
+        async with s.life.busy:  # as the scheduler holds it
+            switching = asyncio.create_task(s.life.switch_to(s.models["b"], Room(park=("a",))))
+            came = asyncio.create_task(request(s, "a"))  # runs right after the switch's first step
+            await switching
+            assert states(s) == {"a": "parked", "b": "awake"} and not came.done()
+        assert await asyncio.wait_for(came, 5) == "a"  # the scheduler woke a again for it
+        assert inflight_at_park == [0]
+        task.cancel()
+    asyncio.run(main())
+
+
 def test_a_wake_that_needs_memory_parks_the_least_recently_used_idle_engine_first():
     async def main():
         s, engines, log = make(["a", "b", "c"], {0: 100 * GIB}, max_awake="auto")  # two awake, one parked fit
