@@ -356,17 +356,23 @@ def main() -> int:
                              "1.43x as fast: about 4.3 ms, a guess until measured)")
     parser.add_argument("--join-ms", type=float, default=JOIN_S * 1e3,
                         help="from a request let in to its stream among its model's (an assumption)")
+    parser.add_argument("--host-wake-ms", type=float, default=WAKE_S[True] * 1e3,
+                        help="a host-tier wake, its weights copied back (the H100's, measured); the GPU tier's "
+                             "(7 ms) asks what the copy costs")
+    parser.add_argument("--host-park-ms", type=float, default=PARK_S[True] * 1e3, help="a host-tier park")
     parser.add_argument("--pause-on-join", action="store_true",
                         help="a stream that joins a leaving model pauses then (the front: it ends in flight)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     STEP_S, JOIN_S, PAUSE_ON_JOIN = args.step_ms / 1e3, args.join_ms / 1e3, args.pause_on_join
+    WAKE_S[True], PARK_S[True] = args.host_wake_ms / 1e3, args.host_park_ms / 1e3
     rates = [float(r) for r in args.rates.split(",")]
     args.duration_of = {r: 120.0 if r <= 0.1 else 60.0 for r in rates}
     names = [f"m{i}" for i in range(args.models)]
     host = set(names[args.gpu_tier:])
     result: dict = {"models": args.models, "gpu_tier": args.gpu_tier, "total_mib": args.total_mib,
-                    "step_ms": args.step_ms, "join_ms": args.join_ms, "pause_on_join": PAUSE_ON_JOIN, "modes": {}}
+                    "step_ms": args.step_ms, "join_ms": args.join_ms, "pause_on_join": PAUSE_ON_JOIN,
+                    "host_wake_ms": args.host_wake_ms, "host_park_ms": args.host_park_ms, "modes": {}}
     for mode in args.modes.split(","):
         for rate in rates:
             runs = [simulate(mode, names, host, args, rate, int(seed)) for seed in args.seeds.split(",")]
