@@ -101,3 +101,28 @@ def test_a_stream_let_in_has_no_clock_until_it_joins_and_a_leave_before_then_pau
     sim.joins()
     assert e.running == ([] if pause_on_join else [new])
     assert [s for *_, s in e.waiting] == ([old, new] if pause_on_join else [old]) and e.kv_held
+
+
+def test_a_host_tier_wake_costs_what_host_wake_ms_says(monkeypatch, capsys):
+    """``--host-wake-ms`` and ``--host-park-ms`` set what a host-tier wake and park cost, and the result says so."""
+    import json
+
+    import switch_sim
+
+    spans: list[float] = []
+    finish = switch_sim.Sim.finish
+
+    def timed(self, op):  # a host-tier wake that parked nothing: its span is the wake alone
+        if op.wake is not None and op.wake.host and not op.parks:
+            spans.append(self.now - op.began)
+        finish(self, op)
+    monkeypatch.setattr(switch_sim.Sim, "finish", timed)
+    monkeypatch.setattr(switch_sim, "WAKE_S", dict(switch_sim.WAKE_S))  # main sets them; the next test has its own
+    monkeypatch.setattr(switch_sim, "PARK_S", dict(switch_sim.PARK_S))
+    monkeypatch.setattr(sys, "argv", ["switch_sim.py", "--rates", "0.5", "--modes", "mixed_preempt_deadline_awake2",
+                                      "--host-wake-ms", "120", "--host-park-ms", "30", "--json"])
+    assert switch_sim.main() == 0
+    said = json.loads(capsys.readouterr().out)
+    assert (said["host_wake_ms"], said["host_park_ms"]) == (120, 30)
+    assert spans and all(0.120 - 1e-9 <= s <= 0.120 + 2 * switch_sim.DT for s in spans), spans
+    assert switch_sim.PARK_S[True] == 0.030
