@@ -117,8 +117,10 @@ def test_a_host_tier_wake_costs_what_host_wake_ms_says(monkeypatch, capsys):
             spans.append(self.now - op.began)
         finish(self, op)
     monkeypatch.setattr(switch_sim.Sim, "finish", timed)
-    monkeypatch.setattr(switch_sim, "WAKE_S", dict(switch_sim.WAKE_S))  # main sets them; the next test has its own
-    monkeypatch.setattr(switch_sim, "PARK_S", dict(switch_sim.PARK_S))
+    for name in ("WAKE_S", "PARK_S"):  # main sets them and the others below; the next test has its own
+        monkeypatch.setattr(switch_sim, name, dict(getattr(switch_sim, name)))
+    for name in ("STEP_S", "JOIN_S", "PAUSE_ON_JOIN"):
+        monkeypatch.setattr(switch_sim, name, getattr(switch_sim, name))
     monkeypatch.setattr(sys, "argv", ["switch_sim.py", "--rates", "0.5", "--modes", "mixed_preempt_deadline_awake2",
                                       "--host-wake-ms", "120", "--host-park-ms", "30", "--json"])
     assert switch_sim.main() == 0
